@@ -1,0 +1,7 @@
+"""MemSifter: a small think-and-rank proxy that picks which past sessions a working LLM should see."""
+
+from memsifter.data.types import Query, Ranking, Session, Turn
+from memsifter.errors import DataError, MemSifterError
+
+__all__ = ["DataError", "MemSifterError", "Query", "Ranking", "Session", "Turn"]
+__version__ = "0.1.0"

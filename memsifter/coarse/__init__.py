@@ -1,0 +1,53 @@
+"""Coarse filters: cheap rankers that cut a long history down to the proxy's window.
+
+Build one from a spec string (CLI, YAML configs and the server all use this):
+
+* ``bm25``; ``minilm``; ``wordllama``; ``bge-m3`` (or ``bge-m3:/local/folder``);
+* ``st:<model>`` for any sentence-transformers model (hub id or folder);
+* ``hybrid:bm25+minilm`` for reciprocal-rank fusion of any of the above.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memsifter.coarse.base import CoarseFilter, Selection, rank_by_scores
+from memsifter.coarse.bm25 import BM25Filter
+from memsifter.coarse.hybrid import HybridFilter
+from memsifter.errors import UnknownNameError
+
+OFFLINE_FILTERS = ("bm25", "minilm", "wordllama", "hybrid:bm25+minilm")
+
+
+def build_filter(spec: str, **options: Any) -> CoarseFilter:
+    spec = spec.strip()
+    if spec.startswith("hybrid:"):
+        members = [build_filter(m, **options) for m in spec.removeprefix("hybrid:").split("+")]
+        return HybridFilter(members)
+    name, _, arg = spec.partition(":")
+    if name == "bm25":
+        return BM25Filter()
+    if name == "minilm":
+        from memsifter.coarse.dense import SentenceTransformerFilter
+
+        return SentenceTransformerFilter("minilm")
+    if name == "st" and arg:
+        from memsifter.coarse.dense import SentenceTransformerFilter
+
+        return SentenceTransformerFilter(arg)
+    if name == "wordllama":
+        from memsifter.coarse.dense import WordLlamaFilter
+
+        return WordLlamaFilter()
+    if name == "bge-m3":
+        from memsifter.coarse.bge_m3 import BGEM3Filter
+
+        return BGEM3Filter(arg or options.get("bge_m3_model", "BAAI/bge-m3"))
+    raise UnknownNameError(
+        f"unknown coarse filter {spec!r}; use bm25, minilm, wordllama, bge-m3[:PATH], "
+        "st:MODEL or hybrid:A+B"
+    )
+
+
+__all__ = ["BM25Filter", "CoarseFilter", "HybridFilter", "OFFLINE_FILTERS", "Selection",
+           "build_filter", "rank_by_scores"]

@@ -1,0 +1,30 @@
+"""Data layer: types, loaders (LoCoMo, LongMemEval, our JSONL), haystacks and segmentation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memsifter.data.dataset import LoadReport, MemoryDataset
+from memsifter.data.jsonl import dump_jsonl, load_jsonl
+from memsifter.data.locomo import load_locomo
+from memsifter.data.longmemeval import load_longmemeval
+from memsifter.data.types import Query, Ranking, Session, Turn
+from memsifter.errors import UnknownNameError
+
+LOADERS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "jsonl": load_jsonl}
+
+
+def load_dataset(name: str, path: str | Path) -> MemoryDataset:
+    try:
+        loader = LOADERS[name]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown dataset {name!r}; choose one of {', '.join(LOADERS)}"
+        ) from None
+    return loader(path)
+
+
+__all__ = [
+    "LOADERS", "LoadReport", "MemoryDataset", "Query", "Ranking", "Session", "Turn",
+    "dump_jsonl", "load_dataset", "load_jsonl", "load_locomo", "load_longmemeval",
+]
