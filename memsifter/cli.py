@@ -1,0 +1,104 @@
+"""The ``memsifter`` command line: thin wrappers over the library (typer + rich)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from memsifter.errors import MemSifterError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="MemSifter: train, evaluate and serve a think-and-rank memory proxy.")
+eval_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
+data_app = typer.Typer(no_args_is_help=True, help="Inspect and convert datasets.")
+app.add_typer(eval_app, name="eval")
+app.add_typer(data_app, name="data")
+console = Console(stderr=True)
+
+DEFAULT_LOCOMO = os.environ.get("MEMSIFTER_LOCOMO", "../shared/data/locomo/locomo10.json")
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[bold red]error:[/] {e}")
+    raise typer.Exit(2)
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    dataset: Annotated[str | None, typer.Option(help="locomo | longmemeval | jsonl")] = None,
+    data: Annotated[str | None, typer.Option(help="dataset file")] = None,
+    retriever: Annotated[list[str] | None, typer.Option(
+        help="coarse filter spec; repeat for several (bm25, minilm, wordllama, bge-m3[:DIR], "
+             "st:MODEL, hybrid:A+B)")] = None,
+    haystack: Annotated[str | None, typer.Option(help="native | 32k | 128k | 1m")] = None,
+    conversations: Annotated[str | None, typer.Option(
+        help="comma-separated conversation ids or 0-based indexes")] = None,
+    out: Annotated[str | None, typer.Option(help="output folder")] = None,
+    seed: Annotated[int | None, typer.Option(help="haystack seed")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="tokenizer (hub id or folder) for token budgets; default: approx regex")] = None,
+    max_questions: Annotated[int | None, typer.Option(help="smoke runs: first N")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML config (configs/eval/*.yaml)")] = None,
+) -> None:
+    """Rank every question's haystack with coarse filters; write metrics.json, report.md, a plot."""
+    from memsifter.config import load_config
+    from memsifter.evaluation.retrieval import RetrievalEvalConfig, render_table, run_retrieval_eval
+
+    try:
+        cfg = load_config(RetrievalEvalConfig, config) if config else RetrievalEvalConfig(
+            data=DEFAULT_LOCOMO)
+        overrides = {
+            "dataset": dataset, "data": data, "retrievers": retriever or None,
+            "haystack": haystack, "out": out, "seed": seed, "tokenizer": tokenizer,
+            "max_questions": max_questions,
+            "conversations": [c.strip() for c in conversations.split(",")] if conversations
+            else None,
+        }
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+        results = run_retrieval_eval(cfg, console=console)
+    except MemSifterError as e:
+        _fail(e)
+        return
+    typer.echo(render_table(results, cfg.haystack))
+    console.print(f"wrote {cfg.out}/metrics.json, report.md, recall_at_k.png")
+
+
+@data_app.command("stats")
+def data_stats(
+    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl")] = "locomo",
+    data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
+) -> None:
+    """Load a dataset and print what the loader saw (and repaired)."""
+    from memsifter.data import load_dataset
+
+    try:
+        ds = load_dataset(dataset, data)
+    except MemSifterError as e:
+        _fail(e)
+        return
+    typer.echo(ds.report.summary())
+
+
+@data_app.command("to-jsonl")
+def data_to_jsonl(
+    out: Annotated[Path, typer.Argument(help="output .jsonl")],
+    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl")] = "locomo",
+    data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
+) -> None:
+    """Convert any supported dataset into MemSifter's own JSONL format."""
+    from memsifter.data import dump_jsonl, load_dataset
+
+    try:
+        dump_jsonl(load_dataset(dataset, data), out)
+    except MemSifterError as e:
+        _fail(e)
+    typer.echo(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    app()

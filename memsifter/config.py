@@ -1,0 +1,78 @@
+"""YAML configs loaded into typed dataclasses. Unknown keys and wrong types are errors that name
+the file and the key, so a typo in a config never silently falls back to a default."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from memsifter.errors import DataError
+
+T = TypeVar("T")
+
+
+def _check(value: Any, hint: Any, *, file: str, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in typing.get_args(hint):
+            try:
+                return _check(value, arm, file=file, key=key)
+            except DataError as e:
+                errors.append(str(e))
+        raise DataError(f"value {value!r} matches none of {hint}", file=file, field=key)
+    if hint is type(None):
+        if value is None:
+            return None
+        raise DataError("expected null", file=file, field=key)
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise DataError(f"expected a list, got {type(value).__name__}", file=file, field=key)
+        (arm, *_) = typing.get_args(hint) or (Any,)
+        items = [_check(v, arm, file=file, key=f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise DataError(f"expected a mapping, got {type(value).__name__}", file=file, field=key)
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, file=file, prefix=f"{key}.")
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(hint, type) and not isinstance(value, hint) or (
+        hint is not bool and isinstance(value, bool)
+    ):
+        raise DataError(f"expected {getattr(hint, '__name__', hint)}, got "
+                        f"{type(value).__name__}", file=file, field=key)
+    return value
+
+
+def from_dict(cls: type[T], data: Any, *, file: str = "<memory>", prefix: str = "") -> T:
+    if not isinstance(data, dict):
+        raise DataError(f"expected a mapping for {cls.__name__}", file=file, field=prefix or None)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise DataError(f"unknown key(s) {unknown}; valid keys: {sorted(fields)}", file=file,
+                        field=prefix + unknown[0])
+    kwargs = {k: _check(v, hints[k], file=file, key=prefix + k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def load_config(cls: type[T], path: str | Path) -> T:
+    p = Path(path)
+    if not p.exists():
+        raise DataError("config file not found", file=str(p))
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise DataError(f"invalid YAML: {e}", file=str(p)) from e
+    return from_dict(cls, data, file=str(p))

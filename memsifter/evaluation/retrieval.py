@@ -1,0 +1,201 @@
+"""The retrieval benchmark: rank each question's haystack with a coarse filter and score the
+ranking against gold sessions (NDCG@k, recall@k, MRR), overall and by category, with latency.
+
+Output of ``run_retrieval_eval`` (one folder per call):
+
+* ``metrics.json``: flat metrics for one retriever (``n_questions``, ``ndcg@1`` ...), or one
+  sub-folder per retriever when several are run, each with its own ``metrics.json``;
+* ``report.md``: a table of every retriever run;
+* ``recall_at_k.png``: recall@k against k for every retriever run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from memsifter.coarse import CoarseFilter, build_filter
+from memsifter.data import MemoryDataset, load_dataset
+from memsifter.data.haystack import HaystackBuilder, HaystackStats, parse_budget
+from memsifter.data.locomo import CATEGORY_NAMES
+from memsifter.data.tokens import get_counter
+from memsifter.data.types import Query
+from memsifter.evaluation.metrics import evaluate_rankings, recall_curve
+
+
+@dataclass
+class RetrievalEvalConfig:
+    """Everything the retrieval benchmark needs; the CLI flags override these fields."""
+
+    dataset: str = "locomo"  # locomo | longmemeval | jsonl
+    data: str = "../shared/data/locomo/locomo10.json"
+    retrievers: list[str] = field(default_factory=lambda: ["bm25"])
+    haystack: str = "native"  # native | 32k | 128k | 1m | <tokens>
+    conversations: list[str] | None = None  # ids or 0-based indexes; None = all
+    out: str = "outputs/retrieval"
+    seed: int = 0
+    tokenizer: str | None = None  # hub id / folder for exact token budgets; None = approx
+    max_questions: int | None = None  # first N scoreable questions (smoke runs)
+    recall_max_k: int = 20
+
+
+@dataclass
+class RetrieverResult:
+    retriever: str
+    metrics: dict[str, Any]
+    recall_curve: dict[int, float]
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else 0.0
+
+
+def prepare_queries(
+    dataset: MemoryDataset, cfg: RetrievalEvalConfig
+) -> tuple[list[Query], list[HaystackStats]]:
+    queries = [q for q in dataset.queries if q.has_evidence]
+    if cfg.max_questions:
+        queries = queries[: cfg.max_questions]
+    budget = parse_budget(cfg.haystack)
+    if budget is None:
+        return queries, []
+    builder = HaystackBuilder(dataset, get_counter(cfg.tokenizer), seed=cfg.seed)
+    built = [builder.build(q, budget) for q in queries]
+    return [q for q, _ in built], [s for _, s in built]
+
+
+def evaluate_filter(
+    filt: CoarseFilter, queries: list[Query], cfg: RetrievalEvalConfig, progress: Progress | None
+) -> RetrieverResult:
+    rankings: dict[str, tuple[str, ...]] = {}
+    latencies: list[float] = []
+    index_s = 0.0
+    task = progress.add_task(filt.name, total=len(queries)) if progress else None
+    for q in queries:
+        t0 = time.perf_counter()
+        filt.index(q.haystack)  # cached per haystack: pays once per conversation
+        t1 = time.perf_counter()
+        rankings[q.qid] = filt.score(q.question, q.haystack).ids
+        latencies.append((time.perf_counter() - t1) * 1000)
+        index_s += t1 - t0
+        if progress is not None and task is not None:
+            progress.advance(task)
+    gold = {q.qid: q.gold_session_ids for q in queries}
+    metrics: dict[str, Any] = {"n_questions": len(queries)}
+    metrics.update(evaluate_rankings(rankings, gold))
+    by_cat: dict[str, list[Query]] = defaultdict(list)
+    for q in queries:
+        by_cat[q.category or "none"].append(q)
+    metrics["by_category"] = {
+        cat: {"name": CATEGORY_NAMES.get(cat, cat) if queries[0].source == "locomo" else cat,
+              "n_questions": len(qs),
+              **evaluate_rankings({q.qid: rankings[q.qid] for q in qs},
+                                  {q.qid: q.gold_session_ids for q in qs})}
+        for cat, qs in sorted(by_cat.items())
+    }
+    metrics["latency_ms"] = {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95),
+                             "mean": float(np.mean(latencies)) if latencies else 0.0}
+    metrics["index_seconds_total"] = index_s
+    return RetrieverResult(filt.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k))
+
+
+def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[RetrieverResult]:
+    dataset = load_dataset(cfg.dataset, cfg.data).filter_conversations(cfg.conversations)
+    queries, hay_stats = prepare_queries(dataset, cfg)
+    if console is not None:
+        console.print(dataset.report.summary())
+    context = {
+        "dataset": cfg.dataset, "data": cfg.data, "haystack": cfg.haystack, "seed": cfg.seed,
+        "token_counter": get_counter(cfg.tokenizer).name,
+        "conversations": cfg.conversations or "all",
+        "n_questions_total": dataset.report.n_questions,
+        "n_questions_without_evidence": dataset.report.n_no_evidence,
+        "haystack_sessions_mean": float(np.mean([len(q.haystack) for q in queries]))
+        if queries else 0.0,
+    }
+    if hay_stats:
+        context["haystack_tokens_mean"] = float(np.mean([s.tokens for s in hay_stats]))
+        context["haystack_filled_fraction"] = float(np.mean([s.filled for s in hay_stats]))
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[RetrieverResult] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, disable=console is None) as progress:
+        for spec in cfg.retrievers:
+            t0 = time.perf_counter()
+            filt = build_filter(spec)
+            load_s = time.perf_counter() - t0
+            res = evaluate_filter(filt, queries, cfg, progress)
+            res.metrics.update(context, retriever=res.retriever, model_load_seconds=load_s)
+            results.append(res)
+            target = out if len(cfg.retrievers) == 1 else out / _slug(res.retriever)
+            target.mkdir(parents=True, exist_ok=True)
+            (target / "metrics.json").write_text(json.dumps(res.metrics, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    (out / "report.md").write_text(render_report(results, context))
+    plot_recall(results, out / "recall_at_k.png", title=f"{cfg.dataset} ({cfg.haystack})")
+    return results
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+METRIC_COLUMNS = ("ndcg@1", "ndcg@5", "ndcg@10", "recall@1", "recall@5", "recall@10", "mrr")
+
+
+def render_table(results: list[RetrieverResult], haystack: str | None = None) -> str:
+    head = ["retriever"] + (["haystack"] if haystack else []) + ["n"] + list(METRIC_COLUMNS) + [
+        "p50 ms", "p95 ms"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        m = r.metrics
+        cells = [r.retriever] + ([haystack] if haystack else []) + [str(m["n_questions"])]
+        cells += [f"{m[c]:.3f}" for c in METRIC_COLUMNS]
+        cells += [f"{m['latency_ms']['p50']:.1f}", f"{m['latency_ms']['p95']:.1f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def render_report(results: list[RetrieverResult], context: dict[str, Any]) -> str:
+    lines = [f"# Retrieval report: {context['dataset']}, haystack {context['haystack']}", ""]
+    lines += [f"- {k}: {v}" for k, v in context.items()]
+    lines += ["", render_table(results), "## By category", ""]
+    for r in results:
+        lines.append(f"### {r.retriever}")
+        lines.append("")
+        lines.append("| category | n | ndcg@1 | ndcg@5 | recall@5 | mrr |")
+        lines.append("|---|---|---|---|---|---|")
+        for cat, m in r.metrics["by_category"].items():
+            lines.append(f"| {cat} {m['name']} | {m['n_questions']} | {m['ndcg@1']:.3f} | "
+                         f"{m['ndcg@5']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_recall(results: list[RetrieverResult], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for r in results:
+        ks = sorted(r.recall_curve)
+        ax.plot(ks, [r.recall_curve[k] for k in ks], marker="o", ms=3, label=r.retriever)
+    ax.set_xlabel("k (sessions)")
+    ax.set_ylabel("recall@k")
+    ax.set_ylim(0, 1.0)
+    ax.set_title(f"Recall@k, {title}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
