@@ -11,20 +11,53 @@ haystack the per-query cost is one query embedding plus a matrix-vector product.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
 
 from memsifter.coarse.base import CoarseFilter, rank_by_scores
+from memsifter.data.tokens import get_counter
 from memsifter.data.types import Ranking, Session
 from memsifter.models import resolve_model
 
 
+def chunk_session(session: Session, max_tokens: int | None) -> list[str]:
+    """Split a session into passages of whole turns of about ``max_tokens`` approx tokens, each
+    led by the session's date line. ``None`` keeps the session whole.
+
+    Single-vector encoders truncate (MiniLM at 256 word pieces) or average away (static
+    embeddings) a 1-2K-token session; scoring a session by its best passage (MaxP, Dai & Callan
+    2019) keeps the evidence turn visible.
+    """
+    if max_tokens is None:
+        return [session.render()]
+    counter = get_counter()
+    head = [f"Date: {session.date_text}"] if session.date_text else []
+    chunks: list[str] = []
+    cur: list[str] = []
+    used = 0
+    for turn in session.turns:
+        line = turn.render()
+        n = counter.count(line)
+        if cur and used + n > max_tokens:
+            chunks.append("\n".join(head + cur))
+            cur, used = [], 0
+        cur.append(line)
+        used += n
+    if cur or not chunks:
+        chunks.append("\n".join(head + cur))
+    return chunks
+
+
 class EmbeddingFilter(CoarseFilter):
-    """Cosine similarity between the query and each session's cached, L2-normalised vector."""
+    """Cosine similarity between the query and each session's cached, L2-normalised passage
+    vectors; a session scores as its best passage (one passage when ``chunk_tokens`` is None)."""
+
+    chunk_tokens: int | None = None
 
     def __init__(self) -> None:
-        self._vectors: dict[str, np.ndarray] = {}
+        self._vectors: dict[str, np.ndarray] = {}  # fingerprint -> (n_passages, dim)
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
         raise NotImplementedError
@@ -42,22 +75,31 @@ class EmbeddingFilter(CoarseFilter):
         if not todo:
             return
         keys = list(todo)
-        vecs = self._normalise(self.encode_documents([todo[k].render() for k in keys]))
-        self._vectors.update(zip(keys, vecs, strict=True))
+        passages = [chunk_session(todo[k], self.chunk_tokens) for k in keys]
+        flat = [p for ps in passages for p in ps]
+        vecs = self._normalise(self.encode_documents(flat))
+        offset = 0
+        for key, ps in zip(keys, passages, strict=True):
+            self._vectors[key] = vecs[offset : offset + len(ps)]
+            offset += len(ps)
 
     def score(self, query: str, sessions: Sequence[Session]) -> Ranking:
         if not sessions:
             return Ranking(ids=(), source=self.name)
         self.index(sessions)
-        matrix = np.stack([self._vectors[s.fingerprint] for s in sessions])
+        blocks = [self._vectors[s.fingerprint] for s in sessions]
+        starts = np.cumsum([0] + [len(b) for b in blocks[:-1]])
         q = self._normalise(self.encode_query(query))
-        return rank_by_scores(sessions, matrix @ q, self.name)
+        sims = np.concatenate(blocks) @ q
+        return rank_by_scores(sessions, np.maximum.reduceat(sims, starts), self.name)
 
 
 class SentenceTransformerFilter(EmbeddingFilter):
-    def __init__(self, model: str = "minilm", batch_size: int = 32, max_seq_length: int | None = None,
+    def __init__(self, model: str = "minilm", batch_size: int = 32,
+                 max_seq_length: int | None = None, chunk_tokens: int | None = 160,
                  device: str | None = None) -> None:
         super().__init__()
+        self.chunk_tokens = chunk_tokens
         from sentence_transformers import SentenceTransformer
 
         resolved = resolve_model(model)
@@ -69,9 +111,6 @@ class SentenceTransformerFilter(EmbeddingFilter):
         self.batch_size = batch_size
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
-        # Sessions are longer than MiniLM's 256-token window; the model truncates them. That is
-        # the known weakness of single-vector dense retrieval on long sessions, and we report it
-        # rather than hide it by chunking here.
         return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
                                  show_progress_bar=False)
 
@@ -79,10 +118,18 @@ class SentenceTransformerFilter(EmbeddingFilter):
 class WordLlamaFilter(EmbeddingFilter):
     name = "wordllama"
 
-    def __init__(self, config: str = "l2_supercat", dim: int = 256) -> None:
+    def __init__(self, config: str = "l2_supercat", dim: int = 256,
+                 chunk_tokens: int | None = 160) -> None:
         super().__init__()
+        self.chunk_tokens = chunk_tokens
+        root = logging.getLogger()
+        saved = (root.level, list(root.handlers))
+        # wordllama calls logging.basicConfig() at import, which would make every library's
+        # INFO/DEBUG chatter appear in our CLI output; put the root logger back as it was.
         from wordllama import WordLlama
 
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
         self.model = WordLlama.load(config=config, dim=dim,
                                     cache_dir=resolve_model("wordllama").path,
                                     disable_download=True)

@@ -66,12 +66,14 @@ class HaystackBuilder:
 
     def _shuffled_distractors(self, conversation_id: str) -> list[Session]:
         if conversation_id not in self._distractors:
-            pool = [
-                s
-                for cid, conv in self.dataset.conversations.items()
-                if cid != conversation_id
-                for s in conv
-            ]
+            # One entry per id: LongMemEval haystacks share sessions, and a session listed by two
+            # other conversations must not be added to a haystack twice.
+            unique: dict[str, Session] = {}
+            for cid, conv in self.dataset.conversations.items():
+                if cid != conversation_id:
+                    for s in conv:
+                        unique.setdefault(s.id, s)
+            pool = list(unique.values())
             random.Random(f"{self.seed}:{conversation_id}").shuffle(pool)
             self._distractors[conversation_id] = pool
         return self._distractors[conversation_id]

@@ -47,13 +47,16 @@ def parse_evidence(items: list[str]) -> tuple[list[int], Counter[str], Counter[s
     unusable: Counter[str] = Counter()
     for raw in items:
         raw_s = str(raw).strip()
-        if _STRICT_ID.fullmatch(raw_s):
-            sessions.append(int(_STRICT_ID.fullmatch(raw_s).group(1)))  # type: ignore[union-attr]
-            continue
-        found = _LOOSE_ID.findall(raw_s)
+        try:
+            if _STRICT_ID.fullmatch(raw_s):
+                sessions.append(int(_STRICT_ID.fullmatch(raw_s).group(1)))  # type: ignore[union-attr]
+                continue
+            found = [int(s) for s, _ in _LOOSE_ID.findall(raw_s)]
+        except ValueError:  # a number past int()'s digit limit names no session we could have
+            found = []
         if found:
             repaired[raw_s] += 1
-            sessions.extend(int(s) for s, _ in found)
+            sessions.extend(found)
         else:
             unusable[raw_s] += 1
     return sessions, repaired, unusable

@@ -43,7 +43,9 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
         raise DataError(f"expected a list of records, got {type(data).__name__}", file=file)
     report = LoadReport(source="longmemeval")
     queries: list[Query] = []
-    pool: dict[str, Session] = {}
+    # Keyed by (id, date): the release reuses filler sessions across records on different dates,
+    # and each record's haystack must carry its own timeline.
+    pool: dict[tuple[str, str | None], Session] = {}
     for i, r in enumerate(data):
         qid = need(r, "question_id", str, file=file, record=i)
         ids = need(r, "haystack_session_ids", list, file=file, record=qid)
@@ -56,9 +58,10 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
                 field="haystack_session_ids")
         haystack = []
         for sid, date_text, raw in zip(ids, dates, raw_sessions, strict=True):
-            s = pool.get(str(sid)) or _session(str(sid), date_text, raw, file=file,
-                                                record=f"{qid}/{sid}")
-            pool[s.id] = s
+            key = (str(sid), date_text)
+            s = pool.get(key) or _session(str(sid), date_text, raw, file=file,
+                                          record=f"{qid}/{sid}")
+            pool[key] = s
             haystack.append(s)
         answer_ids = need(r, "answer_session_ids", list, file=file, record=qid, default=[])
         unknown = [a for a in answer_ids if a not in set(ids)]
@@ -80,7 +83,7 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
             meta={"abstention": abstention, "answer_session_ids": list(answer_ids)},
         ))
     report.n_questions = len(queries)
-    report.n_sessions = len(pool)
+    report.n_sessions = len({sid for sid, _ in pool})
     # Each LongMemEval question is its own "conversation": its haystack.
     conversations = {q.qid: q.haystack for q in queries}
     return MemoryDataset(queries=queries, conversations=conversations, report=report)
