@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from memsifter.errors import MemSifterError
 
@@ -24,7 +25,9 @@ DEFAULT_LOCOMO = os.environ.get("MEMSIFTER_LOCOMO", "../shared/data/locomo/locom
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}")
+    # escape(): our messages end in "[file=..., record=..., field=...]", which rich would
+    # otherwise swallow as markup.
+    console.print(f"[bold red]error:[/] {escape(str(e))}")
     raise typer.Exit(2)
 
 
