@@ -1,4 +1,4 @@
-"""MemSifter: a small think-and-rank proxy that picks which past sessions a working LLM should see."""
+"""MemSifter: a think-and-rank proxy that picks which past sessions a working LLM sees."""
 
 from memsifter.data.types import Query, Ranking, Session, Turn
 from memsifter.errors import DataError, MemSifterError

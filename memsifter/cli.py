@@ -13,8 +13,11 @@ from rich.markup import escape
 
 from memsifter.errors import MemSifterError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="MemSifter: train, evaluate and serve a think-and-rank memory proxy.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="MemSifter: train, evaluate and serve a think-and-rank memory proxy.",
+)
 eval_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
 data_app = typer.Typer(no_args_is_help=True, help="Inspect and convert datasets.")
 app.add_typer(eval_app, name="eval")
@@ -35,16 +38,23 @@ def _fail(e: Exception) -> None:
 def eval_retrieval(
     dataset: Annotated[str | None, typer.Option(help="locomo | longmemeval | jsonl")] = None,
     data: Annotated[str | None, typer.Option(help="dataset file")] = None,
-    retriever: Annotated[list[str] | None, typer.Option(
-        help="coarse filter spec; repeat for several (bm25, minilm, wordllama, bge-m3[:DIR], "
-             "st:MODEL, hybrid:A+B)")] = None,
+    retriever: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="coarse filter spec; repeat for several (bm25, minilm, wordllama, bge-m3[:DIR], "
+            "st:MODEL, hybrid:A+B)"
+        ),
+    ] = None,
     haystack: Annotated[str | None, typer.Option(help="native | 32k | 128k | 1m")] = None,
-    conversations: Annotated[str | None, typer.Option(
-        help="comma-separated conversation ids or 0-based indexes")] = None,
+    conversations: Annotated[
+        str | None, typer.Option(help="comma-separated conversation ids or 0-based indexes")
+    ] = None,
     out: Annotated[str | None, typer.Option(help="output folder")] = None,
     seed: Annotated[int | None, typer.Option(help="haystack seed")] = None,
-    tokenizer: Annotated[str | None, typer.Option(
-        help="tokenizer (hub id or folder) for token budgets; default: approx regex")] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="tokenizer (hub id or folder) for token budgets; default: approx regex"),
+    ] = None,
     max_questions: Annotated[int | None, typer.Option(help="smoke runs: first N")] = None,
     config: Annotated[Path | None, typer.Option(help="YAML config (configs/eval/*.yaml)")] = None,
 ) -> None:
@@ -53,13 +63,22 @@ def eval_retrieval(
     from memsifter.evaluation.retrieval import RetrievalEvalConfig, render_table, run_retrieval_eval
 
     try:
-        cfg = load_config(RetrievalEvalConfig, config) if config else RetrievalEvalConfig(
-            data=DEFAULT_LOCOMO)
+        cfg = (
+            load_config(RetrievalEvalConfig, config)
+            if config
+            else RetrievalEvalConfig(data=DEFAULT_LOCOMO)
+        )
         overrides = {
-            "dataset": dataset, "data": data, "retrievers": retriever or None,
-            "haystack": haystack, "out": out, "seed": seed, "tokenizer": tokenizer,
+            "dataset": dataset,
+            "data": data,
+            "retrievers": retriever or None,
+            "haystack": haystack,
+            "out": out,
+            "seed": seed,
+            "tokenizer": tokenizer,
             "max_questions": max_questions,
-            "conversations": [c.strip() for c in conversations.split(",")] if conversations
+            "conversations": [c.strip() for c in conversations.split(",")]
+            if conversations
             else None,
         }
         cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})

@@ -46,11 +46,16 @@ def _check(value: Any, hint: Any, *, file: str, key: str) -> Any:
         return from_dict(hint, value, file=file, prefix=f"{key}.")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(hint, type) and not isinstance(value, hint) or (
-        hint is not bool and isinstance(value, bool)
+    if (
+        isinstance(hint, type)
+        and not isinstance(value, hint)
+        or (hint is not bool and isinstance(value, bool))
     ):
-        raise DataError(f"expected {getattr(hint, '__name__', hint)}, got "
-                        f"{type(value).__name__}", file=file, field=key)
+        raise DataError(
+            f"expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}",
+            file=file,
+            field=key,
+        )
     return value
 
 
@@ -61,8 +66,11 @@ def from_dict(cls: type[T], data: Any, *, file: str = "<memory>", prefix: str = 
     fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - fields)
     if unknown:
-        raise DataError(f"unknown key(s) {unknown}; valid keys: {sorted(fields)}", file=file,
-                        field=prefix + unknown[0])
+        raise DataError(
+            f"unknown key(s) {unknown}; valid keys: {sorted(fields)}",
+            file=file,
+            field=prefix + unknown[0],
+        )
     kwargs = {k: _check(v, hints[k], file=file, key=prefix + k) for k, v in data.items()}
     return cls(**kwargs)
 

@@ -10,15 +10,37 @@ from typer.testing import CliRunner
 
 from memsifter.cli import app
 
-KEYS = {"n_questions", "ndcg@1", "ndcg@5", "ndcg@10", "recall@1", "recall@5", "recall@10", "mrr",
-        "by_category", "latency_ms"}
+KEYS = {
+    "n_questions",
+    "ndcg@1",
+    "ndcg@5",
+    "ndcg@10",
+    "recall@1",
+    "recall@5",
+    "recall@10",
+    "mrr",
+    "by_category",
+    "latency_ms",
+}
 
 
 def test_eval_retrieval_bm25(tmp_path: Path, locomo_mini_path: Path) -> None:
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["eval", "retrieval", "--dataset", "locomo", "--data",
-                                   str(locomo_mini_path), "--retriever", "bm25", "--out",
-                                   str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "retrieval",
+            "--dataset",
+            "locomo",
+            "--data",
+            str(locomo_mini_path),
+            "--retriever",
+            "bm25",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     m = json.loads((out / "metrics.json").read_text())
     assert KEYS <= set(m)
@@ -34,10 +56,25 @@ def test_eval_retrieval_bm25(tmp_path: Path, locomo_mini_path: Path) -> None:
 def test_eval_retrieval_two_retrievers_32k(tmp_path: Path, locomo_mini_path: Path) -> None:
     out = tmp_path / "run"
     # "hybrid:bm25+bm25" keeps this fast (no model) while exercising fusion end to end.
-    res = CliRunner().invoke(app, ["eval", "retrieval", "--data", str(locomo_mini_path),
-                                   "--retriever", "bm25", "--retriever", "hybrid:bm25+bm25",
-                                   "--haystack", "2000", "--conversations", "0,1",
-                                   "--out", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "retrieval",
+            "--data",
+            str(locomo_mini_path),
+            "--retriever",
+            "bm25",
+            "--retriever",
+            "hybrid:bm25+bm25",
+            "--haystack",
+            "2000",
+            "--conversations",
+            "0,1",
+            "--out",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     for sub in ("bm25", "hybrid_bm25_bm25"):
         m = json.loads((out / sub / "metrics.json").read_text())
@@ -48,14 +85,37 @@ def test_eval_retrieval_two_retrievers_32k(tmp_path: Path, locomo_mini_path: Pat
 
 def test_eval_retrieval_bad_input(tmp_path: Path, locomo_mini_path: Path) -> None:
     runner = CliRunner()
-    res = runner.invoke(app, ["eval", "retrieval", "--data", str(tmp_path / "nope.json"),
-                              "--out", str(tmp_path)])
+    res = runner.invoke(
+        app, ["eval", "retrieval", "--data", str(tmp_path / "nope.json"), "--out", str(tmp_path)]
+    )
     assert res.exit_code == 2 and "file not found" in res.output and "nope.json" in res.output
-    res = runner.invoke(app, ["eval", "retrieval", "--data", str(locomo_mini_path),
-                              "--retriever", "tfidf", "--out", str(tmp_path)])
+    res = runner.invoke(
+        app,
+        [
+            "eval",
+            "retrieval",
+            "--data",
+            str(locomo_mini_path),
+            "--retriever",
+            "tfidf",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 2 and "unknown coarse filter 'tfidf'" in res.output
-    res = runner.invoke(app, ["eval", "retrieval", "--data", str(locomo_mini_path),
-                              "--haystack", "huge", "--out", str(tmp_path)])
+    res = runner.invoke(
+        app,
+        [
+            "eval",
+            "retrieval",
+            "--data",
+            str(locomo_mini_path),
+            "--haystack",
+            "huge",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert res.exit_code == 2 and "unknown haystack 'huge'" in res.output
 
 

@@ -2,7 +2,7 @@
 
 Build one from a spec string (CLI, YAML configs and the server all use this):
 
-* ``bm25``; ``minilm``; ``wordllama``; ``bge-m3`` (or ``bge-m3:/local/folder``);
+* ``bm25``; ``minilm``; ``wordllama``; ``bge-m3`` / ``bge-m3-sparse`` (``:/local/folder``);
 * ``st:<model>`` for any sentence-transformers model (hub id or folder);
 * ``hybrid:bm25+minilm`` for reciprocal-rank fusion of any of the above.
 """
@@ -39,15 +39,24 @@ def build_filter(spec: str, **options: Any) -> CoarseFilter:
         from memsifter.coarse.dense import WordLlamaFilter
 
         return WordLlamaFilter()
-    if name == "bge-m3":
+    if name in ("bge-m3", "bge-m3-sparse"):
         from memsifter.coarse.bge_m3 import BGEM3Filter
 
-        return BGEM3Filter(arg or options.get("bge_m3_model", "BAAI/bge-m3"))
+        return BGEM3Filter(
+            arg or options.get("bge_m3_model", "BAAI/bge-m3"), use_sparse=name == "bge-m3-sparse"
+        )
     raise UnknownNameError(
-        f"unknown coarse filter {spec!r}; use bm25, minilm, wordllama, bge-m3[:PATH], "
+        f"unknown coarse filter {spec!r}; use bm25, minilm, wordllama, bge-m3[-sparse][:PATH], "
         "st:MODEL or hybrid:A+B"
     )
 
 
-__all__ = ["BM25Filter", "CoarseFilter", "HybridFilter", "OFFLINE_FILTERS", "Selection",
-           "build_filter", "rank_by_scores"]
+__all__ = [
+    "BM25Filter",
+    "CoarseFilter",
+    "HybridFilter",
+    "OFFLINE_FILTERS",
+    "Selection",
+    "build_filter",
+    "rank_by_scores",
+]

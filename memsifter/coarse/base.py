@@ -33,8 +33,11 @@ class Selection:
 def rank_by_scores(sessions: Sequence[Session], scores: np.ndarray, source: str) -> Ranking:
     """Descending by score; ties keep the input order so rankings are deterministic."""
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
-    return Ranking(ids=tuple(sessions[i].id for i in order),
-                   scores=tuple(float(scores[i]) for i in order), source=source)
+    return Ranking(
+        ids=tuple(sessions[i].id for i in order),
+        scores=tuple(float(scores[i]) for i in order),
+        source=source,
+    )
 
 
 class CoarseFilter(ABC):
@@ -55,8 +58,11 @@ class CoarseFilter(ABC):
         budget_tokens: int,
         counter: TokenCounter | SessionTokenCache | None = None,
     ) -> Selection:
-        tokens = counter if isinstance(counter, SessionTokenCache) else SessionTokenCache(
-            counter or get_counter())
+        tokens = (
+            counter
+            if isinstance(counter, SessionTokenCache)
+            else SessionTokenCache(counter or get_counter())
+        )
         total = sum(tokens(s) for s in sessions)
         if total <= budget_tokens:
             return Selection(sessions=tuple(sessions), ranking=None, tokens=total)
@@ -70,5 +76,9 @@ class CoarseFilter(ABC):
                 kept.append(by_id[sid])
                 used += n
         kept_ids = {s.id for s in kept}
-        return Selection(sessions=tuple(kept), ranking=ranking, tokens=used,
-                         dropped_ids=tuple(s for s in ranking.ids if s not in kept_ids))
+        return Selection(
+            sessions=tuple(kept),
+            ranking=ranking,
+            tokens=used,
+            dropped_ids=tuple(s for s in ranking.ids if s not in kept_ids),
+        )

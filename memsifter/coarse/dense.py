@@ -95,31 +95,39 @@ class EmbeddingFilter(CoarseFilter):
 
 
 class SentenceTransformerFilter(EmbeddingFilter):
-    def __init__(self, model: str = "minilm", batch_size: int = 32,
-                 max_seq_length: int | None = None, chunk_tokens: int | None = 160,
-                 device: str | None = None) -> None:
+    def __init__(
+        self,
+        model: str = "minilm",
+        batch_size: int = 32,
+        max_seq_length: int | None = None,
+        chunk_tokens: int | None = 160,
+        device: str | None = None,
+    ) -> None:
         super().__init__()
         self.chunk_tokens = chunk_tokens
         from sentence_transformers import SentenceTransformer
 
         resolved = resolve_model(model)
         self.name = "minilm" if model == "minilm" else f"st:{model}"
-        self.model = SentenceTransformer(resolved.path, device=device or "cpu",
-                                         local_files_only=resolved.local)
+        self.model = SentenceTransformer(
+            resolved.path, device=device or "cpu", local_files_only=resolved.local
+        )
         if max_seq_length:
             self.model.max_seq_length = max_seq_length
         self.batch_size = batch_size
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
-        return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                 show_progress_bar=False)
+        return self.model.encode(
+            texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
+        )
 
 
 class WordLlamaFilter(EmbeddingFilter):
     name = "wordllama"
 
-    def __init__(self, config: str = "l2_supercat", dim: int = 256,
-                 chunk_tokens: int | None = 160) -> None:
+    def __init__(
+        self, config: str = "l2_supercat", dim: int = 256, chunk_tokens: int | None = 160
+    ) -> None:
         super().__init__()
         self.chunk_tokens = chunk_tokens
         root = logging.getLogger()
@@ -130,9 +138,9 @@ class WordLlamaFilter(EmbeddingFilter):
 
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
-        self.model = WordLlama.load(config=config, dim=dim,
-                                    cache_dir=resolve_model("wordllama").path,
-                                    disable_download=True)
+        self.model = WordLlama.load(
+            config=config, dim=dim, cache_dir=resolve_model("wordllama").path, disable_download=True
+        )
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
         return self.model.embed(texts, norm=True, return_np=True)

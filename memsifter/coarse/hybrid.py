@@ -13,8 +13,12 @@ from memsifter.errors import MemSifterError
 
 
 class HybridFilter(CoarseFilter):
-    def __init__(self, members: Sequence[CoarseFilter], k: float = 60.0,
-                 weights: Sequence[float] | None = None) -> None:
+    def __init__(
+        self,
+        members: Sequence[CoarseFilter],
+        k: float = 60.0,
+        weights: Sequence[float] | None = None,
+    ) -> None:
         if len(members) < 2:
             raise MemSifterError("a hybrid filter needs at least two members")
         if weights is not None and len(weights) != len(members):

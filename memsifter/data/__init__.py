@@ -25,6 +25,16 @@ def load_dataset(name: str, path: str | Path) -> MemoryDataset:
 
 
 __all__ = [
-    "LOADERS", "LoadReport", "MemoryDataset", "Query", "Ranking", "Session", "Turn",
-    "dump_jsonl", "load_dataset", "load_jsonl", "load_locomo", "load_longmemeval",
+    "LOADERS",
+    "LoadReport",
+    "MemoryDataset",
+    "Query",
+    "Ranking",
+    "Session",
+    "Turn",
+    "dump_jsonl",
+    "load_dataset",
+    "load_jsonl",
+    "load_locomo",
+    "load_longmemeval",
 ]

@@ -20,7 +20,9 @@ def read_json(path: str | Path) -> Any:
     except UnicodeDecodeError as e:
         raise DataError(f"file is not UTF-8: {e}", file=str(p)) from e
     except json.JSONDecodeError as e:
-        raise DataError(f"invalid JSON at line {e.lineno} col {e.colno}: {e.msg}", file=str(p)) from e
+        raise DataError(
+            f"invalid JSON at line {e.lineno} col {e.colno}: {e.msg}", file=str(p)
+        ) from e
 
 
 def need(

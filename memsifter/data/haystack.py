@@ -95,6 +95,11 @@ class HaystackBuilder:
             else:
                 exhausted = False
         haystack = tuple(sorted(own + extra, key=_date_key))
-        stats = HaystackStats(budget=budget, tokens=used, n_own=len(own),
-                              n_distractors=len(extra), filled=not exhausted or used >= budget)
+        stats = HaystackStats(
+            budget=budget,
+            tokens=used,
+            n_own=len(own),
+            n_distractors=len(extra),
+            filled=not exhausted or used >= budget,
+        )
         return replace(query, haystack=haystack), stats

@@ -54,8 +54,12 @@ def load_jsonl(path: str | Path) -> MemoryDataset:
         elif kind == "query":
             queries.append(_query(obj, sessions, by_conv, file=file, record=rec, report=report))
         else:
-            raise DataError(f"unknown record type {kind!r} (expected 'session' or 'query')",
-                            file=file, record=rec, field="type")
+            raise DataError(
+                f"unknown record type {kind!r} (expected 'session' or 'query')",
+                file=file,
+                record=rec,
+                field="type",
+            )
     report.n_questions = len(queries)
     report.n_sessions = len(sessions)
     conversations = {c: tuple(sessions[i] for i in ids) for c, ids in by_conv.items()}
@@ -68,8 +72,9 @@ def _session(obj: dict, *, file: str, record: str) -> Session:
     try:
         date = parse_date(date_text)
     except (ValueError, OverflowError) as e:
-        raise DataError(f"unparseable date {date_text!r}", file=file, record=record,
-                        field="date") from e
+        raise DataError(
+            f"unparseable date {date_text!r}", file=file, record=record, field="date"
+        ) from e
     turns = []
     for k, t in enumerate(need(obj, "turns", list, file=file, record=record)):
         r = f"{record} turn {k}"
@@ -77,19 +82,35 @@ def _session(obj: dict, *, file: str, record: str) -> Session:
         try:
             tdate = parse_date(ts)
         except (ValueError, OverflowError) as e:
-            raise DataError(f"unparseable timestamp {ts!r}", file=file, record=r,
-                            field="timestamp") from e
-        turns.append(Turn(speaker=need(t, "speaker", str, file=file, record=r),
-                          text=need(t, "text", str, file=file, record=r),
-                          turn_id=need(t, "id", str, file=file, record=r, default=None),
-                          timestamp=tdate))
-    return Session(id=sid, turns=tuple(turns), date=date, date_text=date_text,
-                   conversation_id=need(obj, "conversation_id", str, file=file, record=record,
-                                        default=None))
+            raise DataError(
+                f"unparseable timestamp {ts!r}", file=file, record=r, field="timestamp"
+            ) from e
+        turns.append(
+            Turn(
+                speaker=need(t, "speaker", str, file=file, record=r),
+                text=need(t, "text", str, file=file, record=r),
+                turn_id=need(t, "id", str, file=file, record=r, default=None),
+                timestamp=tdate,
+            )
+        )
+    return Session(
+        id=sid,
+        turns=tuple(turns),
+        date=date,
+        date_text=date_text,
+        conversation_id=need(obj, "conversation_id", str, file=file, record=record, default=None),
+    )
 
 
-def _query(obj: dict, sessions: dict[str, Session], by_conv: dict[str, list[str]], *,
-           file: str, record: str, report: LoadReport) -> Query:
+def _query(
+    obj: dict,
+    sessions: dict[str, Session],
+    by_conv: dict[str, list[str]],
+    *,
+    file: str,
+    record: str,
+    report: LoadReport,
+) -> Query:
     qid = need(obj, "id", str, file=file, record=record)
     conv = need(obj, "conversation_id", str, file=file, record=record, default=None)
     hay_ids = need(obj, "haystack", list, file=file, record=record, default=None)
@@ -97,23 +118,32 @@ def _query(obj: dict, sessions: dict[str, Session], by_conv: dict[str, list[str]
         hay_ids = by_conv.get(conv or "", [])
     missing = [h for h in hay_ids if h not in sessions]
     if missing:
-        raise DataError(f"unknown session ids {missing}", file=file, record=record,
-                        field="haystack")
-    gold = [str(g) for g in need(obj, "gold_session_ids", list, file=file, record=record,
-                                 default=[])]
+        raise DataError(
+            f"unknown session ids {missing}", file=file, record=record, field="haystack"
+        )
+    gold = [
+        str(g) for g in need(obj, "gold_session_ids", list, file=file, record=record, default=[])
+    ]
     not_in = [g for g in gold if g not in set(hay_ids)]
     if not_in:
-        raise DataError(f"gold session ids not in the haystack: {not_in}", file=file,
-                        record=record, field="gold_session_ids")
+        raise DataError(
+            f"gold session ids not in the haystack: {not_in}",
+            file=file,
+            record=record,
+            field="gold_session_ids",
+        )
     if not gold:
         report.no_evidence_qids.append(qid)
     return Query(
-        qid=qid, question=need(obj, "question", str, file=file, record=record),
+        qid=qid,
+        question=need(obj, "question", str, file=file, record=record),
         answer=str(need(obj, "answer", (str, int, float), file=file, record=record, default="")),
-        haystack=tuple(sessions[h] for h in hay_ids), gold_session_ids=tuple(gold),
+        haystack=tuple(sessions[h] for h in hay_ids),
+        gold_session_ids=tuple(gold),
         question_date=need(obj, "question_date", str, file=file, record=record, default=None),
         category=need(obj, "category", str, file=file, record=record, default=None),
-        source="jsonl", conversation_id=conv,
+        source="jsonl",
+        conversation_id=conv,
     )
 
 
@@ -126,18 +156,35 @@ def dump_jsonl(dataset: MemoryDataset, path: str | Path) -> None:
             if s.id in seen:
                 continue
             seen.add(s.id)
-            lines.append(json.dumps({
-                "type": "session", "id": s.id, "conversation_id": s.conversation_id or conv_id,
-                "date": s.date_text,
-                "turns": [_turn_obj(t) for t in s.turns],
-            }, ensure_ascii=False))
+            lines.append(
+                json.dumps(
+                    {
+                        "type": "session",
+                        "id": s.id,
+                        "conversation_id": s.conversation_id or conv_id,
+                        "date": s.date_text,
+                        "turns": [_turn_obj(t) for t in s.turns],
+                    },
+                    ensure_ascii=False,
+                )
+            )
     for q in dataset.queries:
-        lines.append(json.dumps({
-            "type": "query", "id": q.qid, "conversation_id": q.conversation_id,
-            "question": q.question, "answer": q.answer, "question_date": q.question_date,
-            "gold_session_ids": list(q.gold_session_ids), "category": q.category,
-            "haystack": [s.id for s in q.haystack],
-        }, ensure_ascii=False))
+        lines.append(
+            json.dumps(
+                {
+                    "type": "query",
+                    "id": q.qid,
+                    "conversation_id": q.conversation_id,
+                    "question": q.question,
+                    "answer": q.answer,
+                    "question_date": q.question_date,
+                    "gold_session_ids": list(q.gold_session_ids),
+                    "category": q.category,
+                    "haystack": [s.id for s in q.haystack],
+                },
+                ensure_ascii=False,
+            )
+        )
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -148,4 +195,3 @@ def _turn_obj(t: Turn) -> dict:
     if t.timestamp:
         out["timestamp"] = t.timestamp.isoformat()
     return out
-

@@ -69,8 +69,11 @@ def _turn(raw: object, *, file: str, record: str) -> Turn:
     if caption:
         # Images are part of what was said; the caption is the only text we have of them.
         text = f"{text} [shares an image: {caption}]".strip()
-    return Turn(speaker=speaker, text=text, turn_id=need(raw, "dia_id", str, file=file,
-                                                          record=record, default=None))
+    return Turn(
+        speaker=speaker,
+        text=text,
+        turn_id=need(raw, "dia_id", str, file=file, record=record, default=None),
+    )
 
 
 def load_locomo(path: str | Path) -> MemoryDataset:
@@ -88,25 +91,35 @@ def load_locomo(path: str | Path) -> MemoryDataset:
         conv = need(sample, "conversation", dict, file=file, record=sample_id)
         qa = need(sample, "qa", list, file=file, record=sample_id)
 
-        numbers = sorted(
-            int(m.group(1)) for k in conv if (m := _SESSION_KEY.fullmatch(k))
-        )
+        numbers = sorted(int(m.group(1)) for k in conv if (m := _SESSION_KEY.fullmatch(k)))
         sessions = []
         for n in numbers:
             rec = f"{sample_id}/session_{n}"
             raw_turns = need(conv, f"session_{n}", list, file=file, record=sample_id)
-            date_text = need(conv, f"session_{n}_date_time", str, file=file, record=sample_id,
-                             default=None)
+            date_text = need(
+                conv, f"session_{n}_date_time", str, file=file, record=sample_id, default=None
+            )
             try:
                 date = parse_date(date_text)
             except (ValueError, OverflowError) as e:
-                raise DataError(f"unparseable date {date_text!r}: {e}", file=file,
-                                record=sample_id, field=f"session_{n}_date_time") from e
+                raise DataError(
+                    f"unparseable date {date_text!r}: {e}",
+                    file=file,
+                    record=sample_id,
+                    field=f"session_{n}_date_time",
+                ) from e
             turns = tuple(
                 _turn(t, file=file, record=f"{rec}/turn_{j}") for j, t in enumerate(raw_turns)
             )
-            sessions.append(Session(id=session_id(sample_id, n), turns=turns, date=date,
-                                    date_text=date_text, conversation_id=sample_id))
+            sessions.append(
+                Session(
+                    id=session_id(sample_id, n),
+                    turns=turns,
+                    date=date,
+                    date_text=date_text,
+                    conversation_id=sample_id,
+                )
+            )
         conversations[sample_id] = tuple(sessions)
         known = set(numbers)
 
@@ -129,12 +142,20 @@ def load_locomo(path: str | Path) -> MemoryDataset:
             qid = f"{sample_id}/q{j}"
             if not gold:
                 report.no_evidence_qids.append(qid)
-            queries.append(Query(
-                qid=qid, question=question, answer=str(answer), haystack=tuple(sessions),
-                gold_session_ids=gold, question_date=None, category=str(category),
-                source="locomo", conversation_id=sample_id,
-                meta={"evidence": list(evidence)},
-            ))
+            queries.append(
+                Query(
+                    qid=qid,
+                    question=question,
+                    answer=str(answer),
+                    haystack=tuple(sessions),
+                    gold_session_ids=gold,
+                    question_date=None,
+                    category=str(category),
+                    source="locomo",
+                    conversation_id=sample_id,
+                    meta={"evidence": list(evidence)},
+                )
+            )
 
     report.n_questions = len(queries)
     report.n_sessions = sum(len(v) for v in conversations.values())

@@ -20,19 +20,28 @@ from memsifter.errors import DataError
 
 def _session(sid: str, date_text: str | None, raw: object, *, file: str, record: str) -> Session:
     if not isinstance(raw, list):
-        raise DataError(f"expected a list of turns, got {type(raw).__name__}", file=file,
-                        record=record, field="haystack_sessions")
+        raise DataError(
+            f"expected a list of turns, got {type(raw).__name__}",
+            file=file,
+            record=record,
+            field="haystack_sessions",
+        )
     turns = []
     for k, t in enumerate(raw):
         rec = f"{record}/turn_{k}"
-        turns.append(Turn(speaker=need(t, "role", str, file=file, record=rec),
-                          text=need(t, "content", str, file=file, record=rec),
-                          turn_id=f"{sid}:{k}"))
+        turns.append(
+            Turn(
+                speaker=need(t, "role", str, file=file, record=rec),
+                text=need(t, "content", str, file=file, record=rec),
+                turn_id=f"{sid}:{k}",
+            )
+        )
     try:
         date = parse_date(date_text)
     except (ValueError, OverflowError) as e:
-        raise DataError(f"unparseable date {date_text!r}", file=file, record=record,
-                        field="haystack_dates") from e
+        raise DataError(
+            f"unparseable date {date_text!r}", file=file, record=record, field="haystack_dates"
+        ) from e
     return Session(id=sid, turns=tuple(turns), date=date, date_text=date_text)
 
 
@@ -54,34 +63,46 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
         if not (len(ids) == len(dates) == len(raw_sessions)):
             raise DataError(
                 f"haystack lists differ in length: {len(ids)} ids, {len(dates)} dates, "
-                f"{len(raw_sessions)} sessions", file=file, record=qid,
-                field="haystack_session_ids")
+                f"{len(raw_sessions)} sessions",
+                file=file,
+                record=qid,
+                field="haystack_session_ids",
+            )
         haystack = []
         for sid, date_text, raw in zip(ids, dates, raw_sessions, strict=True):
             key = (str(sid), date_text)
-            s = pool.get(key) or _session(str(sid), date_text, raw, file=file,
-                                          record=f"{qid}/{sid}")
+            s = pool.get(key) or _session(
+                str(sid), date_text, raw, file=file, record=f"{qid}/{sid}"
+            )
             pool[key] = s
             haystack.append(s)
         answer_ids = need(r, "answer_session_ids", list, file=file, record=qid, default=[])
         unknown = [a for a in answer_ids if a not in set(ids)]
         if unknown:
-            raise DataError(f"answer session ids not in the haystack: {unknown}", file=file,
-                            record=qid, field="answer_session_ids")
+            raise DataError(
+                f"answer session ids not in the haystack: {unknown}",
+                file=file,
+                record=qid,
+                field="answer_session_ids",
+            )
         abstention = qid.endswith("_abs")
         gold = () if abstention else tuple(dict.fromkeys(str(a) for a in answer_ids))
         if not gold:
             report.no_evidence_qids.append(qid)
-        queries.append(Query(
-            qid=qid,
-            question=need(r, "question", str, file=file, record=qid),
-            answer=str(need(r, "answer", (str, int, float), file=file, record=qid)),
-            haystack=tuple(haystack), gold_session_ids=gold,
-            question_date=need(r, "question_date", str, file=file, record=qid, default=None),
-            category=need(r, "question_type", str, file=file, record=qid),
-            source="longmemeval", conversation_id=qid,
-            meta={"abstention": abstention, "answer_session_ids": list(answer_ids)},
-        ))
+        queries.append(
+            Query(
+                qid=qid,
+                question=need(r, "question", str, file=file, record=qid),
+                answer=str(need(r, "answer", (str, int, float), file=file, record=qid)),
+                haystack=tuple(haystack),
+                gold_session_ids=gold,
+                question_date=need(r, "question_date", str, file=file, record=qid, default=None),
+                category=need(r, "question_type", str, file=file, record=qid),
+                source="longmemeval",
+                conversation_id=qid,
+                meta={"abstention": abstention, "answer_session_ids": list(answer_ids)},
+            )
+        )
     report.n_questions = len(queries)
     report.n_sessions = len({sid for sid, _ in pool})
     # Each LongMemEval question is its own "conversation": its haystack.

@@ -93,9 +93,13 @@ def segment_turns(
     for n, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
         chunk = tuple(turns[a:b])
         date = chunk[0].timestamp
-        sessions.append(Session(
-            id=f"{id_prefix}_{n}", turns=chunk, date=date,
-            date_text=date.strftime("%Y-%m-%d %H:%M") if date else None,
-            conversation_id=conversation_id,
-        ))
+        sessions.append(
+            Session(
+                id=f"{id_prefix}_{n}",
+                turns=chunk,
+                date=date,
+                date_text=date.strftime("%Y-%m-%d %H:%M") if date else None,
+                conversation_id=conversation_id,
+            )
+        )
     return sessions

@@ -1,1 +1,1 @@
-"""Evaluation: retrieval metrics over coarse filters (and, later, the proxy) on memory benchmarks."""
+"""Evaluation: retrieval metrics for coarse filters (and later the proxy) on memory benchmarks."""

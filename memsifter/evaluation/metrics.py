@@ -25,16 +25,21 @@ def _measures(cutoffs: Sequence[int]) -> dict[str, object]:
 
 
 def rankings_to_run(rankings: Mapping[str, Sequence[str]]) -> dict[str, dict[str, float]]:
-    return {qid: {sid: float(len(ids) - r) for r, sid in enumerate(ids)}
-            for qid, ids in rankings.items()}
+    return {
+        qid: {sid: float(len(ids) - r) for r, sid in enumerate(ids)}
+        for qid, ids in rankings.items()
+    }
 
 
 def qrels_from_gold(gold: Mapping[str, Sequence[str]]) -> dict[str, dict[str, int]]:
     return {qid: {sid: 1 for sid in ids} for qid, ids in gold.items() if ids}
 
 
-def _means(measures: Sequence[object], gold: Mapping[str, Sequence[str]],
-           rankings: Mapping[str, Sequence[str]]) -> dict[object, float]:
+def _means(
+    measures: Sequence[object],
+    gold: Mapping[str, Sequence[str]],
+    rankings: Mapping[str, Sequence[str]],
+) -> dict[object, float]:
     qrels = qrels_from_gold(gold)
     if not qrels:
         return {m: 0.0 for m in measures}

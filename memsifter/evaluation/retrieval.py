@@ -94,14 +94,20 @@ def evaluate_filter(
     for q in queries:
         by_cat[q.category or "none"].append(q)
     metrics["by_category"] = {
-        cat: {"name": CATEGORY_NAMES.get(cat, cat) if queries[0].source == "locomo" else cat,
-              "n_questions": len(qs),
-              **evaluate_rankings({q.qid: rankings[q.qid] for q in qs},
-                                  {q.qid: q.gold_session_ids for q in qs})}
+        cat: {
+            "name": CATEGORY_NAMES.get(cat, cat) if queries[0].source == "locomo" else cat,
+            "n_questions": len(qs),
+            **evaluate_rankings(
+                {q.qid: rankings[q.qid] for q in qs}, {q.qid: q.gold_session_ids for q in qs}
+            ),
+        }
         for cat, qs in sorted(by_cat.items())
     }
-    metrics["latency_ms"] = {"p50": _percentile(latencies, 50), "p95": _percentile(latencies, 95),
-                             "mean": float(np.mean(latencies)) if latencies else 0.0}
+    metrics["latency_ms"] = {
+        "p50": _percentile(latencies, 50),
+        "p95": _percentile(latencies, 95),
+        "mean": float(np.mean(latencies)) if latencies else 0.0,
+    }
     metrics["index_seconds_total"] = index_s
     return RetrieverResult(filt.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k))
 
@@ -112,13 +118,17 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
     if console is not None:
         console.print(dataset.report.summary())
     context = {
-        "dataset": cfg.dataset, "data": cfg.data, "haystack": cfg.haystack, "seed": cfg.seed,
+        "dataset": cfg.dataset,
+        "data": cfg.data,
+        "haystack": cfg.haystack,
+        "seed": cfg.seed,
         "token_counter": get_counter(cfg.tokenizer).name,
         "conversations": cfg.conversations or "all",
         "n_questions_total": dataset.report.n_questions,
         "n_questions_without_evidence": dataset.report.n_no_evidence,
         "haystack_sessions_mean": float(np.mean([len(q.haystack) for q in queries]))
-        if queries else 0.0,
+        if queries
+        else 0.0,
     }
     if hay_stats:
         context["haystack_tokens_mean"] = float(np.mean([s.tokens for s in hay_stats]))
@@ -126,8 +136,14 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[RetrieverResult] = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, disable=console is None) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=console is None,
+    ) as progress:
         for spec in cfg.retrievers:
             t0 = time.perf_counter()
             filt = build_filter(spec)
@@ -152,8 +168,13 @@ METRIC_COLUMNS = ("ndcg@1", "ndcg@5", "ndcg@10", "recall@1", "recall@5", "recall
 
 
 def render_table(results: list[RetrieverResult], haystack: str | None = None) -> str:
-    head = ["retriever"] + (["haystack"] if haystack else []) + ["n"] + list(METRIC_COLUMNS) + [
-        "p50 ms", "p95 ms"]
+    head = (
+        ["retriever"]
+        + (["haystack"] if haystack else [])
+        + ["n"]
+        + list(METRIC_COLUMNS)
+        + ["p50 ms", "p95 ms"]
+    )
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         m = r.metrics
@@ -174,8 +195,10 @@ def render_report(results: list[RetrieverResult], context: dict[str, Any]) -> st
         lines.append("| category | n | ndcg@1 | ndcg@5 | recall@5 | mrr |")
         lines.append("|---|---|---|---|---|---|")
         for cat, m in r.metrics["by_category"].items():
-            lines.append(f"| {cat} {m['name']} | {m['n_questions']} | {m['ndcg@1']:.3f} | "
-                         f"{m['ndcg@5']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} |")
+            lines.append(
+                f"| {cat} {m['name']} | {m['n_questions']} | {m['ndcg@1']:.3f} | "
+                f"{m['ndcg@5']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 

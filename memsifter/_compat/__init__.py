@@ -1,0 +1,1 @@
+"""Compatibility shims for third-party packages that lag behind our pinned dependencies."""

@@ -1,0 +1,147 @@
+"""Tiny random models shaped like the hub models MemSifter loads, built offline in seconds.
+
+Tests cannot download ``BAAI/bge-m3`` (2.2 GB, and there is no hub access), but they should still
+exercise the real loading and encoding code. ``build_tiny_bge_m3`` writes a folder with the same
+layout as the hub repo: an XLM-RoBERTa encoder, an XLM-R-style Unigram tokenizer trained here on
+a few built-in sentences, and the ``colbert_linear.pt`` / ``sparse_linear.pt`` heads. The heads
+matter: FlagEmbedding initialises them randomly when they are missing, which would make sparse
+scores differ between runs. Everything is seeded, so two builds write byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+# English plus Chinese because BGE-M3 is multilingual and our data (LoCoMo, LongMemEval plus the
+# Chinese splits) mixes both; the tokenizer should split either into real pieces, not <unk>.
+_CORPUS = (
+    "I adopted a golden retriever named Max last spring.",
+    "My sister is getting married in Lisbon next June.",
+    "We talked about my new job as a nurse at the city hospital.",
+    "I have been learning to play the violin for three years.",
+    "The marathon in Berlin was the hardest race I ever ran.",
+    "Can you recommend a vegetarian recipe for dinner tonight?",
+    "My favourite book is a novel about a lighthouse keeper.",
+    "I moved from Chicago to Seattle because of the rain and the coffee.",
+    "Yesterday I painted a sunset over the lake with watercolours.",
+    "Remind me when my passport expires; I think it is in October.",
+    "She said the support group meeting helped her a lot.",
+    "Our team won the chess tournament on Saturday afternoon.",
+    "What did I tell you about my grandmother's garden?",
+    "I bought a used bicycle and rode it to work every day.",
+    "The concert was loud, but the band played my favourite song.",
+    "我上个月去北京旅游，看了长城和故宫。",
+    "我的猫叫小白，它很喜欢睡觉。",
+    "明天我要去医院看望我的奶奶。",
+    "我们周末一起去爬山吧，天气应该很好。",
+    "她最近在学习弹钢琴，每天练习一个小时。",
+    "我换了新工作，现在是一名软件工程师。",
+    "你还记得我上次说的那本书吗？",
+    "今年夏天我们全家去海边度假。",
+)
+_SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # XLM-R's ids 0..4; <unk> must be 3
+_MAX_LENGTH = 8192  # BGE-M3's window; position ids start after <pad> (id 1), hence the +2 below
+
+
+def _train_tokenizer(out_dir: Path, vocab_size: int) -> int:
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import Unigram
+    from tokenizers.trainers import UnigramTrainer
+    from transformers import XLMRobertaTokenizer
+
+    raw = Tokenizer(Unigram())
+    raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = UnigramTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(_SPECIAL_TOKENS),
+        unk_token="<unk>",
+        # Cover all of ASCII so English test text never collapses into <unk>.
+        initial_alphabet=list(string.ascii_letters + string.digits + string.punctuation),
+        max_piece_length=8,
+        show_progress=False,
+    )
+    raw.train_from_iterator(_CORPUS, trainer=trainer)
+
+    trained = [(piece, float(score)) for piece, score in json.loads(raw.to_str())["model"]["vocab"]]
+    n_special = len(_SPECIAL_TOKENS)
+    if tuple(piece for piece, _ in trained[:n_special]) != _SPECIAL_TOKENS:
+        raise RuntimeError(f"unexpected special-token order in the trained vocab: {trained[:5]}")
+    vocab = trained[:n_special] + _canonical_order(trained[n_special:])
+    # Wrapping the trained pieces in transformers' own XLM-R class gives the same pre-tokenizer,
+    # post-processor (<s> ... </s>) and special-token map as the real BGE-M3 tokenizer.
+    tokenizer = XLMRobertaTokenizer(vocab=vocab, model_max_length=_MAX_LENGTH)
+    tokenizer.save_pretrained(str(out_dir))
+    return len(vocab)
+
+
+def _canonical_order(pieces: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """Give the trained pieces ids that do not depend on the run.
+
+    The trainer learns the same pieces every run, but its EM sums differ in the last bits, and
+    characters it keeps only for coverage get scores ``min - k * 1e-4`` in hash-set order. Either
+    would shuffle ids between builds, and with them the embedding rows. Pieces whose scores form
+    a chain with gaps under 1e-3 therefore share one score and are ordered by text; the gaps
+    between chains are far larger than the noise, so the grouping itself is stable.
+    """
+    groups: list[list[tuple[str, float]]] = []
+    for piece, score in sorted(pieces, key=lambda item: -item[1]):
+        if groups and groups[-1][-1][1] - score < 1e-3:
+            groups[-1].append((piece, score))
+        else:
+            groups.append([(piece, score)])
+    ordered: list[tuple[str, float]] = []
+    for group in groups:
+        shared = round(group[0][1], 4)
+        ordered.extend((piece, shared) for piece in sorted(piece for piece, _ in group))
+    return ordered
+
+
+def build_tiny_bge_m3(out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny random BGE-M3-shaped model folder to ``out_dir`` and return it.
+
+    Loadable by ``FlagEmbedding.BGEM3FlagModel`` and ``AutoTokenizer``/``AutoModel``; the
+    scores are meaningless but deterministic for a given ``seed``.
+    """
+    import torch
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+    from transformers.utils import logging as hf_logging
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab_size = _train_tokenizer(out_dir, vocab_size=400)
+
+    config = XLMRobertaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=_MAX_LENGTH + 2,
+        type_vocab_size=1,
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+        # With the usual 0.02 init every [CLS] vector comes out nearly identical (cosine ~1.0),
+        # so rankings would hinge on float noise; a wide init makes texts actually differ.
+        initializer_range=0.5,
+    )
+    # A private generator would not reach transformers' weight init, which draws from the
+    # global RNG; fork_rng keeps the caller's global RNG state untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = XLMRobertaModel(config).eval()
+        hidden = config.hidden_size
+        colbert_linear = torch.nn.Linear(hidden, hidden)
+        sparse_linear = torch.nn.Linear(hidden, 1)
+    previous_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar per build is only noise
+    try:
+        model.save_pretrained(str(out_dir))
+    finally:
+        if previous_bars:
+            hf_logging.enable_progress_bar()
+    torch.save(colbert_linear.state_dict(), out_dir / "colbert_linear.pt")
+    torch.save(sparse_linear.state_dict(), out_dir / "sparse_linear.pt")
+    return out_dir
