@@ -151,7 +151,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
             res = evaluate_filter(filt, queries, cfg, progress)
             res.metrics.update(context, retriever=res.retriever, model_load_seconds=load_s)
             results.append(res)
-            target = out if len(cfg.retrievers) == 1 else out / _slug(res.retriever)
+            target = out if len(cfg.retrievers) == 1 else out / slug(res.retriever)
             target.mkdir(parents=True, exist_ok=True)
             (target / "metrics.json").write_text(json.dumps(res.metrics, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
@@ -160,7 +160,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
     return results
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 

@@ -1,0 +1,1 @@
+"""Question answering with retrieved memory: the working-LLM answerer and its task scores."""

@@ -1,0 +1,96 @@
+"""The working-LLM answerer: given a question and the sessions a retriever chose, answer inside
+``<answer>…</answer>``.
+
+Its prompt is a pure function of (question, question date, the ordered sessions): the reward
+service keys its cache on a hash of exactly this text, so nothing random or time-dependent may
+enter it. Sessions are shown in retrieval order (best first), each with its date.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memsifter.data.types import Session
+from memsifter.ranker.backends.base import Backend, SamplingConfig
+
+SYSTEM = (
+    "You answer questions about a user's past conversations. Use only the memory given. "
+    "Answer briefly (a few words or a short phrase), inside <answer></answer> tags. If the memory "
+    "does not contain the answer, write <answer>No information available</answer>."
+)
+SYSTEM_ZH = (
+    "你根据用户过去的对话回答问题，只能使用给出的记忆。请简短作答，把答案写在 <answer></answer> 中。"
+    "如果记忆中没有答案，请写 <answer>No information available</answer>。"
+)
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
+
+
+def build_answer_messages(question: str, sessions: Sequence[Session],
+                          question_date: str | None = None,
+                          language: str = "en") -> list[dict[str, str]]:
+    if sessions:
+        memory = "\n\n".join(f"[Memory {i + 1}]\n{s.render()}" for i, s in enumerate(sessions))
+    else:
+        memory = "(no memory)"
+    when = f"\nQuestion date: {question_date}" if question_date else ""
+    user = f"Memory:\n{memory}\n\nQuestion: {question}{when}\nAnswer:"
+    return [{"role": "system", "content": SYSTEM_ZH if language == "zh" else SYSTEM},
+            {"role": "user", "content": user}]
+
+
+def extract_answer(text: str) -> str:
+    """The text inside <answer>; without tags, the first non-empty line (small models often
+    answer plainly; scoring that line is fairer than scoring their whole ramble)."""
+    m = _ANSWER.search(text)
+    if m:
+        return m.group(1).strip()
+    for line in text.strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+@dataclass
+class Answerer:
+    backend: Backend
+    window_tokens: int = 8192
+    max_new_tokens: int = 48
+    language: str = "en"
+
+    def render(self, question: str, sessions: Sequence[Session],
+               question_date: str | None = None) -> str:
+        """The exact prompt text; sessions that overflow the window are dropped from the end
+        (the lowest-ranked first) so the best evidence always fits."""
+        tok = self.backend.tokenizer
+
+        def count(text: str) -> int:
+            return len(tok(text, add_special_tokens=False)["input_ids"])
+
+        def render(kept: Sequence[Session]) -> str:
+            return tok.apply_chat_template(
+                build_answer_messages(question, kept, question_date, self.language),
+                tokenize=False, add_generation_prompt=True)
+
+        budget = self.window_tokens - self.max_new_tokens
+        # Estimate the fitting prefix from per-session counts (one tokenization each), then
+        # verify on the exact text; the loop rarely pops more than once.
+        used = count(render([]))
+        n = 0
+        for i, s in enumerate(sessions):
+            used += count(f"[Memory {i + 1}]\n{s.render()}\n\n")
+            if used > budget:
+                break
+            n += 1
+        kept = list(sessions[:n])
+        text = render(kept)
+        while kept and count(text) > budget:
+            kept.pop()
+            text = render(kept)
+        return text
+
+    def answer_texts(self, prompts: Sequence[str]) -> list[str]:
+        gens = self.backend.generate(prompts, SamplingConfig(max_new_tokens=self.max_new_tokens,
+                                                             temperature=0.0))
+        return [extract_answer(g[0].text) for g in gens]

@@ -1,0 +1,128 @@
+"""OpenAI-compatible HTTP backend (``vllm serve``, SGLang, any /v1/completions server).
+
+Async with bounded concurrency (a semaphore), per-request timeouts, and tenacity retries on
+transient failures (connection errors, timeouts, 429 and 5xx). After the last retry the error is
+raised: callers (the reward service above all) must never receive a made-up completion.
+
+We call ``/v1/completions`` with the prompt already rendered by our own chat template, so the
+server sees exactly what the transformers backend sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from memsifter.errors import MemSifterError
+from memsifter.ranker.backends.base import Generation, SamplingConfig
+
+
+class BackendError(MemSifterError):
+    """The inference server failed or answered something unusable."""
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.TransportError | httpx.TimeoutException):
+        return True
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code == 429 or exc.response.status_code >= 500
+    return False
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str, tokenizer: str | None = None,
+                 api_key: str | None = None, max_concurrency: int = 16, timeout_s: float = 300.0,
+                 max_retries: int = 4, served_model_name: str | None = None,
+                 retry_wait_s: float = 0.5,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        self.model_name = model
+        self.served_model_name = served_model_name or model
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.retry_wait_s = retry_wait_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._tokenizer_name = tokenizer or model
+        self._tok: Any = None
+        self._transport = transport  # tests inject a mock transport here
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tok is None:
+            from transformers import AutoTokenizer
+
+            from memsifter.models import resolve_model
+
+            self._tok = AutoTokenizer.from_pretrained(resolve_model(self._tokenizer_name).path)
+        return self._tok
+
+    async def _request(self, client: httpx.AsyncClient, sem: asyncio.Semaphore, prompt: str,
+                       sampling: SamplingConfig) -> list[Generation]:
+        body: dict[str, Any] = {
+            "model": self.served_model_name, "prompt": prompt, "n": sampling.n,
+            "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        async with sem:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self.max_retries + 1),
+                wait=wait_exponential(multiplier=self.retry_wait_s, max=8.0)
+                + wait_random(0, self.retry_wait_s),
+                retry=retry_if_exception(_transient), reraise=True,
+            ):
+                with attempt:
+                    t0 = time.perf_counter()
+                    resp = await client.post(f"{self.base_url}/completions", json=body)
+                    resp.raise_for_status()
+                    latency = time.perf_counter() - t0
+        try:
+            data = resp.json()
+            usage = data.get("usage") or {}
+            choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
+            per_choice = int(usage.get("completion_tokens", 0)) // max(len(choices), 1)
+            return [Generation(text=c["text"], prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                               completion_tokens=per_choice,
+                               finish_reason=c.get("finish_reason") or "stop",
+                               latency_s=latency) for c in choices]
+        except (KeyError, TypeError, ValueError) as e:
+            raise BackendError(f"unusable response from {self.base_url}: {e}: "
+                               f"{resp.text[:300]!r}") from e
+
+    async def agenerate(self, prompts: Sequence[str],
+                        sampling: SamplingConfig) -> list[list[Generation]]:
+        sem = asyncio.Semaphore(self.max_concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers,
+                                     transport=self._transport) as client:
+            try:
+                return list(await asyncio.gather(
+                    *(self._request(client, sem, p, sampling) for p in prompts)))
+            except httpx.HTTPError as e:
+                raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.agenerate(prompts, sampling))
+        raise BackendError("OpenAIBackend.generate() called inside an event loop; "
+                           "await agenerate() instead")

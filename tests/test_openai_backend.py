@@ -1,0 +1,127 @@
+"""The OpenAI-compatible backend against a mock transport: request shape, bounded concurrency,
+retries on transient errors, and a loud failure (never a made-up completion) after the last."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from memsifter.ranker.backends import SamplingConfig, build_backend
+from memsifter.ranker.backends.openai_http import BackendError, OpenAIBackend
+
+
+def _ok(body: dict) -> httpx.Response:
+    n = body["n"]
+    return httpx.Response(
+        200,
+        json={
+            "choices": [
+                {"index": i, "text": f"{body['prompt']}|{i}", "finish_reason": "stop"}
+                for i in range(n)
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2 * n},
+        },
+    )
+
+
+def test_request_shape_order_and_n() -> None:
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/completions"
+        assert request.headers["authorization"] == "Bearer k"
+        body = json.loads(request.content)
+        seen.append(body)
+        return _ok(body)
+
+    be = OpenAIBackend(
+        "http://x:1",
+        model="m",
+        api_key="k",
+        served_model_name="srv",
+        transport=httpx.MockTransport(handler),
+    )
+    out = be.generate(["a", "b"], SamplingConfig(max_new_tokens=7, n=2, seed=3, stop=("</r>",)))
+    assert [[g.text for g in gs] for gs in out] == [["a|0", "a|1"], ["b|0", "b|1"]]
+    assert out[0][0].completion_tokens == 2 and out[0][0].prompt_tokens == 3
+    assert seen[0]["model"] == "srv" and seen[0]["max_tokens"] == 7 and seen[0]["seed"] == 3
+    assert seen[0]["stop"] == ["</r>"] and seen[0]["temperature"] == 0.0
+
+
+def test_bounded_concurrency() -> None:
+    state = {"now": 0, "peak": 0}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        await asyncio.sleep(0.01)
+        state["now"] -= 1
+        return _ok(json.loads(request.content))
+
+    be = OpenAIBackend(
+        "http://x:1/v1", model="m", max_concurrency=3, transport=httpx.MockTransport(handler)
+    )
+    out = be.generate([str(i) for i in range(20)], SamplingConfig())
+    assert len(out) == 20 and state["peak"] == 3
+
+
+def test_retries_transient_then_succeeds() -> None:
+    calls = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise httpx.ConnectError("refused")
+        if calls["n"] == 2:
+            return httpx.Response(503, text="busy")
+        return _ok(json.loads(request.content))
+
+    be = OpenAIBackend(
+        "http://x:1", model="m", max_retries=3, transport=httpx.MockTransport(handler)
+    )
+    assert be.generate(["p"], SamplingConfig())[0][0].text == "p|0"
+    assert calls["n"] == 3
+
+
+def test_raises_after_last_retry_and_on_client_errors() -> None:
+    calls = {"n": 0}
+
+    def down(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        return httpx.Response(500, text="boom")
+
+    be = OpenAIBackend("http://x:1", model="m", retry_wait_s=0.01, max_retries=1, transport=httpx.MockTransport(down))
+    with pytest.raises(BackendError, match="500"):
+        be.generate(["p"], SamplingConfig())
+    assert calls["n"] == 2  # first try + one retry, then loud failure
+
+    calls["n"] = 0
+    bad = OpenAIBackend(
+        "http://x:1",
+        model="m",
+        max_retries=3,
+        transport=httpx.MockTransport(
+            lambda r: (calls.__setitem__("n", calls["n"] + 1), httpx.Response(400, text="no"))[1]
+        ),
+    )
+    with pytest.raises(BackendError, match="400"):
+        bad.generate(["p"], SamplingConfig())
+    assert calls["n"] == 1  # a 4xx is not transient: no retry
+
+    garbage = OpenAIBackend(
+        "http://x:1",
+        model="m",
+        transport=httpx.MockTransport(lambda r: httpx.Response(200, json={})),
+    )
+    with pytest.raises(BackendError, match="unusable response"):
+        garbage.generate(["p"], SamplingConfig())
+
+
+def test_build_backend_unknown() -> None:
+    from memsifter.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="unknown backend"):
+        build_backend("tgi", "m")
