@@ -68,9 +68,11 @@ def main(
         "",
         f"Data: `locomo10.json` (1,986 questions; 1,982 with usable evidence "
         "are scored). Gold = sessions named by evidence ids. Metrics by ir-measures.",
-        f"Machine: {_cpu()}, {os.cpu_count()} cores, OMP_NUM_THREADS="
-        f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; {date.today().isoformat()}.",
-        "Latency is per query with the haystack already indexed (sessions embedded once).",
+        f"Machine: {_cpu()}, {os.cpu_count()} cores, 24 GiB; {date.today().isoformat()}.",
+        "Latency is per query with the haystack already indexed (sessions embedded once); these",
+        "runs shared the 2 cores with other jobs (OMP_NUM_THREADS=2), so take p95 loosely and see",
+        "`scripts/bench_coarse.md` for controlled timings. Dense filters score a session by its",
+        "best ~160-token passage (MaxP); BGE-M3 needs hub weights and is not in this offline table.",
         "",
         "Made with:",
         "",

@@ -12,6 +12,7 @@ Output of ``run_retrieval_eval`` (one folder per call):
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -124,6 +125,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
         "seed": cfg.seed,
         "token_counter": get_counter(cfg.tokenizer).name,
         "conversations": cfg.conversations or "all",
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
         "n_questions_total": dataset.report.n_questions,
         "n_questions_without_evidence": dataset.report.n_no_evidence,
         "haystack_sessions_mean": float(np.mean([len(q.haystack) for q in queries]))
@@ -180,7 +182,7 @@ def render_table(results: list[RetrieverResult], haystack: str | None = None) ->
         m = r.metrics
         cells = [r.retriever] + ([haystack] if haystack else []) + [str(m["n_questions"])]
         cells += [f"{m[c]:.3f}" for c in METRIC_COLUMNS]
-        cells += [f"{m['latency_ms']['p50']:.1f}", f"{m['latency_ms']['p95']:.1f}"]
+        cells += [f"{m['latency_ms']['p50']:.2f}", f"{m['latency_ms']['p95']:.2f}"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
