@@ -21,9 +21,9 @@ from memsifter.config import load_config
 from memsifter.evaluation.retrieval import (
     RetrievalEvalConfig,
     RetrieverResult,
-    slug,
     render_table,
     run_retrieval_eval,
+    slug,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +48,14 @@ def main(
     base = load_config(RetrievalEvalConfig, ROOT / "configs/eval/locomo_retrieval.yaml")
     sections = []
     for haystack in ("native", "32k"):
-        cfg = dataclasses.replace(base, data=data, haystack=haystack,
-                                  out=str(out / f"locomo_{haystack}"))
+        cfg = dataclasses.replace(
+            base, data=data, haystack=haystack, out=str(out / f"locomo_{haystack}")
+        )
         if reuse:
             results = [
-                RetrieverResult(r, json.loads((Path(cfg.out) / slug(r) / "metrics.json")
-                                              .read_text()), {})
+                RetrieverResult(
+                    r, json.loads((Path(cfg.out) / slug(r) / "metrics.json").read_text()), {}
+                )
                 for r in cfg.retrievers
             ]
         else:
@@ -66,13 +68,13 @@ def main(
     lines = [
         "# LoCoMo retrieval: offline coarse filters",
         "",
-        f"Data: `locomo10.json` (1,986 questions; 1,982 with usable evidence "
+        "Data: `locomo10.json` (1,986 questions; 1,982 with usable evidence "
         "are scored). Gold = sessions named by evidence ids. Metrics by ir-measures.",
         f"Machine: {_cpu()}, {os.cpu_count()} cores, 24 GiB; {date.today().isoformat()}.",
         "Latency is per query with the haystack already indexed (sessions embedded once); these",
         "runs shared the 2 cores with other jobs (OMP_NUM_THREADS=2), so take p95 loosely and see",
         "`scripts/bench_coarse.md` for controlled timings. Dense filters score a session by its",
-        "best ~160-token passage (MaxP); BGE-M3 needs hub weights and is not in this offline table.",
+        "best ~160-token passage (MaxP). BGE-M3 needs hub weights: not in this offline table.",
         "",
         "Made with:",
         "",

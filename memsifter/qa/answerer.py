@@ -21,23 +21,29 @@ SYSTEM = (
     "does not contain the answer, write <answer>No information available</answer>."
 )
 SYSTEM_ZH = (
-    "你根据用户过去的对话回答问题，只能使用给出的记忆。请简短作答，把答案写在 <answer></answer> 中。"
+    "你根据用户过去的对话回答问题，只能使用给出的记忆。"
+    "请简短作答，把答案写在 <answer></answer> 中。"
     "如果记忆中没有答案，请写 <answer>No information available</answer>。"
 )
 _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
 
 
-def build_answer_messages(question: str, sessions: Sequence[Session],
-                          question_date: str | None = None,
-                          language: str = "en") -> list[dict[str, str]]:
+def build_answer_messages(
+    question: str,
+    sessions: Sequence[Session],
+    question_date: str | None = None,
+    language: str = "en",
+) -> list[dict[str, str]]:
     if sessions:
         memory = "\n\n".join(f"[Memory {i + 1}]\n{s.render()}" for i, s in enumerate(sessions))
     else:
         memory = "(no memory)"
     when = f"\nQuestion date: {question_date}" if question_date else ""
     user = f"Memory:\n{memory}\n\nQuestion: {question}{when}\nAnswer:"
-    return [{"role": "system", "content": SYSTEM_ZH if language == "zh" else SYSTEM},
-            {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": SYSTEM_ZH if language == "zh" else SYSTEM},
+        {"role": "user", "content": user},
+    ]
 
 
 def extract_answer(text: str) -> str:
@@ -59,8 +65,9 @@ class Answerer:
     max_new_tokens: int = 48
     language: str = "en"
 
-    def render(self, question: str, sessions: Sequence[Session],
-               question_date: str | None = None) -> str:
+    def render(
+        self, question: str, sessions: Sequence[Session], question_date: str | None = None
+    ) -> str:
         """The exact prompt text; sessions that overflow the window are dropped from the end
         (the lowest-ranked first) so the best evidence always fits."""
         tok = self.backend.tokenizer
@@ -71,7 +78,9 @@ class Answerer:
         def render(kept: Sequence[Session]) -> str:
             return tok.apply_chat_template(
                 build_answer_messages(question, kept, question_date, self.language),
-                tokenize=False, add_generation_prompt=True)
+                tokenize=False,
+                add_generation_prompt=True,
+            )
 
         budget = self.window_tokens - self.max_new_tokens
         # Estimate the fitting prefix from per-session counts (one tokenization each), then
@@ -91,6 +100,7 @@ class Answerer:
         return text
 
     def answer_texts(self, prompts: Sequence[str]) -> list[str]:
-        gens = self.backend.generate(prompts, SamplingConfig(max_new_tokens=self.max_new_tokens,
-                                                             temperature=0.0))
+        gens = self.backend.generate(
+            prompts, SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0)
+        )
         return [extract_answer(g[0].text) for g in gens]

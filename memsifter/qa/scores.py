@@ -42,8 +42,9 @@ def answer_tokens(text: str) -> list[str]:
     if _CJK.search(norm):
         # Characters for CJK, stemmed words for any Latin runs between them.
         out: list[str] = []
-        for piece in re.findall(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\s\u3400-\u9fff]+",
-                                norm):
+        for piece in re.findall(
+            r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\s\u3400-\u9fff]+", norm
+        ):
             out.append(piece if _CJK.match(piece) else _porter().stemWord(piece))
         return out
     return _porter().stemWords(norm.split())
@@ -82,8 +83,9 @@ def score_locomo(prediction: str, gold: str, category: str | None) -> float:
     return token_f1(prediction, gold)
 
 
-def task_score(prediction: str, gold: str, metric: str = "f1",
-               category: str | None = None) -> float:
+def task_score(
+    prediction: str, gold: str, metric: str = "f1", category: str | None = None
+) -> float:
     """The one entry point the eval and the reward service call; ``metric`` comes from config."""
     if metric == "f1":
         return token_f1(prediction, gold)

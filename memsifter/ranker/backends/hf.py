@@ -17,8 +17,14 @@ from memsifter.ranker.backends.base import Generation, SamplingConfig
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, model: str, device: str | None = None, dtype: str = "float32",
-                 batch_size: int = 8, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        device: str | None = None,
+        dtype: str = "float32",
+        batch_size: int = 8,
+        threads: int | None = None,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,7 +33,8 @@ class TransformersBackend:
         self.model_name = model
         path = resolve_model(model).path
         self._tok = AutoTokenizer.from_pretrained(path)
-        self._tok.padding_side = "left"  # decoder-only batching: new tokens must line up on the right
+        # Decoder-only batching: every row's new tokens must start at the same position.
+        self._tok.padding_side = "left"
         if self._tok.pad_token_id is None:
             self._tok.pad_token = self._tok.eos_token
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -51,17 +58,27 @@ class TransformersBackend:
         out: list[list[Generation]] = [[] for _ in prompts]
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            enc = self._tok([prompts[i] for i in idx], return_tensors="pt", padding=True,
-                            add_special_tokens=False).to(self.device)
+            enc = self._tok(
+                [prompts[i] for i in idx],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+            ).to(self.device)
             kwargs: dict[str, Any] = dict(
-                max_new_tokens=sampling.max_new_tokens, num_return_sequences=sampling.n,
-                eos_token_id=self._eos, pad_token_id=self._tok.pad_token_id,
+                max_new_tokens=sampling.max_new_tokens,
+                num_return_sequences=sampling.n,
+                eos_token_id=self._eos,
+                pad_token_id=self._tok.pad_token_id,
             )
             if sampling.greedy:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             else:
-                kwargs.update(do_sample=True, temperature=sampling.temperature,
-                              top_p=sampling.top_p, top_k=None)
+                kwargs.update(
+                    do_sample=True,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=None,
+                )
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed + start)
             if sampling.stop:
@@ -79,13 +96,15 @@ class TransformersBackend:
                 keep = _strip_after_eos(toks, self._eos)
                 n_completion = int(keep.shape[0])
                 finished = bool(n_completion) and int(keep[-1]) in self._eos
-                out[i].append(Generation(
-                    text=self._tok.decode(keep, skip_special_tokens=True),
-                    prompt_tokens=prompt_len - n_pad_left,
-                    completion_tokens=n_completion,
-                    finish_reason="stop" if finished else "length",
-                    latency_s=latency,
-                ))
+                out[i].append(
+                    Generation(
+                        text=self._tok.decode(keep, skip_special_tokens=True),
+                        prompt_tokens=prompt_len - n_pad_left,
+                        completion_tokens=n_completion,
+                        finish_reason="stop" if finished else "length",
+                        latency_s=latency,
+                    )
+                )
         return out
 
 

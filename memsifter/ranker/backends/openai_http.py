@@ -43,11 +43,19 @@ def _transient(exc: BaseException) -> bool:
 class OpenAIBackend:
     name = "openai"
 
-    def __init__(self, base_url: str, model: str, tokenizer: str | None = None,
-                 api_key: str | None = None, max_concurrency: int = 16, timeout_s: float = 300.0,
-                 max_retries: int = 4, served_model_name: str | None = None,
-                 retry_wait_s: float = 0.5,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: str | None = None,
+        api_key: str | None = None,
+        max_concurrency: int = 16,
+        timeout_s: float = 300.0,
+        max_retries: int = 4,
+        served_model_name: str | None = None,
+        retry_wait_s: float = 0.5,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -72,11 +80,19 @@ class OpenAIBackend:
             self._tok = AutoTokenizer.from_pretrained(resolve_model(self._tokenizer_name).path)
         return self._tok
 
-    async def _request(self, client: httpx.AsyncClient, sem: asyncio.Semaphore, prompt: str,
-                       sampling: SamplingConfig) -> list[Generation]:
+    async def _request(
+        self,
+        client: httpx.AsyncClient,
+        sem: asyncio.Semaphore,
+        prompt: str,
+        sampling: SamplingConfig,
+    ) -> list[Generation]:
         body: dict[str, Any] = {
-            "model": self.served_model_name, "prompt": prompt, "n": sampling.n,
-            "max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+            "model": self.served_model_name,
+            "prompt": prompt,
+            "n": sampling.n,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
             "top_p": sampling.top_p,
         }
         if sampling.seed is not None:
@@ -88,7 +104,8 @@ class OpenAIBackend:
                 stop=stop_after_attempt(self.max_retries + 1),
                 wait=wait_exponential(multiplier=self.retry_wait_s, max=8.0)
                 + wait_random(0, self.retry_wait_s),
-                retry=retry_if_exception(_transient), reraise=True,
+                retry=retry_if_exception(_transient),
+                reraise=True,
             ):
                 with attempt:
                     t0 = time.perf_counter()
@@ -100,22 +117,34 @@ class OpenAIBackend:
             usage = data.get("usage") or {}
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
             per_choice = int(usage.get("completion_tokens", 0)) // max(len(choices), 1)
-            return [Generation(text=c["text"], prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                               completion_tokens=per_choice,
-                               finish_reason=c.get("finish_reason") or "stop",
-                               latency_s=latency) for c in choices]
+            return [
+                Generation(
+                    text=c["text"],
+                    prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                    completion_tokens=per_choice,
+                    finish_reason=c.get("finish_reason") or "stop",
+                    latency_s=latency,
+                )
+                for c in choices
+            ]
         except (KeyError, TypeError, ValueError) as e:
-            raise BackendError(f"unusable response from {self.base_url}: {e}: "
-                               f"{resp.text[:300]!r}") from e
+            raise BackendError(
+                f"unusable response from {self.base_url}: {e}: {resp.text[:300]!r}"
+            ) from e
 
-    async def agenerate(self, prompts: Sequence[str],
-                        sampling: SamplingConfig) -> list[list[Generation]]:
+    async def agenerate(
+        self, prompts: Sequence[str], sampling: SamplingConfig
+    ) -> list[list[Generation]]:
         sem = asyncio.Semaphore(self.max_concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers,
-                                     transport=self._transport) as client:
+        async with httpx.AsyncClient(
+            timeout=self.timeout_s, headers=self._headers, transport=self._transport
+        ) as client:
             try:
-                return list(await asyncio.gather(
-                    *(self._request(client, sem, p, sampling) for p in prompts)))
+                return list(
+                    await asyncio.gather(
+                        *(self._request(client, sem, p, sampling) for p in prompts)
+                    )
+                )
             except httpx.HTTPError as e:
                 raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
 
@@ -124,5 +153,6 @@ class OpenAIBackend:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(self.agenerate(prompts, sampling))
-        raise BackendError("OpenAIBackend.generate() called inside an event loop; "
-                           "await agenerate() instead")
+        raise BackendError(
+            "OpenAIBackend.generate() called inside an event loop; await agenerate() instead"
+        )

@@ -14,17 +14,29 @@ from memsifter.ranker.backends.base import Generation, SamplingConfig
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, model: str, dtype: str = "auto", max_model_len: int | None = None,
-                 gpu_memory_utilization: float = 0.85, seed: int = 0,
-                 tensor_parallel_size: int = 1) -> None:
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.85,
+        seed: int = 0,
+        tensor_parallel_size: int = 1,
+    ) -> None:
         try:
             from vllm import LLM
         except ImportError as e:
-            raise MemSifterError("the vllm backend needs vllm: pip install 'memsifter[gpu]' "
-                                 "(or use --backend openai against a vllm server)") from e
+            raise MemSifterError(
+                "the vllm backend needs vllm: pip install 'memsifter[gpu]' "
+                "(or use --backend openai against a vllm server)"
+            ) from e
         self.model_name = model
-        kwargs: dict[str, Any] = dict(model=resolve_model(model).path, dtype=dtype, seed=seed,
-                                      tensor_parallel_size=tensor_parallel_size)
+        kwargs: dict[str, Any] = dict(
+            model=resolve_model(model).path,
+            dtype=dtype,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+        )
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
         if gpu_memory_utilization:
@@ -40,13 +52,27 @@ class VLLMBackend:
 
         from vllm import SamplingParams
 
-        params = SamplingParams(n=sampling.n, temperature=sampling.temperature,
-                                top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-                                seed=sampling.seed, stop=list(sampling.stop) or None)
+        params = SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+        )
         t0 = time.perf_counter()
         outs = self.llm.generate(list(prompts), params, use_tqdm=False)
         latency = time.perf_counter() - t0
-        return [[Generation(text=c.text, prompt_tokens=len(o.prompt_token_ids or ()),
-                            completion_tokens=len(c.token_ids),
-                            finish_reason=c.finish_reason or "stop", latency_s=latency)
-                 for c in o.outputs] for o in outs]
+        return [
+            [
+                Generation(
+                    text=c.text,
+                    prompt_tokens=len(o.prompt_token_ids or ()),
+                    completion_tokens=len(c.token_ids),
+                    finish_reason=c.finish_reason or "stop",
+                    latency_s=latency,
+                )
+                for c in o.outputs
+            ]
+            for o in outs
+        ]
