@@ -38,3 +38,7 @@ class UnknownNameError(MemSifterError, KeyError):
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class PromptBudgetError(MemSifterError, ValueError):
+    """A proxy prompt cannot fit its token window; the message names every size involved."""

@@ -1,4 +1,5 @@
-"""Shared test fixtures: paths to the committed synthetic data, and thread limits.
+"""Shared test fixtures: paths to the committed synthetic data, tiny model builds, and thread
+limits.
 
 The thread variables are set when pytest imports this file, before any test module imports torch
 or numpy: the CI box has two cores, and oversubscribed BLAS/OpenMP pools make small tests slower.
@@ -40,3 +41,11 @@ def longmemeval_mini_path() -> Path:
 @pytest.fixture(scope="session")
 def users_mini_path() -> Path:
     return FIXTURES / "users_mini.jsonl"
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 causal LM folder (tokenizer, weights, generation config)."""
+    from memsifter.testing import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 from memsifter.data.types import Session
 
@@ -38,6 +38,14 @@ class HFCounter:
 
         self.name = name_or_path
         self._tok = AutoTokenizer.from_pretrained(resolve_model(name_or_path).path)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any, name: str | None = None) -> HFCounter:
+        """Wrap a tokenizer that is already loaded (the proxy's own), without loading it again."""
+        counter = cls.__new__(cls)
+        counter.name = name or getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        counter._tok = tokenizer
+        return counter
 
     def count(self, text: str) -> int:
         return len(self._tok(text, add_special_tokens=False)["input_ids"])

@@ -6,6 +6,11 @@ layout as the hub repo: an XLM-RoBERTa encoder, an XLM-R-style Unigram tokenizer
 a few built-in sentences, and the ``colbert_linear.pt`` / ``sparse_linear.pt`` heads. The heads
 matter: FlagEmbedding initialises them randomly when they are missing, which would make sparse
 scores differ between runs. Everything is seeded, so two builds write byte-identical files.
+
+``build_tiny_qwen3`` does the same for the proxy: a 2-layer ``Qwen3ForCausalLM`` with a byte-level
+BPE tokenizer in Qwen's own tokenizer class, ChatML special tokens, a chat template with Qwen3's
+``enable_thinking`` switch, and ``<think>``/``<ranking>`` tags as ordinary added tokens, so the
+prompt, generation and parsing code runs exactly as it would against ``Qwen/Qwen3-4B``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
+from typing import Any
 
 # English plus Chinese because BGE-M3 is multilingual and our data (LoCoMo, LongMemEval plus the
 # Chinese splits) mixes both; the tokenizer should split either into real pieces, not <unk>.
@@ -144,4 +150,128 @@ def build_tiny_bge_m3(out_dir: Path, seed: int = 0) -> Path:
             hf_logging.enable_progress_bar()
     torch.save(colbert_linear.state_dict(), out_dir / "colbert_linear.pt")
     torch.save(sparse_linear.state_dict(), out_dir / "sparse_linear.pt")
+    return out_dir
+
+
+# Qwen keeps <think> and </think> as added but *non-special* tokens: decoding with
+# skip_special_tokens=True must leave them (and our <ranking> tags) in the text the parser reads.
+_CHAT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_TAG_TOKENS = ("<think>", "</think>", "<ranking>", "</ranking>")
+# Words of the ranking prompt, so prompts in tests tokenize into pieces rather than bytes.
+_CHAT_CORPUS = _CORPUS + (
+    "[Session 0] Date: 8 May, 2023",
+    "Rank the sessions by how useful they are for answering the question.",
+    "Question date: 2023/05/20. Question: Where did I travel last month?",
+    "<think>The question asks about a trip.</think><ranking>3, 0, 12, 7</ranking>",
+    "请根据问题对会话进行排序，最有用的排在前面。",
+)
+# ChatML as Qwen3 renders it, minus tool calls: with enable_thinking=false the generation prompt
+# carries an empty think block, otherwise the model is left to open <think> itself.
+_QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
+_QWEN3_MAX_LENGTH = 32768
+
+
+def _train_qwen_tokenizer(out_dir: Path, vocab_size: int) -> Any:
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+    from transformers import AddedToken
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    # Train with the very normalizer and pre-tokenizer Qwen2Tokenizer rebuilds on load, so the
+    # learned merges are the ones it will apply.
+    raw = Tokenizer(BPE())
+    raw.normalizer = normalizers.NFC()
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    # Unlike the Unigram trainer, BPE breaks count ties by pair ids, and the 256-byte initial
+    # alphabet fixes those ids, so merges and vocab come out the same in every process.
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    raw.train_from_iterator(_CHAT_CORPUS, trainer=trainer)
+    model = json.loads(raw.to_str())["model"]
+    vocab: dict[str, int] = dict(model["vocab"])
+    # Ids after the BPE pieces in a fixed order, as in Qwen's own vocab; Qwen2Tokenizer would
+    # otherwise append eos and pad in its own order.
+    for token in _CHAT_SPECIAL_TOKENS + _TAG_TOKENS:
+        vocab[token] = len(vocab)
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=_QWEN3_MAX_LENGTH,
+    )
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in _CHAT_SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in _TAG_TOKENS])
+    tokenizer.chat_template = _QWEN3_CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
+
+
+def build_tiny_qwen3(out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny random Qwen3-shaped causal LM folder to ``out_dir`` and return it.
+
+    Loadable by ``AutoModelForCausalLM``/``AutoTokenizer``; ``generate`` stops at ``<|im_end|>``.
+    Its output is gibberish but deterministic for a given ``seed``.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = _train_qwen_tokenizer(out_dir, vocab_size=600)
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=_QWEN3_MAX_LENGTH,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        tie_word_embeddings=True,
+        bos_token_id=pad_id,  # Qwen's config names <|endoftext|> as bos, though it never adds it
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).eval()
+    # Greedy by default so that tests which generate get the same text every run.
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=False
+    )
+    previous_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(out_dir))
+    finally:
+        if previous_bars:
+            hf_logging.enable_progress_bar()
     return out_dir

@@ -1,0 +1,447 @@
+"""The one prompt builder for the proxy: training, evaluation and serving all build through here,
+so the model is served exactly the prompt it was trained on.
+
+``build_messages`` writes the chat messages: instructions, every candidate as ``[Session i]``
+with its date, the question with its date, and the answer format
+``<think>…</think><ranking>i, j, k</ranking>`` with 0-based ids (English or Chinese).
+``PromptBuilder`` renders them with the model's own chat template and makes them fit the window:
+
+* **Budget.** The prompt gets ``window_tokens - completion_tokens`` tokens. If the whole history
+  fits, it passes through untouched. Otherwise ``coarse.select`` keeps the top-ranked sessions
+  that fit; if not even one whole session fits, the coarse filter's best session is cut at a
+  token boundary and ends with a visible ``[… session truncated: N tokens omitted …]`` marker.
+  Choosing what to drop needs a coarse filter, so without one an overflow is an error (a lone
+  session is still truncated: there is nothing to choose). The rendered prompt is counted with
+  the tokenizer and is guaranteed to be within budget, or ``PromptBudgetError`` names the sizes.
+* **Order.** Candidates are shown in chronological order (stable; input order when any session
+  lacks a date), never in coarse rank order: ids must not leak the coarse filter's opinion, or
+  the proxy learns to copy it. ``BuiltPrompt.coarse_order`` keeps that ranking, as positions,
+  for ``ParsedRanking.complete``.
+* **Thinking.** With a template that has Qwen3's ``enable_thinking`` switch the template is
+  rendered with it on and the model opens ``<think>`` by itself; other (instruct) templates
+  get the same instructions, which tell the model to begin its reply with ``<think>``.
+* **Verbatim text, defanged control tokens.** Session texts are shown verbatim, tags included:
+  injected ``<ranking>`` tags are harmless because ``parse_ranking`` reads only the model's
+  output. The one exception is the tokenizer's own special tokens (``<|im_end|>``,
+  ``<|im_start|>`` ...): backends tokenize the rendered text, so such a string inside a session
+  would become a real control token and could close the user turn and forge an assistant one.
+  ``PromptBuilder`` breaks each such occurrence with a zero-width space (``<\u200b|im_end|>``),
+  which reads the same to a person and tokenizes as plain text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+from memsifter.data.tokens import HFCounter, SessionTokenCache
+from memsifter.data.types import Query, Session
+from memsifter.errors import PromptBudgetError
+from memsifter.ranker.parse import ParsedRanking
+
+if TYPE_CHECKING:  # importing memsifter.coarse would pull bm25s into every backend import
+    from memsifter.coarse.base import CoarseFilter, Selection
+
+Language = Literal["en", "zh"]
+LANGUAGES: tuple[str, ...] = ("en", "zh")
+_EXAMPLE = "<ranking>2, 0, 5</ranking>"
+
+_TEXT: dict[str, dict[str, str]] = {
+    "en": {
+        "system": (
+            "You are a memory assistant. You read a user's past chat sessions and decide which "
+            "of them help to answer a new question."
+        ),
+        "intro": (
+            "Here are {n} past chat sessions between the user and an assistant. Each one starts "
+            "with its id, from [Session 0] to [Session {last}], and its date."
+        ),
+        "date": "Date",
+        "question_date": "Question date: {date}",
+        "question": "Question: {question}",
+        "task": (
+            "Rank the sessions by how useful they are for answering the question, most useful "
+            "first. You may leave out sessions that are clearly irrelevant."
+        ),
+        "format_think": (
+            "First reason step by step inside <think> and </think>. Then write the session ids "
+            "(numbers from 0 to {last}), separated by commas, inside <ranking> and </ranking>. "
+            "Begin your reply with <think>. Example: <think>...</think>" + _EXAMPLE
+        ),
+        "format_plain": (
+            "Write only the session ids (numbers from 0 to {last}), separated by commas, inside "
+            "<ranking> and </ranking>. Example: " + _EXAMPLE
+        ),
+        "truncated": "[… session truncated: {n} tokens omitted …]",
+    },
+    "zh": {
+        "system": (
+            "你是一个记忆助手。你会阅读用户过去的聊天会话，并判断其中哪些有助于回答一个新问题。"
+        ),
+        "intro": (
+            "以下是用户与助手之间的 {n} 个历史聊天会话。每个会话以编号"
+            "（从 [Session 0] 到 [Session {last}]）和日期开头。"
+        ),
+        "date": "日期",
+        "question_date": "提问日期：{date}",
+        "question": "问题：{question}",
+        "task": (
+            "请按照对回答该问题的有用程度对会话排序，最有用的排在最前面。明显无关的会话可以省略。"
+        ),
+        "format_think": (
+            "先在 <think> 和 </think> 之间逐步推理，然后在 <ranking> 和 </ranking> 之间写出"
+            "会话编号（0 到 {last} 的数字），用英文逗号分隔。回复请以 <think> 开头。"
+            "示例：<think>...</think>" + _EXAMPLE
+        ),
+        "format_plain": (
+            "只需在 <ranking> 和 </ranking> 之间写出会话编号（0 到 {last} 的数字），"
+            "用英文逗号分隔。示例：" + _EXAMPLE
+        ),
+        "truncated": "[… 会话已截断：省略了 {n} 个 token …]",
+    },
+}
+
+
+def _text(language: str) -> dict[str, str]:
+    if language not in _TEXT:
+        raise ValueError(f"unknown prompt language {language!r}; use one of {LANGUAGES}")
+    return _TEXT[language]
+
+
+def _header(position: int, session: Session, language: str) -> str:
+    date = session.date_text or (session.date.isoformat() if session.date else None)
+    label = f"[Session {position}]"
+    return f"{label} {_text(language)['date']}: {date}" if date else label
+
+
+def _turns(session: Session) -> str:
+    return session.render(with_date=False)
+
+
+def _block(position: int, session: Session, language: str) -> str:
+    return f"{_header(position, session, language)}\n{_turns(session)}"
+
+
+def _messages(
+    question: str,
+    blocks: Sequence[str],
+    n: int,
+    question_date: str | None,
+    language: str,
+    ask_think: bool,
+) -> list[dict[str, str]]:
+    text = _text(language)
+    last = max(n - 1, 0)
+    parts = [text["intro"].format(n=n, last=last), "\n\n".join(blocks)]
+    asked = [text["question"].format(question=question)]
+    if question_date:
+        asked.insert(0, text["question_date"].format(date=question_date))
+    parts.append("\n".join(asked))
+    parts.append(text["task"])
+    parts.append(text["format_think" if ask_think else "format_plain"].format(last=last))
+    return [
+        {"role": "system", "content": text["system"]},
+        {"role": "user", "content": "\n\n".join(p for p in parts if p)},
+    ]
+
+
+def build_messages(
+    question: str,
+    sessions: Sequence[Session],
+    question_date: str | None = None,
+    language: Language = "en",
+    ask_think: bool = True,
+) -> list[dict[str, str]]:
+    """System and user messages ranking ``sessions`` in the given order: ``sessions[i]`` is
+    ``[Session i]``. No budget is applied; use ``PromptBuilder`` for that."""
+    blocks = [_block(i, s, language) for i, s in enumerate(sessions)]
+    return _messages(question, blocks, len(sessions), question_date, language, ask_think)
+
+
+@dataclass(frozen=True)
+class BuiltPrompt:
+    """A rendered prompt and the bookkeeping needed to read its answer."""
+
+    messages: list[dict[str, str]]
+    text: str  # chat template applied, generation prompt included: what backends consume
+    candidate_ids: tuple[str, ...]  # session ids in prompt order: position i is [Session i]
+    n_tokens: int  # of ``text``, with the model's tokenizer
+    budget_tokens: int  # window minus completion budget; n_tokens never exceeds it
+    dropped_ids: tuple[str, ...] = ()  # left out by the coarse filter, its rank order
+    truncated_ids: tuple[str, ...] = ()  # shown only in part
+    coarse_order: tuple[int, ...] | None = None  # positions, coarse best first, when it ranked
+
+    @property
+    def num_candidates(self) -> int:
+        return len(self.candidate_ids)
+
+    def session_ids(self, ranking: ParsedRanking | Sequence[int]) -> tuple[str, ...]:
+        """Map a parsed ranking's positions back to session ids."""
+        ids = ranking.ids if isinstance(ranking, ParsedRanking) else ranking
+        return tuple(self.candidate_ids[i] for i in ids)
+
+
+class _WithHeader:
+    """Counts a session as its prompt block: ``Session.render()`` plus the ``[Session i]`` label
+    and the blank line between blocks, so ``coarse.select`` budgets what the prompt will hold."""
+
+    def __init__(self, counter: HFCounter, extra: int) -> None:
+        self.counter = counter
+        self.extra = extra
+        self.name = f"{counter.name}+{extra}"
+
+    def count(self, text: str) -> int:
+        return self.counter.count(text) + self.extra
+
+
+class PromptBuilder:
+    """Builds budgeted proxy prompts for one tokenizer and window.
+
+    ``thinking`` says whether the chat template has Qwen3's ``enable_thinking`` switch; ``None``
+    detects it from the template text. ``ask_think=False`` asks for a bare ranking (and turns
+    the switch off) for no-reasoning baselines.
+    """
+
+    # BPE may merge a token or two across block boundaries, so the sum of per-session counts is
+    # a slightly loose estimate of the rendered prompt; this much per session is "close enough"
+    # to be worth rendering the whole prompt to count it exactly.
+    _SLACK_PER_SESSION = 4
+    _MAX_REFITS = 8
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        window_tokens: int,
+        completion_tokens: int,
+        coarse: CoarseFilter | None = None,
+        language: Language = "en",
+        thinking: bool | None = None,
+        ask_think: bool = True,
+    ) -> None:
+        _text(language)
+        if completion_tokens < 0 or window_tokens <= completion_tokens:
+            raise PromptBudgetError(
+                f"window_tokens ({window_tokens}) must exceed completion_tokens "
+                f"({completion_tokens}) >= 0"
+            )
+        self.tokenizer = tokenizer
+        self.window_tokens = window_tokens
+        self.completion_tokens = completion_tokens
+        self.budget_tokens = window_tokens - completion_tokens
+        self.coarse = coarse
+        self.language = language
+        self.ask_think = ask_think
+        template = getattr(tokenizer, "chat_template", None) or ""
+        self.native_thinking = "enable_thinking" in template if thinking is None else thinking
+        self.counter = HFCounter.from_tokenizer(tokenizer)
+        # The widest label any realistic prompt uses, plus the blank line between blocks. Too
+        # much only wastes a little room; too little is caught by the refit loop in build.
+        extra = self.counter.count("[Session 99999] \n\n") + 2
+        specials = set(getattr(tokenizer, "all_special_tokens", []) or [])
+        for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+            if getattr(added, "special", False):
+                specials.add(str(added.content))
+        # Longest first so a token that contains another is broken as a whole.
+        self._specials = sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
+        # One cache per builder: a long haystack is tokenized once, not once per question.
+        self.session_tokens = SessionTokenCache(_WithHeader(self.counter, extra))
+
+    def defang(self, text: str) -> str:
+        """``text`` with every special-token string of this tokenizer broken (see module doc)."""
+        for special in self._specials:
+            if special in text:
+                text = text.replace(special, special[0] + "\u200b" + special[1:])
+        return text
+
+    def _defang_session(self, session: Session) -> Session:
+        if not any(sp in t.text or sp in t.speaker for t in session.turns for sp in self._specials):
+            return session
+        turns = tuple(
+            replace(t, text=self.defang(t.text), speaker=self.defang(t.speaker))
+            for t in session.turns
+        )
+        return replace(session, turns=turns)
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        kwargs = {"enable_thinking": self.ask_think} if self.native_thinking else {}
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+
+    def build_query(self, query: Query) -> BuiltPrompt:
+        return self.build(query.question, query.haystack, query.question_date)
+
+    def build(
+        self, question: str, sessions: Sequence[Session], question_date: str | None = None
+    ) -> BuiltPrompt:
+        sessions = [self._defang_session(s) for s in sessions]
+        question = self.defang(question)
+        if not sessions:
+            raise ValueError("no candidate sessions to rank")
+        ids = [s.id for s in sessions]
+        if len(set(ids)) != len(ids):
+            raise ValueError("candidate session ids must be unique")
+        budget = self.budget_tokens
+        fixed = self._count_blocks(question, [], len(sessions), question_date)
+        if fixed >= budget:
+            raise PromptBudgetError(
+                f"the instructions and question alone take {fixed} tokens, leaving no room for "
+                f"sessions in the prompt budget of {budget} (window {self.window_tokens} - "
+                f"completion {self.completion_tokens})"
+            )
+
+        estimate = fixed + sum(self.session_tokens(s) for s in sessions)
+        if estimate <= budget + self._SLACK_PER_SESSION * len(sessions):
+            built = self._assemble(question, _chronological(sessions, ids), question_date)
+            if built.n_tokens <= budget:
+                return built
+
+        if self.coarse is None:
+            if len(sessions) == 1:
+                return self._truncated(question, sessions[0], question_date, fixed)
+            raise PromptBudgetError(
+                f"{len(sessions)} sessions need about {estimate} prompt tokens but the budget is "
+                f"{budget} (window {self.window_tokens} - completion {self.completion_tokens}); "
+                "pass a coarse filter to choose which sessions to keep"
+            )
+
+        session_budget = budget - fixed
+        for _ in range(self._MAX_REFITS):
+            selection = self.coarse.select(question, sessions, session_budget, self.session_tokens)
+            if not selection.sessions:
+                return self._truncated_top(question, sessions, selection, question_date, fixed)
+            kept = {s.id for s in selection.sessions}
+            ordered = _chronological([s for s in sessions if s.id in kept], ids)
+            built = self._assemble(question, ordered, question_date, selection)
+            if built.n_tokens <= budget:
+                return built
+            session_budget -= built.n_tokens - budget
+        raise PromptBudgetError(
+            f"could not fit the prompt into {budget} tokens after {self._MAX_REFITS} attempts "
+            f"(last try: {built.n_tokens} tokens)"
+        )
+
+    def _count_blocks(
+        self, question: str, blocks: Sequence[str], n: int, question_date: str | None
+    ) -> int:
+        messages = _messages(question, blocks, n, question_date, self.language, self.ask_think)
+        return self.counter.count(self.render(messages))
+
+    def _assemble(
+        self,
+        question: str,
+        ordered: Sequence[Session],
+        question_date: str | None,
+        selection: Selection | None = None,
+        blocks: Sequence[str] | None = None,
+        truncated_ids: tuple[str, ...] = (),
+        dropped_ids: tuple[str, ...] | None = None,
+    ) -> BuiltPrompt:
+        if blocks is None:
+            blocks = [_block(i, s, self.language) for i, s in enumerate(ordered)]
+        messages = _messages(
+            question, blocks, len(ordered), question_date, self.language, self.ask_think
+        )
+        text = self.render(messages)
+        position = {s.id: i for i, s in enumerate(ordered)}
+        ranking = selection.ranking if selection is not None else None
+        coarse_order = (
+            tuple(position[sid] for sid in ranking.ids if sid in position) if ranking else None
+        )
+        if dropped_ids is None:
+            dropped_ids = selection.dropped_ids if selection is not None else ()
+        return BuiltPrompt(
+            messages=messages,
+            text=text,
+            candidate_ids=tuple(position),
+            n_tokens=self.counter.count(text),
+            budget_tokens=self.budget_tokens,
+            dropped_ids=dropped_ids,
+            truncated_ids=truncated_ids,
+            coarse_order=coarse_order,
+        )
+
+    def _truncated_top(
+        self,
+        question: str,
+        sessions: Sequence[Session],
+        selection: Selection,
+        question_date: str | None,
+        fixed: int,
+    ) -> BuiltPrompt:
+        # select keeps nothing only when it had to rank, so its ranking is there.
+        ranking = selection.ranking
+        top_id = ranking.ids[0] if ranking else sessions[0].id
+        top = next(s for s in sessions if s.id == top_id)
+        order = ranking.ids if ranking else tuple(s.id for s in sessions)
+        dropped = tuple(sid for sid in order if sid != top_id)
+        return self._truncated(question, top, question_date, fixed, dropped)
+
+    def _truncated(
+        self,
+        question: str,
+        session: Session,
+        question_date: str | None,
+        fixed: int,
+        dropped_ids: tuple[str, ...] = (),
+    ) -> BuiltPrompt:
+        """The prompt with ``session`` alone, its turns cut at a token boundary to fit."""
+        budget = self.budget_tokens
+        tok = self.tokenizer
+        header = _header(0, session, self.language)
+        marker = _text(self.language)["truncated"]
+        pieces = tok(_turns(session), add_special_tokens=False)["input_ids"]
+        total = len(pieces)
+
+        def assemble(keep: int) -> BuiltPrompt:
+            if keep >= total:
+                body, cut = _turns(session), ()
+            else:
+                # A cut inside a multi-byte character decodes to U+FFFD; drop that half
+                # character rather than show a replacement glyph.
+                kept = tok.decode(
+                    pieces[:keep], skip_special_tokens=False, clean_up_tokenization_spaces=False
+                ).rstrip("\ufffd")
+                body = f"{kept}\n{marker.format(n=total - keep)}".lstrip("\n")
+                cut = (session.id,)
+            return self._assemble(
+                question,
+                [session],
+                question_date,
+                blocks=[f"{header}\n{body}"],
+                truncated_ids=cut,
+                dropped_ids=dropped_ids,
+            )
+
+        keep = min(total, budget - assemble(0).n_tokens)
+        for _ in range(self._MAX_REFITS):
+            if keep < 1 and total:
+                break
+            built = assemble(keep)
+            if built.n_tokens <= budget:
+                return built
+            keep -= built.n_tokens - budget
+        raise PromptBudgetError(
+            f"session {session.id!r} cannot be shown even in part: the instructions, question "
+            f"and truncation marker take over {budget} tokens (window {self.window_tokens} - "
+            f"completion {self.completion_tokens}; instructions and question alone: {fixed})"
+        )
+
+
+def _chronological(sessions: Sequence[Session], input_order: Sequence[str]) -> list[Session]:
+    """Oldest first, ties in input order; input order throughout when a date is missing, since
+    an undated session has no place in the timeline."""
+    rank = {sid: i for i, sid in enumerate(input_order)}
+    by_input = sorted(sessions, key=lambda s: rank[s.id])
+    if any(s.date is None for s in by_input):
+        return by_input
+    return sorted(by_input, key=lambda s: _comparable(s.date))  # type: ignore[arg-type]
+
+
+def _comparable(value: datetime) -> datetime:
+    # Aware and naive datetimes cannot be compared; read naive ones as UTC.
+    if value.tzinfo is None:
+        return value
+    return value.astimezone(timezone.utc).replace(tzinfo=None)
