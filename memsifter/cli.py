@@ -57,8 +57,25 @@ def eval_retrieval(
     ] = None,
     max_questions: Annotated[int | None, typer.Option(help="smoke runs: first N")] = None,
     config: Annotated[Path | None, typer.Option(help="YAML config (configs/eval/*.yaml)")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="proxy model for --retriever memsifter (hub id, folder, smollm2-135m-instruct)"
+        ),
+    ] = None,
+    backend: Annotated[str | None, typer.Option(help="transformers | openai | vllm")] = None,
+    base_url: Annotated[str | None, typer.Option(help="openai backend server URL")] = None,
+    coarse: Annotated[str | None, typer.Option(help="coarse filter in front of the proxy")] = None,
+    coarse_budget: Annotated[
+        int | None,
+        typer.Option(help="proxy prompt budget in tokens (its window minus the completion budget)"),
+    ] = None,
+    completion_tokens: Annotated[
+        int | None, typer.Option(help="proxy completion budget (think + ranking) in tokens")
+    ] = None,
 ) -> None:
-    """Rank every question's haystack with coarse filters; write metrics.json, report.md, a plot."""
+    """Rank every question's haystack with coarse filters or the proxy (`--retriever memsifter`);
+    write metrics.json, report.md and a recall@k plot."""
     from memsifter.config import load_config
     from memsifter.evaluation.retrieval import RetrievalEvalConfig, render_table, run_retrieval_eval
 
@@ -77,6 +94,12 @@ def eval_retrieval(
             "seed": seed,
             "tokenizer": tokenizer,
             "max_questions": max_questions,
+            "model": model,
+            "backend": backend,
+            "base_url": base_url,
+            "coarse": coarse,
+            "coarse_budget": coarse_budget,
+            "proxy_completion_tokens": completion_tokens,
             "conversations": [c.strip() for c in conversations.split(",")]
             if conversations
             else None,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memsifter.coarse import CoarseFilter, build_filter
@@ -45,6 +46,15 @@ class RetrievalEvalConfig:
     tokenizer: str | None = None  # hub id / folder for exact token budgets; None = approx
     max_questions: int | None = None  # first N scoreable questions (smoke runs)
     recall_max_k: int = 20
+    # --- the proxy (retriever "memsifter"): coarse -> proxy ---
+    model: str = "smollm2-135m-instruct"  # hub id, folder or built-in name
+    backend: str = "transformers"  # transformers | openai | vllm
+    base_url: str | None = None  # openai backend: http://host:port/v1
+    coarse: str = "bm25"  # coarse filter in front of the proxy, and its completion order
+    coarse_budget: int = 6144  # prompt tokens for the proxy (its window minus completion)
+    proxy_completion_tokens: int = 512
+    proxy_batch_size: int = 4
+    proxy_language: str = "en"
 
 
 @dataclass
@@ -72,13 +82,31 @@ def prepare_queries(
     return [q for q, _ in built], [s for _, s in built]
 
 
+def _by_category(
+    queries: list[Query], rankings: dict[str, tuple[str, ...]]
+) -> dict[str, dict[str, Any]]:
+    by_cat: dict[str, list[Query]] = defaultdict(list)
+    for q in queries:
+        by_cat[q.category or "none"].append(q)
+    return {
+        cat: {
+            "name": CATEGORY_NAMES.get(cat, cat) if qs[0].source == "locomo" else cat,
+            "n_questions": len(qs),
+            **evaluate_rankings(
+                {q.qid: rankings[q.qid] for q in qs}, {q.qid: q.gold_session_ids for q in qs}
+            ),
+        }
+        for cat, qs in sorted(by_cat.items())
+    }
+
+
 def evaluate_filter(
     filt: CoarseFilter, queries: list[Query], cfg: RetrievalEvalConfig, progress: Progress | None
 ) -> RetrieverResult:
     rankings: dict[str, tuple[str, ...]] = {}
     latencies: list[float] = []
     index_s = 0.0
-    task = progress.add_task(filt.name, total=len(queries)) if progress else None
+    task = progress.add_task(escape(filt.name), total=len(queries)) if progress else None
     for q in queries:
         t0 = time.perf_counter()
         filt.index(q.haystack)  # cached per haystack: pays once per conversation
@@ -111,6 +139,82 @@ def evaluate_filter(
     }
     metrics["index_seconds_total"] = index_s
     return RetrieverResult(filt.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k))
+
+
+def build_proxy(cfg: RetrievalEvalConfig):
+    from memsifter.ranker.backends import build_backend
+    from memsifter.ranker.proxy import Proxy, ProxyConfig
+
+    options = {"base_url": cfg.base_url} if cfg.backend == "openai" and cfg.base_url else {}
+    if cfg.backend == "openai" and not cfg.base_url:
+        from memsifter.errors import MemSifterError
+
+        raise MemSifterError("--backend openai needs --base-url http://host:port/v1")
+    backend = build_backend(cfg.backend, cfg.model, **options)
+    return Proxy(
+        backend,
+        build_filter(cfg.coarse),
+        ProxyConfig(
+            window_tokens=cfg.coarse_budget + cfg.proxy_completion_tokens,
+            completion_tokens=cfg.proxy_completion_tokens,
+            batch_size=cfg.proxy_batch_size,
+            language=cfg.proxy_language,
+        ),
+    )
+
+
+def evaluate_proxy(
+    proxy, queries: list[Query], cfg: RetrievalEvalConfig, progress: Progress | None
+) -> RetrieverResult:
+    """Like ``evaluate_filter`` plus the proxy's own health: parse rate, how often the coarse
+    order had to complete its ranking, prompt sizes and generation latency."""
+    from memsifter.ranker.proxy import RankRequest
+
+    task = progress.add_task(escape(proxy.name), total=len(queries)) if progress else None
+    results = []
+    step = max(cfg.proxy_batch_size, 1)
+    for start in range(0, len(queries), step):
+        batch = queries[start : start + step]
+        results += proxy.rank_many(
+            [RankRequest(q.question, q.haystack, q.question_date) for q in batch]
+        )
+        if progress is not None and task is not None:
+            progress.advance(task, len(batch))
+    rankings = {q.qid: r.ranking.ids for q, r in zip(queries, results, strict=True)}
+    gold = {q.qid: q.gold_session_ids for q in queries}
+    metrics: dict[str, Any] = {"n_questions": len(queries)}
+    metrics.update(evaluate_rankings(rankings, gold))
+    metrics["by_category"] = _by_category(queries, rankings)
+    n = max(len(results), 1)
+    # A batch's latency is shared by its prompts: report it amortised per question.
+    per_q = [r.generation.latency_s * 1000 / min(step, len(queries)) for r in results]
+    metrics["latency_ms"] = {
+        "p50": _percentile(per_q, 50),
+        "p95": _percentile(per_q, 95),
+        "mean": float(np.mean(per_q)) if per_q else 0.0,
+    }
+    metrics["proxy"] = {
+        "model": proxy.backend.model_name,
+        "backend": proxy.backend.name,
+        "coarse": proxy.coarse.name,
+        "prompt_budget_tokens": cfg.coarse_budget,
+        "parse_rate": sum(r.parsed.ok for r in results) / n,
+        "clean_rate": sum(r.parsed.clean for r in results) / n,
+        "completed_rate": sum(r.completed for r in results) / n,
+        "errors": {str(k): v for k, v in _count(r.parsed.error for r in results).items()},
+        "prompt_tokens_mean": float(np.mean([r.prompt.n_tokens for r in results])),
+        "completion_tokens_mean": float(np.mean([r.generation.completion_tokens for r in results])),
+        "coarse_cut_rate": sum(bool(r.prompt.dropped_ids) for r in results) / n,
+    }
+    return RetrieverResult(proxy.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k))
+
+
+def _count(values) -> dict[Any, int]:
+    out: dict[Any, int] = defaultdict(int)
+    for v in values:
+        if v is not None:
+            out[v.value if hasattr(v, "value") else v] += 1
+    return dict(out)
 
 
 def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[RetrieverResult]:
@@ -148,9 +252,14 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
     ) as progress:
         for spec in cfg.retrievers:
             t0 = time.perf_counter()
-            filt = build_filter(spec)
-            load_s = time.perf_counter() - t0
-            res = evaluate_filter(filt, queries, cfg, progress)
+            if spec == "memsifter":
+                proxy = build_proxy(cfg)
+                load_s = time.perf_counter() - t0
+                res = evaluate_proxy(proxy, queries, cfg, progress)
+            else:
+                filt = build_filter(spec)
+                load_s = time.perf_counter() - t0
+                res = evaluate_filter(filt, queries, cfg, progress)
             res.metrics.update(context, retriever=res.retriever, model_load_seconds=load_s)
             results.append(res)
             target = out if len(cfg.retrievers) == 1 else out / slug(res.retriever)
@@ -190,7 +299,26 @@ def render_table(results: list[RetrieverResult], haystack: str | None = None) ->
 def render_report(results: list[RetrieverResult], context: dict[str, Any]) -> str:
     lines = [f"# Retrieval report: {context['dataset']}, haystack {context['haystack']}", ""]
     lines += [f"- {k}: {v}" for k, v in context.items()]
-    lines += ["", render_table(results), "## By category", ""]
+    lines += ["", render_table(results)]
+    proxies = [r for r in results if "proxy" in r.metrics]
+    if proxies:
+        lines += [
+            "## Proxy",
+            "",
+            "| retriever | parse rate | clean rate | completed from coarse | "
+            "coarse cut | prompt tokens | completion tokens | ms/question p50 |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in proxies:
+            p = r.metrics["proxy"]
+            lines.append(
+                f"| {r.retriever} | {p['parse_rate']:.3f} | {p['clean_rate']:.3f} | "
+                f"{p['completed_rate']:.3f} | {p['coarse_cut_rate']:.3f} | "
+                f"{p['prompt_tokens_mean']:.0f} | {p['completion_tokens_mean']:.0f} | "
+                f"{r.metrics['latency_ms']['p50']:.0f} |"
+            )
+        lines.append("")
+    lines += ["## By category", ""]
     for r in results:
         lines.append(f"### {r.retriever}")
         lines.append("")
