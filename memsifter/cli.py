@@ -113,6 +113,62 @@ def eval_retrieval(
     console.print(f"wrote {cfg.out}/metrics.json, report.md, recall_at_k.png")
 
 
+@eval_app.command("qa")
+def eval_qa(
+    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl")] = "locomo",
+    data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
+    retriever: Annotated[
+        str, typer.Option(help="coarse filter spec, memsifter (the proxy), full, or none")
+    ] = "bm25",
+    answerer: Annotated[str, typer.Option(help="working LLM")] = "smollm2-135m-instruct",
+    answerer_backend: Annotated[str, typer.Option(help="transformers | openai | vllm")] = (
+        "transformers"
+    ),
+    answerer_base_url: Annotated[str | None, typer.Option(help="openai answerer URL")] = None,
+    answerer_window: Annotated[int, typer.Option(help="answerer context window")] = 8192,
+    top_k: Annotated[int, typer.Option(help="sessions given to the answerer")] = 5,
+    conversations: Annotated[str | None, typer.Option(help="comma-separated ids/indexes")] = None,
+    max_questions: Annotated[int | None, typer.Option(help="first N questions")] = None,
+    model: Annotated[str, typer.Option(help="proxy model (retriever memsifter)")] = (
+        "smollm2-135m-instruct"
+    ),
+    backend: Annotated[str, typer.Option(help="proxy backend")] = "transformers",
+    base_url: Annotated[str | None, typer.Option(help="proxy openai URL")] = None,
+    coarse: Annotated[str, typer.Option(help="coarse filter before the proxy")] = "bm25",
+    out: Annotated[str, typer.Option(help="output folder")] = "outputs/qa",
+) -> None:
+    """Answer questions from the top-k retrieved sessions; write metrics.json (f1, em)."""
+    from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
+
+    cfg = QAEvalConfig(
+        dataset=dataset,
+        data=data,
+        retriever=retriever,
+        answerer=answerer,
+        answerer_backend=answerer_backend,
+        answerer_base_url=answerer_base_url,
+        answerer_window=answerer_window,
+        top_k=top_k,
+        max_questions=max_questions,
+        conversations=[c.strip() for c in conversations.split(",")] if conversations else None,
+        model=model,
+        backend=backend,
+        base_url=base_url,
+        coarse=coarse,
+        out=out,
+    )
+    try:
+        m = run_qa_eval(cfg, console=console)
+    except MemSifterError as e:
+        _fail(e)
+        return
+    typer.echo(
+        f"{retriever}: n={m['n_questions']} f1={m['f1']:.3f} em={m['em']:.3f} "
+        f"locomo={m['locomo_score']:.3f}"
+    )
+    console.print(f"wrote {out}/metrics.json, predictions.jsonl")
+
+
 @data_app.command("stats")
 def data_stats(
     dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl")] = "locomo",
