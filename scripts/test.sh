@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Set up the venv with the dev extra and run the whole test suite (slow-marked tests included).
+# Set up the venv with the dev extra, build the vLLM CPU server's own venv (.venv-vllm, for the
+# real-server integration test), and run the whole test suite (slow-marked tests included).
+#   MEMSIFTER_SKIP_VLLM=1   skip building .venv-vllm (its tests then skip instead of failing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMSIFTER_EXTRAS="${MEMSIFTER_EXTRAS:-dev}" bash scripts/setup.sh
+if [ "${MEMSIFTER_SKIP_VLLM:-0}" != "1" ]; then
+  bash scripts/vllm_cpu_server.sh --setup-only
+  export MEMSIFTER_REQUIRE_VLLM=1
+fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-2}"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

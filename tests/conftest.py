@@ -8,6 +8,8 @@ or numpy: the CI box has two cores, and oversubscribed BLAS/OpenMP pools make sm
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,24 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from memsifter.testing import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A cache root (``$MEMSIFTER_CACHE``) holding this session's own conversion of the built-in
+    ``smollm2-135m-instruct`` (~20 s, ~517 MB), so the tests see a real first conversion and never
+    write into the user's cache. Shared by every test that needs the model, so it runs once."""
+    from memsifter.models import resolve_model
+
+    root = tmp_path_factory.mktemp("memsifter-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMSIFTER_CACHE", str(root))
+        resolve_model("smollm2-135m-instruct")
+    yield root
+    # pytest keeps the last three sessions' temp dirs; half a GB each is worth removing.
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_cache: Path) -> Path:
+    return smollm2_cache / "models" / "smollm2-135m-instruct"

@@ -93,7 +93,13 @@ def test_raises_after_last_retry_and_on_client_errors() -> None:
         calls["n"] += 1
         return httpx.Response(500, text="boom")
 
-    be = OpenAIBackend("http://x:1", model="m", retry_wait_s=0.01, max_retries=1, transport=httpx.MockTransport(down))
+    be = OpenAIBackend(
+        "http://x:1",
+        model="m",
+        retry_wait_s=0.01,
+        max_retries=1,
+        transport=httpx.MockTransport(down),
+    )
     with pytest.raises(BackendError, match="500"):
         be.generate(["p"], SamplingConfig())
     assert calls["n"] == 2  # first try + one retry, then loud failure

