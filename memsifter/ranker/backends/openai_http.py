@@ -145,6 +145,9 @@ class OpenAIBackend:
                         *(self._request(client, sem, p, sampling) for p in prompts)
                     )
                 )
+            except httpx.HTTPStatusError as e:
+                raise BackendError(f"{self.base_url}: HTTP {e.response.status_code} for model "
+                                   f"{self.served_model_name!r}: {e.response.text[:300]}") from e
             except httpx.HTTPError as e:
                 raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
 
