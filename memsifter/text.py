@@ -9,6 +9,7 @@ dominates on big corpora.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import lru_cache
 
 import Stemmer
@@ -27,22 +28,52 @@ class Analyzer:
         # stopword test and the stemming (a Python call per token was most of indexing time).
         self._memo: dict[str, str] = {}
 
+    def _learn(self, words: Iterable[str]) -> None:
+        new = list(set(words).difference(self._memo))
+        stems = self._stemmer.stemWords(new)
+        self._memo.update(
+            (w, "" if w in _STOP_EN else st) for w, st in zip(new, stems, strict=True)
+        )
+
     def _english(self, words: list[str]) -> list[str]:
-        memo = self._memo
         try:
-            return list(filter(None, map(memo.__getitem__, words)))
+            return list(filter(None, map(self._memo.__getitem__, words)))
         except KeyError:
-            new = list(set(words).difference(memo))
-            stems = self._stemmer.stemWords(new)
-            memo.update((w, "" if w in _STOP_EN else st) for w, st in zip(new, stems, strict=True))
-            return list(filter(None, map(memo.__getitem__, words)))
+            self._learn(words)
+            return list(filter(None, map(self._memo.__getitem__, words)))
 
     def __call__(self, text: str) -> list[str]:
         text = text.lower()
-        # isascii() is a flag check; the CJK regex scans the whole text.
-        if text.isascii() or _CJK.search(text) is None:
-            return self._english(_WORD.findall(text))
-        return self._mixed(text)
+        return self._english(_WORD.findall(text)) if _plain(text) else self._mixed(text)
+
+    def term_ids(self, texts: Iterable[str]) -> tuple[list[list[int]], dict[str, int]]:
+        """Each text's terms (those ``__call__`` gives) as ids, and the term -> id vocabulary.
+
+        For indexing a corpus: each distinct word is analysed once and every token costs one
+        C-level dict lookup, with no per-token term strings. Id 0 is the empty term ``""``, which
+        no text produces (bm25s uses it as its empty token); stopwords map to it and are dropped.
+        """
+        vocab: dict[str, int] = {"": 0}
+        word_ids: dict[str, int] = {}
+        lookup = word_ids.__getitem__
+        out: list[list[int]] = []
+        for text in texts:
+            text = text.lower()
+            if not _plain(text):
+                out.append([vocab.setdefault(t, len(vocab)) for t in self._mixed(text)])
+                continue
+            words = _WORD.findall(text)
+            try:
+                out.append(list(filter(None, map(lookup, words))))
+            except KeyError:
+                # New words of this text in first-seen order, so ids are reproducible.
+                new = [w for w in dict.fromkeys(words) if w not in word_ids]
+                self._learn(new)
+                for w in new:
+                    term = self._memo[w]
+                    word_ids[w] = vocab.setdefault(term, len(vocab)) if term else 0
+                out.append(list(filter(None, map(lookup, words))))
+        return out, vocab
 
     def _mixed(self, text: str) -> list[str]:
         import jieba
@@ -57,6 +88,11 @@ class Analyzer:
             pos = m.end()
         out.extend(self._english(_WORD.findall(text[pos:])))
         return out
+
+
+def _plain(lowered: str) -> bool:
+    """No CJK in the text. isascii() is a flag check; the CJK regex scans the whole text."""
+    return lowered.isascii() or _CJK.search(lowered) is None
 
 
 @lru_cache(maxsize=4)

@@ -7,6 +7,8 @@ from datetime import datetime
 
 from dateutil import parser as _dateparser
 
+from memsifter.errors import DataError
+
 
 def parse_date(text: str | None) -> datetime | None:
     """Best-effort parse; ``None`` for an empty value. Raises ValueError on garbage so the loader
@@ -15,3 +17,13 @@ def parse_date(text: str | None) -> datetime | None:
         return None
     cleaned = str(text).replace(" on ", " ")
     return _dateparser.parse(cleaned, fuzzy=True)
+
+
+def parse_date_field(
+    text: str | None, *, file: str, record: str | int, field: str
+) -> datetime | None:
+    """``parse_date`` for loaders: garbage becomes a DataError naming file, record and field."""
+    try:
+        return parse_date(text)
+    except (ValueError, OverflowError) as e:
+        raise DataError(f"unparseable date {text!r}", file=file, record=record, field=field) from e

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from memsifter.data._json import need
 from memsifter.data.dataset import LoadReport, MemoryDataset
-from memsifter.data.dates import parse_date
+from memsifter.data.dates import parse_date_field
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import DataError
 
@@ -69,22 +69,12 @@ def load_jsonl(path: str | Path) -> MemoryDataset:
 def _session(obj: dict, *, file: str, record: str) -> Session:
     sid = need(obj, "id", str, file=file, record=record)
     date_text = need(obj, "date", str, file=file, record=record, default=None)
-    try:
-        date = parse_date(date_text)
-    except (ValueError, OverflowError) as e:
-        raise DataError(
-            f"unparseable date {date_text!r}", file=file, record=record, field="date"
-        ) from e
+    date = parse_date_field(date_text, file=file, record=record, field="date")
     turns = []
     for k, t in enumerate(need(obj, "turns", list, file=file, record=record)):
         r = f"{record} turn {k}"
         ts = need(t, "timestamp", str, file=file, record=r, default=None)
-        try:
-            tdate = parse_date(ts)
-        except (ValueError, OverflowError) as e:
-            raise DataError(
-                f"unparseable timestamp {ts!r}", file=file, record=r, field="timestamp"
-            ) from e
+        tdate = parse_date_field(ts, file=file, record=r, field="timestamp")
         turns.append(
             Turn(
                 speaker=need(t, "speaker", str, file=file, record=r),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from memsifter.data._json import need, read_json
 from memsifter.data.dataset import LoadReport, MemoryDataset
-from memsifter.data.dates import parse_date
+from memsifter.data.dates import parse_date_field
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import DataError
 
@@ -99,15 +99,9 @@ def load_locomo(path: str | Path) -> MemoryDataset:
             date_text = need(
                 conv, f"session_{n}_date_time", str, file=file, record=sample_id, default=None
             )
-            try:
-                date = parse_date(date_text)
-            except (ValueError, OverflowError) as e:
-                raise DataError(
-                    f"unparseable date {date_text!r}: {e}",
-                    file=file,
-                    record=sample_id,
-                    field=f"session_{n}_date_time",
-                ) from e
+            date = parse_date_field(
+                date_text, file=file, record=sample_id, field=f"session_{n}_date_time"
+            )
             turns = tuple(
                 _turn(t, file=file, record=f"{rec}/turn_{j}") for j, t in enumerate(raw_turns)
             )

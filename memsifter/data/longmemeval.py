@@ -13,7 +13,7 @@ from pathlib import Path
 
 from memsifter.data._json import need, read_json
 from memsifter.data.dataset import LoadReport, MemoryDataset
-from memsifter.data.dates import parse_date
+from memsifter.data.dates import parse_date_field
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import DataError
 
@@ -36,12 +36,7 @@ def _session(sid: str, date_text: str | None, raw: object, *, file: str, record:
                 turn_id=f"{sid}:{k}",
             )
         )
-    try:
-        date = parse_date(date_text)
-    except (ValueError, OverflowError) as e:
-        raise DataError(
-            f"unparseable date {date_text!r}", file=file, record=record, field="haystack_dates"
-        ) from e
+    date = parse_date_field(date_text, file=file, record=record, field="haystack_dates")
     return Session(id=sid, turns=tuple(turns), date=date, date_text=date_text)
 
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_dataset
 from memsifter.data.locomo import CATEGORY_NAMES
 from memsifter.data.types import Query, Session
 from memsifter.errors import MemSifterError
+from memsifter.evaluation.retrieval import make_progress
 from memsifter.qa.answerer import Answerer
 from memsifter.qa.scores import exact_match, score_locomo, token_f1
 
@@ -118,14 +118,7 @@ def run_qa_eval(cfg: QAEvalConfig, console: Any = None) -> dict[str, Any]:
     ]
     predictions: list[str] = []
     latencies: list[float] = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=console is None,
-    ) as progress:
+    with make_progress(console) as progress:
         task = progress.add_task(escape(f"answer ({cfg.retriever})"), total=len(prompts))
         for start in range(0, len(prompts), cfg.batch_size):
             chunk = prompts[start : start + cfg.batch_size]

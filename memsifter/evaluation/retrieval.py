@@ -64,6 +64,18 @@ class RetrieverResult:
     recall_curve: dict[int, float]
 
 
+def make_progress(console: Any) -> Progress:
+    """The rich progress bar every eval loop shows (disabled without a console, e.g. in tests)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=console is None,
+    )
+
+
 def _percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else 0.0
 
@@ -242,14 +254,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results: list[RetrieverResult] = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=console is None,
-    ) as progress:
+    with make_progress(console) as progress:
         for spec in cfg.retrievers:
             t0 = time.perf_counter()
             if spec == "memsifter":

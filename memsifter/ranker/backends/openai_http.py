@@ -146,8 +146,10 @@ class OpenAIBackend:
                     )
                 )
             except httpx.HTTPStatusError as e:
-                raise BackendError(f"{self.base_url}: HTTP {e.response.status_code} for model "
-                                   f"{self.served_model_name!r}: {e.response.text[:300]}") from e
+                raise BackendError(
+                    f"{self.base_url}: HTTP {e.response.status_code} for model "
+                    f"{self.served_model_name!r}: {e.response.text[:300]}"
+                ) from e
             except httpx.HTTPError as e:
                 raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
 
