@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime
 from typing import Any
 
@@ -52,9 +53,10 @@ class Session:
     def text(self) -> str:
         return self.render()
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
-        """Content hash: caches key on it so an edited session is never served a stale vector."""
+        """Content hash: caches key on it so an edited session is never served a stale vector.
+        Computed once per (immutable) session: hot paths look it up on every query."""
         return hashlib.sha1(self.render().encode("utf-8")).hexdigest()
 
 
