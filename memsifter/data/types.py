@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 

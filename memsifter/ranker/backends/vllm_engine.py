@@ -22,7 +22,10 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.85,
         seed: int = 0,
         tensor_parallel_size: int = 1,
+        **engine_args: Any,
     ) -> None:
+        """``engine_args`` go to ``vllm.LLM`` unchanged (``enforce_eager``, ``quantization`` ...).
+        vLLM starts worker processes with spawn: build it under ``if __name__ == "__main__"``."""
         try:
             from vllm import LLM
         except ImportError as e:
@@ -41,6 +44,7 @@ class VLLMBackend:
             kwargs["max_model_len"] = max_model_len
         if gpu_memory_utilization:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs.update(engine_args)
         self.llm = LLM(**kwargs)
 
     @property
