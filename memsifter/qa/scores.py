@@ -1,4 +1,5 @@
-"""Task scores for a working LLM's answer: LoCoMo-style token F1 and exact match.
+"""Task scores for a working LLM's answer: LoCoMo-style token F1, exact match, and (through
+:mod:`memsifter.qa.judge`) an LLM judge.
 
 Normalisation follows the LoCoMo evaluation: lowercase, drop punctuation and the articles
 ``a/an/the`` (and ``and``), collapse whitespace, then Porter-stem each token. Chinese text is
@@ -16,13 +17,18 @@ import re
 import string
 from collections import Counter
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import Stemmer
+
+if TYPE_CHECKING:
+    from memsifter.qa.judge import LLMJudge
 
 _ARTICLES = re.compile(r"\b(a|an|the|and)\b")
 _PUNCT = str.maketrans("", "", string.punctuation + "，。！？；：、“”‘’（）《》【】")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 ADVERSARIAL_MARKERS = ("no information available", "not mentioned")
+TASK_METRICS: tuple[str, ...] = ("f1", "em", "locomo", "judge")
 
 
 @lru_cache(maxsize=1)
@@ -84,13 +90,27 @@ def score_locomo(prediction: str, gold: str, category: str | None) -> float:
 
 
 def task_score(
-    prediction: str, gold: str, metric: str = "f1", category: str | None = None
+    prediction: str,
+    gold: str,
+    metric: str = "f1",
+    category: str | None = None,
+    *,
+    question: str | None = None,
+    judge: LLMJudge | None = None,
 ) -> float:
-    """The one entry point the eval and the reward service call; ``metric`` comes from config."""
+    """The one entry point the eval and the reward service call; ``metric`` comes from config.
+
+    ``judge`` needs the ``question`` and an :class:`~memsifter.qa.judge.LLMJudge`; it raises
+    :class:`~memsifter.qa.judge.JudgeError` on a reply that is not a verdict. Scoring many answers
+    at once is cheaper through ``LLMJudge.judge_many`` (one batch, one round of requests)."""
     if metric == "f1":
         return token_f1(prediction, gold)
     if metric == "em":
         return exact_match(prediction, gold)
     if metric == "locomo":
         return score_locomo(prediction, gold, category)
-    raise ValueError(f"unknown task metric {metric!r}; use f1, em or locomo")
+    if metric == "judge":
+        if judge is None or question is None:
+            raise ValueError("metric 'judge' needs question= and judge= (an LLMJudge)")
+        return judge.score(question, str(gold), prediction)
+    raise ValueError(f"unknown task metric {metric!r}; use one of {', '.join(TASK_METRICS)}")

@@ -1,0 +1,64 @@
+"""Outcome-driven rewards for the proxy: how much its ranking helps the working LLM answer.
+
+The paper's definitions, one module each: Fibonacci tiers and their weights (``tiers``), the
+answer reward R_ans (``marginal_utility``), the retrieval reward R_ret (``retrieval``) and warm-up
+shaping (``shaping``). ``service`` computes them for GRPO groups with as few working-LLM calls as
+exactness allows, ``trl`` wraps it as a TRL reward function, ``columns`` is the dataset-column
+contract between the two, and ``config`` the typed configuration.
+"""
+
+from memsifter.rewards.columns import (
+    REWARD_COLUMNS,
+    reward_columns,
+    sessions_from_column,
+    sessions_to_column,
+)
+from memsifter.rewards.config import (
+    AnswererConfig,
+    JudgeConfig,
+    RetryConfig,
+    RewardConfig,
+    load_reward_config,
+)
+from memsifter.rewards.marginal_utility import marginal_utility
+from memsifter.rewards.retrieval import retrieval_reward, retrieval_rewards
+from memsifter.rewards.service import (
+    CompletionReward,
+    RewardBatch,
+    RewardError,
+    RewardRequest,
+    RewardService,
+    RewardStats,
+    naive_rewards,
+)
+from memsifter.rewards.shaping import ShapingSchedule
+from memsifter.rewards.tiers import fibonacci_tiers, position_value, tier_weights
+from memsifter.rewards.trl import RewardFunction, make_reward_function
+
+__all__ = [
+    "REWARD_COLUMNS",
+    "AnswererConfig",
+    "CompletionReward",
+    "JudgeConfig",
+    "RetryConfig",
+    "RewardBatch",
+    "RewardConfig",
+    "RewardError",
+    "RewardFunction",
+    "RewardRequest",
+    "RewardService",
+    "RewardStats",
+    "ShapingSchedule",
+    "fibonacci_tiers",
+    "load_reward_config",
+    "make_reward_function",
+    "marginal_utility",
+    "naive_rewards",
+    "position_value",
+    "retrieval_reward",
+    "retrieval_rewards",
+    "reward_columns",
+    "sessions_from_column",
+    "sessions_to_column",
+    "tier_weights",
+]

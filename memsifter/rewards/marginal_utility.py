@@ -1,0 +1,40 @@
+"""The answer reward: how much a ranking's top sessions raise the working LLM's task score.
+
+    R_ans = sum_n w_n * (s_{F_n} - s_0)
+
+``s_k`` is the working LLM's task score (token F1, exact match, LoCoMo's score or an LLM judge)
+when it answers from the top-k sessions of the ranking, ``s_0`` its score with no memory at
+all, and ``w_n`` the Fibonacci tier weights (:mod:`memsifter.rewards.tiers`). Subtracting s_0
+rewards only what the memory adds: a question the working LLM answers from general knowledge
+earns the ranking nothing.
+
+Because the weights telescope, a score that rises from s_0 to s_0 + d at tier k and stays there
+earns exactly d * C(k): the same improvement is worth more the higher up the ranking it happens.
+
+Difference from the official implementation: its loop over tiers starts at the second tier and
+so never scores k = 1, the tier with the heaviest weight (0.3691 of 1 with tiers 1…8). Here
+every tier is scored, k = 1 included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from memsifter.rewards.tiers import tier_weights
+
+
+def marginal_utility(tier_scores: Mapping[int, float]) -> float:
+    """R_ans from ``tier_scores``, which maps k to s_k; key 0 is s_0 (no memory).
+
+    The tiers are the other keys, in increasing order (normally ``fibonacci_tiers(...)``). The sum
+    runs in that order so the same scores always give the same float."""
+    if 0 not in tier_scores:
+        raise ValueError("tier_scores needs key 0, the score with no memory (s_0)")
+    tiers = sorted(k for k in tier_scores if k != 0)
+    if not tiers:
+        raise ValueError("tier_scores has s_0 but no tier")
+    s0 = tier_scores[0]
+    total = 0.0
+    for k, w in zip(tiers, tier_weights(tiers), strict=True):
+        total += w * (tier_scores[k] - s0)
+    return total

@@ -1,0 +1,451 @@
+"""The reward service: rewards for GRPO groups at a fraction of the working-LLM calls.
+
+For a group of n completions of one prompt, scoring each completion on its own costs n x (T + 1)
+working-LLM calls (T tiers plus the no-memory s_0). The answerer's prompt depends only on the
+question and the ranked sessions it is shown, and the answerer decodes greedily, so:
+
+* **s_0 once per prompt.** The no-memory prompt is the same for every completion of a group.
+* **Shared prefixes share a call.** Completions whose top-k agree (they very often agree at k = 1
+  and 2) render the same tier prompt. Every needed prompt is keyed by the sha256 of its exact
+  text (:meth:`memsifter.qa.answerer.Answerer.render`), so any two requests that would send the
+  same bytes send them once, whatever the reason: same prefix, a short ranking whose top-8 is
+  its top-3, or top-5 and top-8 both cut to the same sessions by the answerer's window.
+* **One batch.** The unique prompts of the whole reward call go to the backend in one
+  ``generate`` (batched by transformers / vLLM, concurrent with the backend's bound over HTTP).
+* **Cache across steps.** Answers are kept (LRU, ``cache_size``) by prompt hash, since the working
+  LLM is frozen: a question seen again in a later epoch reuses its answers.
+* **Fail loudly.** The batch call is retried with tenacity on transient errors (on top of the
+  HTTP backend's own per-request retries); after the last attempt :class:`RewardError` is raised.
+  A reward is never made up for a call that did not happen.
+
+A completion without a usable ranking (``parse_ranking(...).ok`` is false) gets the configured
+``format_reward`` and costs no call; the ranking is never completed from the coarse order here.
+
+Sharing is exact only if an answer depends on nothing but its prompt. Greedy decoding is
+required by the config; beyond that, batched generation can change the last bits of the logits
+with the batch's padding, and so, at a near tie, the greedy answer. A backend with batch size 1
+(or a batch-invariant server) makes service and naive loop agree bit for bit, which
+``scripts/bench_rewards.py`` checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from memsifter.data.types import Session
+from memsifter.errors import MemSifterError
+from memsifter.qa.answerer import Answerer
+from memsifter.qa.judge import LLMJudge
+from memsifter.qa.scores import task_score
+from memsifter.ranker.backends.openai_http import BackendError
+from memsifter.ranker.parse import ParsedRanking, parse_ranking
+from memsifter.rewards.config import RewardConfig
+from memsifter.rewards.marginal_utility import marginal_utility
+from memsifter.rewards.retrieval import retrieval_reward, retrieval_rewards
+from memsifter.rewards.tiers import fibonacci_tiers
+
+T = TypeVar("T")
+CALL_ERRORS: tuple[type[BaseException], ...] = (BackendError, ConnectionError, TimeoutError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another attempt: connection trouble, timeouts, 429 and 5xx. A 4xx answer (a bad
+    request, an unknown model) would only fail again."""
+    if not isinstance(exc, CALL_ERRORS):
+        return False
+    cause = exc.__cause__
+    if isinstance(cause, httpx.HTTPStatusError):
+        code = cause.response.status_code
+        return code == 429 or code >= 500
+    return True
+
+
+class RewardError(MemSifterError):
+    """The working LLM (or judge) could not be called; no reward is given rather than a made-up
+    one."""
+
+
+@dataclass(frozen=True)
+class RewardRequest:
+    """One prompt and its completions (a GRPO group, or the part of it this call received)."""
+
+    question: str
+    answer: str
+    candidates: tuple[Session, ...]  # prompt order: completion ids index into it
+    completions: tuple[str, ...]
+    gold_ids: tuple[str, ...] = ()  # session ids
+    question_date: str | None = None
+    category: str | None = None
+    data_source: str | None = None
+
+    def gold_positions(self) -> tuple[int, ...]:
+        """Prompt positions of the gold sessions that the prompt showed."""
+        gold = set(self.gold_ids)
+        return tuple(i for i, s in enumerate(self.candidates) if s.id in gold)
+
+    def tiers(self, max_k: int) -> tuple[int, ...]:
+        return fibonacci_tiers(min(max_k, len(self.candidates))) if self.candidates else ()
+
+
+def shown_positions(prefix: Sequence[int], memory_order: str) -> tuple[int, ...]:
+    """The candidate positions the working LLM is shown for a top-k ``prefix``, in the order it
+    sees them (``AnswererConfig.memory_order``)."""
+    return tuple(sorted(prefix)) if memory_order == "chronological" else tuple(prefix)
+
+
+@dataclass(frozen=True)
+class CompletionReward:
+    reward: float
+    parsed: bool
+    ranking: tuple[int, ...] = ()  # positions as parsed; empty when not parsed
+    r_ans: float | None = None  # None when not parsed
+    r_ret: float | None = None
+    tier_scores: dict[int, float] = field(default_factory=dict)  # k -> s_k, 0 -> s_0
+    error: str | None = None  # the parse error kind
+
+
+@dataclass
+class RewardStats:
+    """What one reward call did. ``naive_calls`` is what scoring each parsed completion on its
+    own costs: parsed completions x (tiers + 1)."""
+
+    step: int = 0
+    beta: float = 0.0
+    prompts: int = 0
+    completions: int = 0
+    parsed: int = 0
+    naive_calls: int = 0
+    prompt_refs: int = 0  # tier and s_0 prompts asked for, before any sharing
+    unique_prompts: int = 0  # after sharing by prompt hash within the call
+    answer_calls: int = 0  # prompts actually sent to the working LLM
+    cache_hits: int = 0  # unique prompts answered by an earlier call
+    judge_calls: int = 0
+    answer_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def parse_rate(self) -> float:
+        return self.parsed / self.completions if self.completions else 0.0
+
+    @property
+    def call_ratio(self) -> float:
+        return self.answer_calls / self.naive_calls if self.naive_calls else 0.0
+
+    def add(self, other: RewardStats) -> None:
+        """Accumulate counts and times (``step``/``beta`` take the latest)."""
+        for name in (
+            "prompts",
+            "completions",
+            "parsed",
+            "naive_calls",
+            "prompt_refs",
+            "unique_prompts",
+            "answer_calls",
+            "cache_hits",
+            "judge_calls",
+            "answer_s",
+            "total_s",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.step, self.beta = other.step, other.beta
+
+
+@dataclass
+class RewardBatch:
+    rewards: list[list[CompletionReward]]  # per request, per completion, in input order
+    stats: RewardStats
+
+    def flat(self) -> list[float]:
+        return [c.reward for group in self.rewards for c in group]
+
+
+def prompt_key(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class RewardService:
+    def __init__(
+        self,
+        answerer: Answerer,
+        config: RewardConfig | None = None,
+        judge: LLMJudge | None = None,
+    ) -> None:
+        self.answerer = answerer
+        self.config = config or RewardConfig()
+        self.judge = judge
+        self.shaping = self.config.shaping
+        self._cache: OrderedDict[str, str] = OrderedDict()
+        self.totals = RewardStats()
+
+    @classmethod
+    def from_config(cls, config: RewardConfig) -> RewardService:
+        """Build the answerer (and judge) backends the config names."""
+        from memsifter.ranker.backends import build_backend
+
+        a = config.answerer
+        options: dict[str, Any] = {}
+        if a.backend == "transformers":
+            options["batch_size"] = a.batch_size
+        elif a.backend == "openai":
+            options.update(
+                base_url=a.base_url,
+                served_model_name=a.served_model_name,
+                max_concurrency=a.max_concurrency,
+            )
+        answerer = Answerer(
+            build_backend(a.backend, a.model, **options),
+            window_tokens=a.window_tokens,
+            max_new_tokens=a.max_new_tokens,
+            language=a.language,
+        )
+        judge = None
+        if config.judge is not None:
+            j = config.judge
+            judge = LLMJudge(
+                build_backend(
+                    "openai",
+                    j.model,
+                    base_url=j.base_url,
+                    served_model_name=j.served_model_name,
+                    max_concurrency=j.max_concurrency,
+                ),
+                max_new_tokens=j.max_new_tokens,
+            )
+        return cls(answerer, config, judge)
+
+    # -- the call ---------------------------------------------------------------------------
+
+    def score(self, requests: Sequence[RewardRequest], step: int = 0) -> RewardBatch:
+        """Rewards for every completion of every request at optimiser step ``step``."""
+        t0 = time.perf_counter()
+        cfg = self.config
+        stats = RewardStats(step=step, beta=self.shaping.beta(step), prompts=len(requests))
+        texts: dict[str, str] = {}  # prompt hash -> prompt, first-seen order
+        plans: list[_Plan] = []
+        for req in requests:
+            plan = _Plan(
+                req,
+                cfg.task_metric(req.data_source),
+                req.tiers(cfg.max_k),
+                cfg.answerer.memory_order,
+            )
+            plan.parsed = [parse_ranking(c, len(req.candidates)) for c in req.completions]
+            ok = [p for p in plan.parsed if p.ok]
+            stats.completions += len(plan.parsed)
+            stats.parsed += len(ok)
+            stats.naive_calls += len(ok) * (len(plan.tiers) + 1)
+            if ok:
+                stats.prompt_refs += 1 + len(ok) * len(plan.tiers)
+                plan.key(self.answerer, ())
+                for p in ok:
+                    for k in plan.tiers:
+                        plan.key(self.answerer, p.ids[:k])
+            texts.update(plan.texts)
+            plans.append(plan)
+        stats.unique_prompts = len(texts)
+
+        answers = self._answers(texts, stats)
+        scores = self._scores(plans, answers, stats)
+
+        rewards: list[list[CompletionReward]] = []
+        for plan, group_scores in zip(plans, scores, strict=True):
+            rewards.append(self._group_rewards(plan, group_scores, step))
+        stats.total_s = time.perf_counter() - t0
+        self.totals.add(stats)
+        return RewardBatch(rewards, stats)
+
+    def _answers(self, texts: dict[str, str], stats: RewardStats) -> dict[str, str]:
+        answers = {h: self._cache[h] for h in texts if h in self._cache}
+        for h in answers:
+            self._cache.move_to_end(h)
+        todo = [h for h in texts if h not in answers]
+        stats.cache_hits = len(answers)
+        if todo:
+            t1 = time.perf_counter()
+            predictions = self._retrying(
+                "the working LLM", self.answerer.answer_texts, [texts[h] for h in todo]
+            )
+            stats.answer_s = time.perf_counter() - t1
+            if len(predictions) != len(todo):
+                raise RewardError(
+                    f"the working LLM returned {len(predictions)} answers for {len(todo)} prompts"
+                )
+            stats.answer_calls = len(todo)
+            answers.update(zip(todo, predictions, strict=True))
+            for h in todo:
+                self._cache[h] = answers[h]
+            while len(self._cache) > self.config.cache_size:
+                self._cache.popitem(last=False)
+        return answers
+
+    def _scores(
+        self, plans: list[_Plan], answers: dict[str, str], stats: RewardStats
+    ) -> list[dict[str, float]]:
+        """Per plan: prompt hash -> task score of its answer."""
+        out: list[dict[str, float]] = []
+        judged: list[tuple[int, str, tuple[str, str, str]]] = []
+        for i, plan in enumerate(plans):
+            req = plan.request
+            scores: dict[str, float] = {}
+            for h in plan.texts_order:
+                if plan.metric == "judge":
+                    judged.append((i, h, (req.question, req.answer, answers[h])))
+                else:
+                    scores[h] = task_score(answers[h], req.answer, plan.metric, req.category)
+            out.append(scores)
+        if judged:
+            judge = self.judge
+            if judge is None:
+                raise RewardError(
+                    "a row's task metric is 'judge' but the reward service has no judge "
+                    "(set judge: in the reward config)"
+                )
+            before = judge.calls
+            verdicts = self._retrying("the judge", judge.judge_many, [j[2] for j in judged])
+            stats.judge_calls = judge.calls - before
+            for (i, h, _), v in zip(judged, verdicts, strict=True):
+                out[i][h] = v
+        return out
+
+    def _group_rewards(
+        self, plan: _Plan, scores: dict[str, float], step: int
+    ) -> list[CompletionReward]:
+        cfg = self.config
+        ok = [p for p in plan.parsed if p.ok]
+        r_rets = iter(
+            retrieval_rewards([p.ids for p in ok], plan.request.gold_positions(), cfg.retrieval_k)
+        )
+        out: list[CompletionReward] = []
+        for parsed in plan.parsed:
+            if not parsed.ok:
+                out.append(
+                    CompletionReward(
+                        cfg.format_reward,
+                        False,
+                        error=parsed.error.value,  # type: ignore[union-attr]
+                    )
+                )
+                continue
+            tier_scores = {0: scores[plan.keys[()]]}
+            for k in plan.tiers:
+                tier_scores[k] = scores[plan.keys[parsed.ids[:k]]]
+            r_ans = marginal_utility(tier_scores)
+            r_ret = next(r_rets)
+            out.append(
+                CompletionReward(
+                    reward=self.shaping.combine(r_ans, r_ret, step),
+                    parsed=True,
+                    ranking=parsed.ids,
+                    r_ans=r_ans,
+                    r_ret=r_ret,
+                    tier_scores=tier_scores,
+                )
+            )
+        return out
+
+    def _retrying(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        retry = self.config.retry
+        attempts = 0
+
+        def attempt() -> T:
+            nonlocal attempts
+            attempts += 1
+            return fn(*args)
+
+        retrying = Retrying(
+            stop=stop_after_attempt(retry.attempts),
+            wait=wait_exponential(multiplier=retry.wait_s, max=retry.max_wait_s),
+            retry=retry_if_exception(is_transient),
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except CALL_ERRORS as e:
+            raise RewardError(
+                f"{what} failed after {attempts} attempt(s); refusing to substitute a "
+                f"reward: {type(e).__name__}: {e}"
+            ) from e
+
+
+@dataclass
+class _Plan:
+    """The prompts one request needs: prefix (positions) -> prompt hash."""
+
+    request: RewardRequest
+    metric: str
+    tiers: tuple[int, ...]
+    memory_order: str = "rank"
+    parsed: list[ParsedRanking] = field(default_factory=list)
+    keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # prefix -> prompt hash
+    texts: dict[str, str] = field(default_factory=dict)
+    _rendered: dict[tuple[int, ...], str] = field(default_factory=dict)  # shown -> prompt hash
+
+    @property
+    def texts_order(self) -> list[str]:
+        return list(self.texts)
+
+    def key(self, answerer: Answerer, prefix: tuple[int, ...]) -> str:
+        # Rendering tokenizes every shown session, so what is shown identically renders once.
+        if prefix not in self.keys:
+            shown = shown_positions(prefix, self.memory_order)
+            if shown not in self._rendered:
+                req = self.request
+                text = answerer.render(
+                    req.question, [req.candidates[i] for i in shown], req.question_date
+                )
+                h = prompt_key(text)
+                self._rendered[shown] = h
+                self.texts.setdefault(h, text)
+            self.keys[prefix] = self._rendered[shown]
+        return self.keys[prefix]
+
+
+def naive_rewards(
+    requests: Sequence[RewardRequest],
+    answerer: Answerer,
+    config: RewardConfig | None = None,
+    step: int = 0,
+    judge: LLMJudge | None = None,
+) -> tuple[list[list[float]], int]:
+    """The reference the service must equal bit for bit: every parsed completion scored on its
+    own, with its own s_0 and one answerer call per tier, nothing shared or cached. Returns the
+    rewards and the number of working-LLM calls made. Slow by design; for checks only."""
+    cfg = config or RewardConfig()
+    shaping = cfg.shaping
+    calls = 0
+    out: list[list[float]] = []
+    for req in requests:
+        metric = cfg.task_metric(req.data_source)
+        tiers = req.tiers(cfg.max_k)
+        group: list[float] = []
+        for completion in req.completions:
+            parsed = parse_ranking(completion, len(req.candidates))
+            if not parsed.ok:
+                group.append(cfg.format_reward)
+                continue
+            order = cfg.answerer.memory_order
+            shown = [
+                [req.candidates[i] for i in shown_positions(parsed.ids[:k], order)]
+                for k in (0, *tiers)
+            ]
+            prompts = [answerer.render(req.question, s, req.question_date) for s in shown]
+            predictions = answerer.answer_texts(prompts)
+            calls += len(prompts)
+            scores = [
+                task_score(p, req.answer, metric, req.category, question=req.question, judge=judge)
+                for p in predictions
+            ]
+            tier_scores = dict(zip((0, *tiers), scores, strict=True))
+            r_ans = marginal_utility(tier_scores)
+            r_ret = retrieval_reward(parsed.ids, req.gold_positions(), cfg.retrieval_k)
+            group.append(shaping.combine(r_ans, r_ret, step))
+        out.append(group)
+    return out, calls

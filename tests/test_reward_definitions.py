@@ -1,0 +1,188 @@
+"""The paper's reward definitions: Fibonacci tiers and weights, the marginal-utility answer reward,
+the NDCG retrieval reward and the warm-up shaping schedule, by hand-computed values and by
+hypothesis properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsifter.evaluation.metrics import evaluate_rankings
+from memsifter.rewards import (
+    ShapingSchedule,
+    fibonacci_tiers,
+    marginal_utility,
+    position_value,
+    retrieval_reward,
+    retrieval_rewards,
+    tier_weights,
+)
+
+scores = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+tier_sets = st.lists(st.integers(1, 200), min_size=1, max_size=12, unique=True).map(
+    lambda xs: tuple(sorted(xs))
+)
+
+
+def test_fibonacci_tiers() -> None:
+    assert fibonacci_tiers(8) == (1, 2, 3, 5, 8)
+    assert fibonacci_tiers(1) == (1,)  # the sequence's two 1s are one tier
+    assert fibonacci_tiers(4) == (1, 2, 3)
+    assert fibonacci_tiers(13) == (1, 2, 3, 5, 8, 13)
+    assert fibonacci_tiers(20) == (1, 2, 3, 5, 8, 13)
+    with pytest.raises(ValueError):
+        fibonacci_tiers(0)
+
+
+def test_tier_weights_paper_figures() -> None:
+    w = tier_weights((1, 2, 3, 5, 8))
+    assert [round(x, 4) for x in w] == [0.3691, 0.1309, 0.1131, 0.0714, 0.3155]
+    assert w[-1] == position_value(8)
+    # The paper's weight plot: tier 8 against a next tier of 13.
+    assert round(tier_weights((1, 2, 3, 5, 8, 13))[4], 4) == 0.0528
+    assert position_value(1) == 1.0
+    for bad in ((), (0, 1), (2, 2), (3, 1)):
+        with pytest.raises(ValueError):
+            tier_weights(bad)
+
+
+@given(tier_sets)
+def test_weights_sum_to_one(tiers: tuple[int, ...]) -> None:
+    w = tier_weights(tiers)
+    assert all(x > 0 for x in w)
+    # Telescoping: they sum to C(first tier), which is 1 when the tiers start at 1.
+    assert math.isclose(sum(w), position_value(tiers[0]), rel_tol=1e-12)
+
+
+@given(st.integers(1, 10_000))
+def test_fibonacci_weights_sum_to_one(max_k: int) -> None:
+    assert math.isclose(sum(tier_weights(fibonacci_tiers(max_k))), 1.0, rel_tol=1e-12)
+
+
+def test_hand_computed_example() -> None:
+    s = {0: 0.2, 1: 0.4, 2: 0.5, 3: 0.6, 5: 0.7, 8: 0.8}
+
+    def c(k: int) -> float:
+        return 1 / math.log2(k + 1)
+
+    exact = (
+        (c(1) - c(2)) * (0.4 - 0.2)
+        + (c(2) - c(3)) * (0.5 - 0.2)
+        + (c(3) - c(5)) * (0.6 - 0.2)
+        + (c(5) - c(8)) * (0.7 - 0.2)
+        + c(8) * (0.8 - 0.2)
+    )
+    assert marginal_utility(s) == pytest.approx(exact, abs=1e-15)
+    assert round(marginal_utility(s), 4) == 0.3833
+    # Tier k = 1 counts (the official loop drops it): without it the value would be far lower.
+    assert marginal_utility(s) - marginal_utility({k: v for k, v in s.items() if k != 1}) > 0.05
+
+
+@given(scores, st.integers(1, 10_000))
+def test_no_gain_no_reward(s0: float, max_k: int) -> None:
+    tiers = fibonacci_tiers(max_k)
+    assert marginal_utility({0: s0, **dict.fromkeys(tiers, s0)}) == 0.0
+
+
+@given(scores, st.floats(0.01, 1.0), st.integers(2, 10_000), st.data())
+def test_earlier_gain_earns_more(s0: float, gain: float, max_k: int, data: st.DataObject) -> None:
+    """A score that rises at tier k and stays up earns gain * C(k): more the smaller k is."""
+    tiers = fibonacci_tiers(max_k)
+    i = data.draw(st.integers(0, len(tiers) - 2))
+    j = data.draw(st.integers(i + 1, len(tiers) - 1))
+
+    def step_at(n: int) -> float:
+        return marginal_utility({0: s0, **{k: s0 + gain * (t >= n) for t, k in enumerate(tiers)}})
+
+    assert step_at(i) > step_at(j)
+    assert step_at(i) == pytest.approx(gain * position_value(tiers[i]), rel=1e-9)
+
+
+@given(st.lists(scores, min_size=6, max_size=6), st.integers(0, 4), st.floats(1e-3, 1.0))
+def test_raising_any_tier_score_raises_reward(values: list[float], tier: int, delta: float) -> None:
+    s = dict(zip((0, 1, 2, 3, 5, 8), values, strict=True))
+    k = (1, 2, 3, 5, 8)[tier]
+    higher = {**s, k: s[k] + delta}
+    assert marginal_utility(higher) > marginal_utility(s)
+
+
+def test_marginal_utility_needs_s0_and_a_tier() -> None:
+    with pytest.raises(ValueError, match="s_0"):
+        marginal_utility({1: 0.5})
+    with pytest.raises(ValueError, match="no tier"):
+        marginal_utility({0: 0.5})
+
+
+# -- R_ret --------------------------------------------------------------------------------------
+
+
+def test_retrieval_reward_values() -> None:
+    assert retrieval_reward([3, 1, 2], {3}) == 1.0
+    assert retrieval_reward([1, 3, 2], {3}) == pytest.approx(1 / math.log2(3))
+    assert retrieval_reward([1, 2], {3}) == 0.0  # gold never ranked
+    assert retrieval_reward([], {3}) == 0.0
+    assert retrieval_reward([1, 2], set()) == 0.0  # nothing to find
+    assert retrieval_rewards([], {1}) == []
+    # Beyond the cutoff nothing counts.
+    assert retrieval_reward(list(range(20)), {15}, k=10) == 0.0
+    # Same numbers as the retrieval benchmark's metrics for the same ranking.
+    ranking = ["s4", "s1", "s7", "s2"]
+    bench = evaluate_rankings({"q": ranking}, {"q": ["s1", "s2"]}, cutoffs=(10,))
+    assert retrieval_reward(ranking, ["s1", "s2"]) == bench["ndcg@10"]
+
+
+@settings(max_examples=200)
+@given(st.permutations(list(range(12))), st.sets(st.integers(0, 11), min_size=1), st.data())
+def test_moving_gold_up_never_lowers_r_ret(
+    ranking: list[int], gold: set[int], data: st.DataObject
+) -> None:
+    base = retrieval_reward(ranking, gold)
+    assert 0.0 <= base <= 1.0
+    p = data.draw(st.sampled_from([i for i, x in enumerate(ranking) if x in gold]))
+    q = data.draw(st.integers(0, p))
+    moved = ranking[:q] + [ranking[p]] + ranking[q:p] + ranking[p + 1 :]
+    assert retrieval_reward(moved, gold) >= base - 1e-12
+
+
+# -- shaping ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_schedule_endpoints(schedule: str) -> None:
+    s = ShapingSchedule(alpha=1.0, beta0=0.8, decay_steps=100, schedule=schedule)  # type: ignore[arg-type]
+    assert s.beta(0) == 0.8
+    assert s.beta(50) == pytest.approx(0.4)  # both schedules cross half-way at half time
+    assert s.beta(100) == 0.0 and s.beta(10_000) == 0.0
+    betas = [s.beta(t) for t in range(0, 101)]
+    assert all(a >= b for a, b in zip(betas, betas[1:], strict=False))
+    assert 0.0 < s.beta(99) < 0.8
+
+
+def test_schedule_shapes_differ_and_validate() -> None:
+    lin = ShapingSchedule(beta0=1.0, decay_steps=100, schedule="linear")
+    cos = ShapingSchedule(beta0=1.0, decay_steps=100, schedule="cosine")
+    assert cos.beta(10) > lin.beta(10) and cos.beta(90) < lin.beta(90)
+    assert ShapingSchedule(beta0=1.0, decay_steps=0).beta(0) == 0.0  # no warm-up
+    with pytest.raises(ValueError):
+        ShapingSchedule(schedule="step")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        lin.beta(-1)
+
+
+@given(
+    st.floats(-2, 2),
+    st.floats(-1, 1),
+    st.floats(0, 1),
+    st.floats(0, 3),
+    st.integers(0, 500),
+    st.sampled_from(["linear", "cosine"]),
+)
+def test_shaping_at_beta_zero_is_alpha_r_ans(
+    alpha: float, r_ans: float, r_ret: float, beta0: float, extra: int, schedule: str
+) -> None:
+    s = ShapingSchedule(alpha, beta0, 50, schedule)  # type: ignore[arg-type]
+    assert s.combine(r_ans, r_ret, 50 + extra) == alpha * r_ans
+    assert s.combine(r_ans, r_ret, 0) == alpha * r_ans + beta0 * r_ret
