@@ -127,6 +127,9 @@ def eval_qa(
     answerer_base_url: Annotated[str | None, typer.Option(help="openai answerer URL")] = None,
     answerer_window: Annotated[int, typer.Option(help="answerer context window")] = 8192,
     top_k: Annotated[int, typer.Option(help="sessions given to the answerer")] = 5,
+    memory_order: Annotated[
+        str, typer.Option(help="how the answerer shows the top k: rank | chronological")
+    ] = "rank",
     conversations: Annotated[str | None, typer.Option(help="comma-separated ids/indexes")] = None,
     max_questions: Annotated[int | None, typer.Option(help="first N questions")] = None,
     model: Annotated[str, typer.Option(help="proxy model (retriever memsifter)")] = (
@@ -149,6 +152,7 @@ def eval_qa(
         answerer_base_url=answerer_base_url,
         answerer_window=answerer_window,
         top_k=top_k,
+        memory_order=memory_order,
         max_questions=max_questions,
         conversations=[c.strip() for c in conversations.split(",")] if conversations else None,
         model=model,

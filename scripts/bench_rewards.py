@@ -52,6 +52,7 @@ import os
 import platform
 import random
 import re
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -68,13 +69,20 @@ from memsifter.qa.answerer import Answerer
 from memsifter.ranker import BuiltPrompt, PromptBuilder, parse_ranking
 from memsifter.ranker.backends import build_backend
 from memsifter.ranker.backends.base import Generation, SamplingConfig
-from memsifter.rewards import RewardConfig, RewardRequest, RewardService, naive_rewards
-from memsifter.rewards.service import prompt_key, shown_positions
+from memsifter.rewards import (
+    AnswererConfig,
+    RewardConfig,
+    RewardRequest,
+    RewardService,
+    naive_rewards,
+)
+from memsifter.rewards.service import prompt_key, render_prefix
 
 HERE = Path(__file__).resolve().parent
 REAL_LOCOMO = Path("/work/shared/data/locomo/locomo10.json")
 FIXTURE = HERE.parent / "data" / "fixtures" / "locomo_mini.json"
 MODEL = "smollm2-135m-instruct"
+PARTIAL = Path(tempfile.gettempdir()) / "bench_rewards.partial.jsonl"  # rows, if the run dies
 _DIA = re.compile(r"D\d+:\d+")
 
 
@@ -223,9 +231,13 @@ def main(
     max_k: Annotated[int, typer.Option()] = 8,
     naive_real: Annotated[int, typer.Option(help="questions whose naive loop runs for real")] = 2,
     seed: Annotated[int, typer.Option()] = 0,
+    memory_order: Annotated[
+        str, typer.Option(help="rank | chronological (the reward config's default)")
+    ] = RewardConfig().answerer.memory_order,
     out: Annotated[Path, typer.Option()] = HERE / "bench_rewards.md",
 ) -> None:
     t_start = time.perf_counter()
+    PARTIAL.unlink(missing_ok=True)
     fallback = not data.exists()
     if fallback:
         typer.echo(f"{data} is missing: falling back to the synthetic fixture {FIXTURE}")
@@ -275,14 +287,20 @@ def main(
     del proxy
 
     # -- rewards: service vs naive --------------------------------------------------------------
-    cfg = RewardConfig(max_k=max_k, task_metrics={"locomo": "locomo"})
+    cfg = RewardConfig(
+        max_k=max_k,
+        task_metrics={"locomo": "locomo"},
+        answerer=AnswererConfig(memory_order=memory_order),
+    )
     recording = Recording(build_backend("transformers", MODEL, batch_size=1, threads=2))
-    answerer = Answerer(recording, window_tokens=answerer_window, max_new_tokens=answer_tokens)
-    answerer.answer_texts([answerer.render("warm up", [])])  # first-call overheads
+    answerer = Answerer(recording, answerer_window, answer_tokens, memory_order=memory_order)
+    answerer.answer_texts([answerer.render("warm up", [], times=[])])  # first-call overheads
     naive_backend = Recording(recording.backend)
-    naive_answerer = Answerer(naive_backend, answerer_window, answer_tokens)
+    naive_answerer = Answerer(
+        naive_backend, answerer_window, answer_tokens, memory_order=memory_order
+    )
     replay = Replay(recording)
-    replay_answerer = Answerer(replay, answerer_window, answer_tokens)
+    replay_answerer = Answerer(replay, answerer_window, answer_tokens, memory_order=memory_order)
     service = RewardService(answerer, cfg)
     # The real naive runs are spread evenly over the questions (one per conversation by default).
     real_idx = {j * len(queries) // max(naive_real, 1) for j in range(naive_real)}
@@ -308,7 +326,7 @@ def main(
             real_identical = [float.hex(x) for x in got] == [float.hex(x) for x in real[0]]
         tiers = req.tiers(cfg.max_k)
         prefixes = {
-            tuple(p.ids[:k])
+            tuple(sorted(p.ids[:k]) if memory_order == "chronological" else p.ids[:k])
             for p in (parse_ranking(c, len(req.candidates)) for c in req.completions)
             if p.ok
             for k in tiers
@@ -341,6 +359,8 @@ def main(
             }
         )
         r = rows[-1]
+        with PARTIAL.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(r) + "\n")  # what survives if the run is killed
         typer.echo(
             f"{q.qid}: calls {r['answer_calls']}/{naive_calls}, service {service_s:.1f}s, "
             f"naive {naive_s:.1f}s ({r['naive_mode']}; replayed {replay_s:.1f}s), "
@@ -348,17 +368,17 @@ def main(
         )
 
     # Render-only counts (no model calls): prompts the service would send for the same
-    # rankings with chronological memory, and for uniformly random permutations.
-    def render_only(reqs: list[RewardRequest], memory_order: str) -> tuple[int, int]:
+    # rankings in either memory order, and for uniformly random permutations.
+    def render_only(reqs: list[RewardRequest], order: str) -> tuple[int, int]:
+        shows = Answerer(recording, answerer_window, answer_tokens, memory_order=order)
         calls = naive = 0
         for req in reqs:
             tiers = req.tiers(cfg.max_k)
-            keys = {prompt_key(answerer.render(req.question, [], req.question_date))}
+            keys = {prompt_key(render_prefix(shows, req, ()))}
             for c in req.completions:
                 ids = parse_ranking(c, len(req.candidates)).ids
                 for k in tiers:
-                    shown = [req.candidates[j] for j in shown_positions(ids[:k], memory_order)]
-                    keys.add(prompt_key(answerer.render(req.question, shown, req.question_date)))
+                    keys.add(prompt_key(render_prefix(shows, req, ids[:k])))
             calls += len(keys)
             naive += len(req.completions) * (len(tiers) + 1)
         return calls, naive
@@ -403,12 +423,14 @@ def main(
         f"{proxy_s:.0f} s); {n_model} of {n_all} parsed, the other {n_all - n_model} were "
         "replaced by seeded Plackett-Luce perturbations of the BM25 ranking. Working LLM: "
         f"{MODEL} greedy via transformers, batch size 1, window {answerer_window}, "
-        f"{answer_tokens} answer tokens (prompts {min(prompt_tokens)}-{max(prompt_tokens)} "
+        f"{answer_tokens} answer tokens, memory shown {memory_order} "
+        f"(prompts {min(prompt_tokens)}-{max(prompt_tokens)} "
         f"tokens, mean {sum(prompt_tokens) / len(prompt_tokens):.0f}; "
         f"{sum(call_s) / len(call_s):.2f} s a call); tiers up to {max_k}; LoCoMo task score; "
         "R = R_ans + 0.5 R_ret (warm-up step 0).",
         "",
-        "`calls`: prompts the service sent; `prefixes`: distinct s_0 + top-k prefixes (equal to "
+        "`calls`: prompts the service sent; `prefixes`: distinct s_0 + top-k prefixes (as sets "
+        "when memory is shown chronologically; equal to "
         "`calls` unless the answerer's window cut two prefixes to the same prompt); `naive`: "
         "parsed completions x (tiers + 1). `naive s`: a real naive loop (`real`) or the naive "
         "loop replaying the service's answers at their measured latencies (`replayed`, see the "
@@ -445,10 +467,11 @@ def main(
         + ".",
         "",
         "Render-only counts (prompts the service would send, no model calls) for the same "
-        "questions and candidates: with `memory_order: chronological` (the working LLM sees the "
-        "top-k set in the prompt's order, so rankings that differ only in order within a tier "
-        "share a call) and with uniformly random permutations instead of the samples (the "
-        "least agreement a group can have). The first row is the run above.",
+        "questions and candidates, in both memory orders (`chronological`: the working LLM sees "
+        "the top-k set oldest first, so rankings that differ only in order within a tier share "
+        "a call; `rank`: best first), and with uniformly random permutations instead of the "
+        "samples (the least agreement a group can have). The run above used "
+        f"`memory_order: {memory_order}`.",
         "",
         "| rankings, memory order | calls | naive | calls/naive |",
         "|---|---|---|---|",
@@ -456,6 +479,7 @@ def main(
         "",
     ]
     out.write_text("\n".join(lines))
+    PARTIAL.unlink(missing_ok=True)
     out.with_suffix(".json").write_text(
         json.dumps(
             {
@@ -472,6 +496,7 @@ def main(
                     "max_k": max_k,
                     "naive_real": naive_real,
                     "seed": seed,
+                    "memory_order": memory_order,
                 },
                 "proxy_s": proxy_s,
                 "from_model": n_model,

@@ -35,8 +35,15 @@ from memsifter.rewards import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _answerer(
+    cfg: RewardConfig | None = None, window: int = 100_000, backend: Any = None
+) -> Answerer:
+    order = (cfg or RewardConfig()).answerer.memory_order
+    return Answerer(backend or FakeWorkingLLM(), window, 8, memory_order=order)
+
+
 def _service(cfg: RewardConfig | None = None, window: int = 100_000) -> RewardService:
-    return RewardService(Answerer(FakeWorkingLLM(), window_tokens=window, max_new_tokens=8), cfg)
+    return RewardService(_answerer(cfg, window), cfg)
 
 
 def _request(completions: Sequence[str], n: int = 8, tag: str = "c", **kw: Any) -> RewardRequest:
@@ -61,7 +68,7 @@ def test_calls_s0_once_and_shared_prefixes() -> None:
         [1, 0],  # short ranking: top-3/5/8 are all its top-2
     ]
     completions = [ranking_text(r) for r in rankings] + ["I do not know"]
-    service = _service()
+    service = _service(RewardConfig(answerer=AnswererConfig(memory_order="rank")))
     batch = service.score([_request(completions)])
     backend = service.answerer.backend
     tiers = (1, 2, 3, 5, 8)
@@ -93,7 +100,8 @@ def test_calls_s0_once_and_shared_prefixes() -> None:
 def test_chronological_memory_shares_top_k_sets() -> None:
     rankings = [[0, 1, 2], [1, 0, 2], [2, 1, 0]]
     completions = [ranking_text(r) for r in rankings]
-    by_rank = _service().score([_request(completions, n=3)]).stats
+    rank = RewardConfig(answerer=AnswererConfig(memory_order="rank"))
+    by_rank = _service(rank).score([_request(completions, n=3)]).stats
     cfg = RewardConfig(answerer=AnswererConfig(memory_order="chronological"))
     service = _service(cfg)
     by_set = service.score([_request(completions, n=3)]).stats
@@ -102,6 +110,31 @@ def test_chronological_memory_shares_top_k_sets() -> None:
     assert (by_rank.answer_calls, by_set.answer_calls) == (10, 7)
     both = [p for p in service.answerer.backend.seen if "is blue" in p and "is Lisbon" in p]
     assert len(both) == 2 and all(p.index("is blue") < p.index("is Lisbon") for p in both)
+
+
+def test_chronological_window_drops_lowest_ranked_not_newest() -> None:
+    """Chronological display must not change which sessions fit: the lowest-ranked go."""
+    sessions = fact_sessions(8)
+    ranked = [sessions[i] for i in (7, 0, 3, 5)]  # newest session ranked first
+    chrono = _answerer(window=10_000)
+    full = chrono.render("q", ranked, None, times=[7, 0, 3, 5])
+    ids = [s.id for s in sessions]
+    order = [ids.index(i) for i in _memory_ids(full)]
+    assert order == [0, 3, 5, 7]
+    cut = _answerer(window=chrono._count(full) + 8 - 1)  # one token short of all four
+    shown = [ids.index(i) for i in _memory_ids(cut.render("q", ranked, None, times=[7, 0, 3, 5]))]
+    assert shown == [0, 3, 7]  # session 5 (ranked last) is dropped, the newest (7) kept
+    with pytest.raises(ValueError, match="time key"):
+        chrono.render("q", ranked, None)
+    with pytest.raises(ValueError, match="memory_order"):
+        RewardService(
+            _answerer(RewardConfig(answerer=AnswererConfig(memory_order="rank"))), RewardConfig()
+        )
+
+
+def _memory_ids(prompt: str) -> list[str]:
+    shown = [s for s in fact_sessions(8) if s.render() in prompt]
+    return [s.id for s in sorted(shown, key=lambda s: prompt.index(s.render()))]
 
 
 def test_same_question_twice_in_a_batch_shares_s0() -> None:
@@ -117,7 +150,10 @@ def test_window_cut_prompts_are_shared_by_hash() -> None:
     """Top-5 and top-8 cut to the same sessions by the answerer's window send one prompt."""
     service = _service(window=120)
     batch = service.score([_request([ranking_text(range(8))])])
-    rendered = {k: service.answerer.render("q", fact_sessions(k), None) for k in (3, 5, 8)}
+    rendered = {
+        k: service.answerer.render("q", fact_sessions(k), None, times=list(range(k)))
+        for k in (3, 5, 8)
+    }
     assert rendered[5] == rendered[8]
     assert batch.stats.answer_calls < batch.stats.prompt_refs
 
@@ -170,7 +206,7 @@ def test_service_equals_naive_loop_bit_for_bit(seed: int) -> None:
     service = _service(cfg)
     batch = service.score(requests, step=step)
     fake = FakeWorkingLLM()
-    expected, naive_calls = naive_rewards(requests, Answerer(fake, 100_000, 8), cfg, step)
+    expected, naive_calls = naive_rewards(requests, _answerer(cfg, backend=fake), cfg, step)
     assert [[c.reward for c in g] for g in batch.rewards] == expected  # exact float equality
     assert batch.stats.naive_calls == naive_calls == sum(fake.seen.values())
     assert batch.stats.answer_calls <= naive_calls
@@ -230,9 +266,9 @@ class FakeJudgeBackend:
 
 
 def test_judge_metric_through_the_service() -> None:
-    cfg = RewardConfig(task_metrics={"lme": "judge"})
+    cfg = RewardConfig(task_metrics={"lme": "judge"}, answerer=AnswererConfig(memory_order="rank"))
     judge = LLMJudge(FakeJudgeBackend())
-    service = RewardService(Answerer(FakeWorkingLLM(), 100_000, 8), cfg, judge)
+    service = RewardService(_answerer(cfg), cfg, judge)
     req = _request(
         [ranking_text([0, 1]), ranking_text([1, 0]), ranking_text([0, 1])], n=2, data_source="lme"
     )
@@ -241,7 +277,7 @@ def test_judge_metric_through_the_service() -> None:
     assert batch.stats.judge_calls == len(judge.backend.prompts) == 5
     assert batch.rewards[0][0].tier_scores == {0: 0.0, 1: 1.0, 2: 1.0}
     assert batch.rewards[0][1].tier_scores == {0: 0.0, 1: 0.0, 2: 0.0}
-    expected, _ = naive_rewards([req], Answerer(FakeWorkingLLM(), 100_000, 8), cfg, 0, judge)
+    expected, _ = naive_rewards([req], _answerer(cfg), cfg, 0, judge)
     assert [[c.reward for c in g] for g in batch.rewards] == expected
     assert service.score([req]).stats.judge_calls == 0  # verdicts are cached
 
@@ -249,9 +285,7 @@ def test_judge_metric_through_the_service() -> None:
 def test_judge_garbage_raises_and_missing_judge_raises() -> None:
     cfg = RewardConfig(task_metrics={"lme": "judge"})
     req = _request([ranking_text([0])], n=1, data_source="lme")
-    bad = RewardService(
-        Answerer(FakeWorkingLLM(), 100_000, 8), cfg, LLMJudge(FakeJudgeBackend("maybe"))
-    )
+    bad = RewardService(_answerer(cfg), cfg, LLMJudge(FakeJudgeBackend("maybe")))
     with pytest.raises(JudgeError, match="maybe"):
         bad.score([req])
     with pytest.raises(RewardError, match="no judge"):
@@ -295,7 +329,7 @@ def _openai_answerer(handler: Any, tokenizer_dir: Path) -> Answerer:
         retry_wait_s=0.0,
         transport=httpx.MockTransport(handler),
     )
-    return Answerer(backend, window_tokens=4096, max_new_tokens=8)
+    return _answerer(window=4096, backend=backend)
 
 
 def _completion(text: str) -> httpx.Response:

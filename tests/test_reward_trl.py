@@ -28,7 +28,8 @@ from memsifter.rewards import (
 
 
 def _service(cfg: RewardConfig | None = None) -> RewardService:
-    return RewardService(Answerer(FakeWorkingLLM(), 100_000, 8), cfg)
+    order = (cfg or RewardConfig()).answerer.memory_order
+    return RewardService(Answerer(FakeWorkingLLM(), 100_000, 8, memory_order=order), cfg)
 
 
 def _rows(tag: str, n: int = 5) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class QAEvalConfig:
     answerer_base_url: str | None = None
     answerer_window: int = 8192
     answer_tokens: int = 48
+    memory_order: str = "rank"  # rank | chronological: how the answerer shows the top k
     batch_size: int = 4
     conversations: list[str] | None = None
     max_questions: int | None = None
@@ -111,11 +112,14 @@ def run_qa_eval(cfg: QAEvalConfig, console: Any = None) -> dict[str, Any]:
         build_backend(cfg.answerer_backend, cfg.answerer, **options),
         window_tokens=cfg.answerer_window,
         max_new_tokens=cfg.answer_tokens,
+        memory_order=cfg.memory_order,
     )
-    prompts = [
-        answerer.render(q.question, ctx, q.question_date)
-        for q, ctx in zip(queries, contexts, strict=True)
-    ]
+    prompts = []
+    for q, ctx in zip(queries, contexts, strict=True):
+        when = {s.id: i for i, s in enumerate(q.haystack)}  # the haystack is chronological
+        prompts.append(
+            answerer.render(q.question, ctx, q.question_date, times=[when[s.id] for s in ctx])
+        )
     predictions: list[str] = []
     latencies: list[float] = []
     with make_progress(console) as progress:

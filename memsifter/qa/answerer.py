@@ -1,16 +1,18 @@
 """The working-LLM answerer: given a question and the sessions a retriever chose, answer inside
 ``<answer>…</answer>``.
 
-Its prompt is a pure function of (question, question date, the ordered sessions): the reward
+Its prompt is a pure function of (question, question date, the ranked sessions): the reward
 service keys its cache on a hash of exactly this text, so nothing random or time-dependent may
-enter it. Sessions are shown in retrieval order (best first), each with its date.
+enter it. Which sessions fit the window is decided by rank (the lowest-ranked are dropped first);
+how the kept ones are shown is ``memory_order``: ``rank`` (best first) or ``chronological``
+(oldest first, as a chat history reads). Each is shown with its date.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memsifter.data.types import Session
 from memsifter.ranker.backends.base import Backend, SamplingConfig
@@ -25,6 +27,7 @@ SYSTEM_ZH = (
     "请简短作答，把答案写在 <answer></answer> 中。"
     "如果记忆中没有答案，请写 <answer>No information available</answer>。"
 )
+MEMORY_ORDERS = ("rank", "chronological")
 _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
 
 
@@ -64,39 +67,69 @@ class Answerer:
     window_tokens: int = 8192
     max_new_tokens: int = 48
     language: str = "en"
+    memory_order: str = "rank"
+    _counts: dict[str, int] = field(default_factory=dict, repr=False)  # fingerprint -> tokens
+
+    def __post_init__(self) -> None:
+        if self.memory_order not in MEMORY_ORDERS:
+            raise ValueError(
+                f"memory_order must be one of {MEMORY_ORDERS}, got {self.memory_order!r}"
+            )
+
+    def _count(self, text: str) -> int:
+        return len(self.backend.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _session_tokens(self, s: Session) -> int:
+        # Rendering a group's tier prompts tokenizes the same sessions again and again.
+        key = s.fingerprint
+        if key not in self._counts:
+            self._counts[key] = self._count(s.render())
+        return self._counts[key]
 
     def render(
-        self, question: str, sessions: Sequence[Session], question_date: str | None = None
+        self,
+        question: str,
+        sessions: Sequence[Session],
+        question_date: str | None = None,
+        times: Sequence[int] | None = None,
     ) -> str:
-        """The exact prompt text; sessions that overflow the window are dropped from the end
-        (the lowest-ranked first) so the best evidence always fits."""
-        tok = self.backend.tokenizer
+        """The exact prompt text for ``sessions`` in rank order (best first). Sessions that
+        overflow the window are dropped from the end (the lowest-ranked first) so the best
+        evidence always fits. ``times`` are sort keys in time order, one per session (e.g.
+        positions in a chronological candidate list); ``chronological`` needs them."""
+        chronological = self.memory_order == "chronological"
+        if chronological and (times is None or len(times) != len(sessions)):
+            raise ValueError(
+                "memory_order='chronological' needs one time key per session "
+                f"({len(sessions)} sessions, {None if times is None else len(times)} keys)"
+            )
 
-        def count(text: str) -> int:
-            return len(tok(text, add_special_tokens=False)["input_ids"])
-
-        def render(kept: Sequence[Session]) -> str:
-            return tok.apply_chat_template(
-                build_answer_messages(question, kept, question_date, self.language),
+        def render(kept: int) -> str:
+            shown = range(kept)
+            if chronological:
+                shown = sorted(shown, key=lambda i: times[i])  # type: ignore[index]
+            return self.backend.tokenizer.apply_chat_template(
+                build_answer_messages(
+                    question, [sessions[i] for i in shown], question_date, self.language
+                ),
                 tokenize=False,
                 add_generation_prompt=True,
             )
 
         budget = self.window_tokens - self.max_new_tokens
-        # Estimate the fitting prefix from per-session counts (one tokenization each), then
-        # verify on the exact text; the loop rarely pops more than once.
-        used = count(render([]))
+        # Estimate the fitting prefix from per-session counts (cached by content), then verify
+        # on the exact text; the loop rarely pops more than once.
+        used = self._count(render(0))
         n = 0
         for i, s in enumerate(sessions):
-            used += count(f"[Memory {i + 1}]\n{s.render()}\n\n")
+            used += self._count(f"[Memory {i + 1}]\n\n\n") + self._session_tokens(s)
             if used > budget:
                 break
             n += 1
-        kept = list(sessions[:n])
-        text = render(kept)
-        while kept and count(text) > budget:
-            kept.pop()
-            text = render(kept)
+        text = render(n)
+        while n and self._count(text) > budget:
+            n -= 1
+            text = render(n)
         return text
 
     def answer_texts(self, prompts: Sequence[str]) -> list[str]:

@@ -95,12 +95,6 @@ class RewardRequest:
         return fibonacci_tiers(min(max_k, len(self.candidates))) if self.candidates else ()
 
 
-def shown_positions(prefix: Sequence[int], memory_order: str) -> tuple[int, ...]:
-    """The candidate positions the working LLM is shown for a top-k ``prefix``, in the order it
-    sees them (``AnswererConfig.memory_order``)."""
-    return tuple(sorted(prefix)) if memory_order == "chronological" else tuple(prefix)
-
-
 @dataclass(frozen=True)
 class CompletionReward:
     reward: float
@@ -180,6 +174,11 @@ class RewardService:
     ) -> None:
         self.answerer = answerer
         self.config = config or RewardConfig()
+        if answerer.memory_order != self.config.answerer.memory_order:
+            raise ValueError(
+                f"the answerer shows memory in {answerer.memory_order!r} order but the reward "
+                f"config says answerer.memory_order={self.config.answerer.memory_order!r}"
+            )
         self.judge = judge
         self.shaping = self.config.shaping
         self._cache: OrderedDict[str, str] = OrderedDict()
@@ -205,6 +204,7 @@ class RewardService:
             window_tokens=a.window_tokens,
             max_new_tokens=a.max_new_tokens,
             language=a.language,
+            memory_order=a.memory_order,
         )
         judge = None
         if config.judge is not None:
@@ -231,12 +231,7 @@ class RewardService:
         texts: dict[str, str] = {}  # prompt hash -> prompt, first-seen order
         plans: list[_Plan] = []
         for req in requests:
-            plan = _Plan(
-                req,
-                cfg.task_metric(req.data_source),
-                req.tiers(cfg.max_k),
-                cfg.answerer.memory_order,
-            )
+            plan = _Plan(req, cfg.task_metric(req.data_source), req.tiers(cfg.max_k))
             plan.parsed = [parse_ranking(c, len(req.candidates)) for c in req.completions]
             ok = [p for p in plan.parsed if p.ok]
             stats.completions += len(plan.parsed)
@@ -295,7 +290,7 @@ class RewardService:
         for i, plan in enumerate(plans):
             req = plan.request
             scores: dict[str, float] = {}
-            for h in plan.texts_order:
+            for h in plan.texts:
                 if plan.metric == "judge":
                     judged.append((i, h, (req.question, req.answer, answers[h])))
                 else:
@@ -382,30 +377,28 @@ class _Plan:
     request: RewardRequest
     metric: str
     tiers: tuple[int, ...]
-    memory_order: str = "rank"
     parsed: list[ParsedRanking] = field(default_factory=list)
     keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # prefix -> prompt hash
     texts: dict[str, str] = field(default_factory=dict)
-    _rendered: dict[tuple[int, ...], str] = field(default_factory=dict)  # shown -> prompt hash
-
-    @property
-    def texts_order(self) -> list[str]:
-        return list(self.texts)
 
     def key(self, answerer: Answerer, prefix: tuple[int, ...]) -> str:
-        # Rendering tokenizes every shown session, so what is shown identically renders once.
         if prefix not in self.keys:
-            shown = shown_positions(prefix, self.memory_order)
-            if shown not in self._rendered:
-                req = self.request
-                text = answerer.render(
-                    req.question, [req.candidates[i] for i in shown], req.question_date
-                )
-                h = prompt_key(text)
-                self._rendered[shown] = h
-                self.texts.setdefault(h, text)
-            self.keys[prefix] = self._rendered[shown]
+            text = render_prefix(answerer, self.request, prefix)
+            h = prompt_key(text)
+            self.texts.setdefault(h, text)
+            self.keys[prefix] = h
         return self.keys[prefix]
+
+
+def render_prefix(answerer: Answerer, request: RewardRequest, prefix: Sequence[int]) -> str:
+    """The working LLM's prompt for a top-k ``prefix`` of candidate positions. Positions double
+    as time keys: the proxy prompt lists candidates oldest first."""
+    return answerer.render(
+        request.question,
+        [request.candidates[i] for i in prefix],
+        request.question_date,
+        times=list(prefix),
+    )
 
 
 def naive_rewards(
@@ -431,12 +424,7 @@ def naive_rewards(
             if not parsed.ok:
                 group.append(cfg.format_reward)
                 continue
-            order = cfg.answerer.memory_order
-            shown = [
-                [req.candidates[i] for i in shown_positions(parsed.ids[:k], order)]
-                for k in (0, *tiers)
-            ]
-            prompts = [answerer.render(req.question, s, req.question_date) for s in shown]
+            prompts = [render_prefix(answerer, req, parsed.ids[:k]) for k in (0, *tiers)]
             predictions = answerer.answer_texts(prompts)
             calls += len(prompts)
             scores = [
