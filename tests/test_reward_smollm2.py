@@ -19,7 +19,8 @@ def test_service_matches_naive_with_smollm2(smollm2_dir: Path, locomo_mini_path:
     # Batch size 1: with left-padded batches an answer can depend (at a near tie) on the batch it
     # was generated in, and the two paths batch differently; see memsifter.rewards.service.
     backend = build_backend("transformers", str(smollm2_dir), batch_size=1, threads=2)
-    answerer = Answerer(backend, window_tokens=512, max_new_tokens=12)
+    cfg = RewardConfig(max_k=3, beta0=0.5, decay_steps=10)
+    answerer = Answerer(backend, 512, 12, memory_order=cfg.answerer.memory_order)
     rng = random.Random(0)
     queries = [q for q in load_locomo(locomo_mini_path).queries if q.has_evidence][:2]
     requests = []
@@ -39,7 +40,6 @@ def test_service_matches_naive_with_smollm2(smollm2_dir: Path, locomo_mini_path:
                 data_source="locomo",
             )
         )
-    cfg = RewardConfig(max_k=3, beta0=0.5, decay_steps=10)
     batch = RewardService(answerer, cfg).score(requests, step=2)
     expected, naive_calls = naive_rewards(requests, answerer, cfg, step=2)
     assert [[c.reward for c in g] for g in batch.rewards] == expected
