@@ -205,5 +205,170 @@ def data_to_jsonl(
     typer.echo(f"wrote {out}")
 
 
+@data_app.command("rl")
+def data_rl(
+    recipe: Annotated[Path, typer.Option(help="dataset recipe (configs/data/*.yaml)")],
+    out: Annotated[Path, typer.Option(help="output folder (parquet splits, card, split.json)")],
+    data: Annotated[
+        list[str] | None,
+        typer.Option(help="dataset file: NAME=PATH per source, or PATH for a one-source recipe"),
+    ] = None,
+    rankings: Annotated[
+        Path | None,
+        typer.Option(help='previous model\'s rankings, JSONL {"qid", "ranking"}; default: coarse'),
+    ] = None,
+    strategy: Annotated[str | None, typer.Option(help="override: curriculum | random")] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="load and split the sources, print the plan, build nothing")
+    ] = False,
+) -> None:
+    """Build the GRPO dataset: budgeted proxy prompts and reward columns, split by conversation,
+    the train split sampled by the curriculum. Writes OUT/{train,validation}.parquet, README.md,
+    split.json, recipe.yaml, curriculum.json and curriculum_ndcg.png."""
+    from rich.table import Table
+
+    from memsifter.training.rl_data import (
+        SPLITS,
+        load_rl_data_config,
+        parse_data_overrides,
+        plan_sources,
+        prepare_rl_data,
+        with_data_paths,
+    )
+
+    try:
+        cfg = load_rl_data_config(recipe)
+        cfg = with_data_paths(cfg, parse_data_overrides(data or [], cfg))
+        if strategy is not None:
+            curriculum = dataclasses.replace(cfg.curriculum, strategy=strategy)
+            cfg = dataclasses.replace(cfg, curriculum=curriculum)
+        if dry_run:
+            table = Table("source", "split", "conversations", "questions", "no evidence")
+            for plan in plan_sources(cfg):
+                for split, c in plan.counts().items():
+                    table.add_row(
+                        plan.config.name,
+                        split,
+                        str(c["conversations"]),
+                        str(c["questions"]),
+                        str(c["dropped_no_evidence"]),
+                    )
+            console.print(table)
+            return
+        result = prepare_rl_data(cfg, out, rankings, console=console)
+    except (MemSifterError, ValueError) as e:
+        _fail(e)
+        return
+    table = Table(
+        "source", "split", "conv.", "questions", "dropped", "rows", "no gold", "cand.", "kept"
+    )
+    for s in result.sources:
+        for split in SPLITS:
+            c = s.counts[split]
+            table.add_row(
+                s.source,
+                split,
+                str(c["conversations"]),
+                str(c["questions"]),
+                str(c["dropped_no_evidence"]),
+                str(c["rows"]),
+                str(c["no_gold_in_prompt"]),
+                f"{c['candidates_mean']:.1f}",
+                str(c.get("selected", c["rows"])),
+            )
+    console.print(table)
+    rep = result.curriculum
+    console.print(f"curriculum: {rep.strategy}, scored by {rep.scored_by}: {escape(rep.note)}")
+    for sel in rep.sources:
+        before = "-" if sel.ndcg_mean_before is None else f"{sel.ndcg_mean_before:.3f}"
+        after = "-" if sel.ndcg_mean_after is None else f"{sel.ndcg_mean_after:.3f}"
+        console.print(
+            f"  {sel.source}: NDCG@{rep.k} mean {before} -> {after}; histogram "
+            f"{sel.hist_before} -> {sel.hist_after}"
+        )
+    console.print(f"wrote {out} in {result.seconds:.1f}s")
+
+
+@app.command("train")
+def train(
+    config: Annotated[Path, typer.Argument(help="configs/train/*.yaml")],
+    vllm_server_host: Annotated[
+        str | None, typer.Option(help="TRL vllm-serve host for rollouts (vllm_mode server)")
+    ] = None,
+    answerer_url: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible working LLM for the reward")
+    ] = None,
+    output_dir: Annotated[str | None, typer.Option(help="override output_dir")] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="build and print the GRPO config, load no model")
+    ] = False,
+) -> None:
+    """Train the proxy: cold-start SFT (optional), then GRPO epochs with checkpoint averaging.
+    Rerunning the same command resumes where it stopped."""
+    from memsifter.training.config import load_train_config
+
+    try:
+        cfg = load_train_config(config)
+        if output_dir:
+            cfg.output_dir = output_dir
+        if dry_run:
+            from memsifter.training.grpo import build_grpo_config
+
+            # As it would run on this machine (CPU: use_cpu, no bf16).
+            args = build_grpo_config(cfg, cfg.output_dir, vllm_server_host=vllm_server_host)
+            keys = (
+                "num_generations", "temperature", "epsilon", "epsilon_high", "beta",
+                "loss_type", "learning_rate", "weight_decay", "max_grad_norm",
+                "max_completion_length", "per_device_train_batch_size", "use_vllm",
+                "vllm_mode", "use_cpu", "bf16", "save_steps", "report_to",
+            )  # fmt: skip
+            for k in keys:
+                console.print(f"{k}: {getattr(args, k)}")
+            return
+        from memsifter.training.loop import run_training
+
+        run_training(
+            cfg,
+            vllm_server_host=vllm_server_host,
+            answerer_url=answerer_url,
+            log=lambda m: console.print(escape(m)),
+        )
+    except (MemSifterError, ValueError, FileNotFoundError) as e:
+        _fail(e)
+
+
+@app.command("merge")
+def merge(
+    checkpoints: Annotated[
+        list[Path], typer.Argument(help="model, Trainer checkpoint-N or PEFT LoRA adapter folders")
+    ],
+    out: Annotated[Path, typer.Option(help="output folder (must not exist, or be empty)")],
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="bf16 | fp16 | fp32; default: the first checkpoint's dtype"),
+    ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option(help="base model for LoRA adapters; default: their base_model_name_or_path"),
+    ] = None,
+) -> None:
+    """Average checkpoints into one model folder: the fp32 mean of every tensor, LoRA adapters
+    merged into their base first. Writes OUT/averaging.json."""
+    from memsifter.training.averaging import average_checkpoints
+
+    try:
+        report = average_checkpoints(checkpoints, out, dtype=dtype, base=base)
+    except MemSifterError as e:
+        _fail(e)
+        return
+    if report.tokenizer_from is None:
+        console.print("[yellow]warning:[/] no tokenizer files found; OUT has weights only")
+    typer.echo(
+        f"averaged {len(report.inputs)} checkpoints ({report.n_tensors} tensors, "
+        f"{report.n_parameters:,} parameters, {report.dtype}) into {report.out} "
+        f"in {report.seconds:.1f}s"
+    )
+
+
 if __name__ == "__main__":
     app()

@@ -72,7 +72,12 @@ def from_dict(cls: type[T], data: Any, *, file: str = "<memory>", prefix: str = 
             field=prefix + unknown[0],
         )
     kwargs = {k: _check(v, hints[k], file=file, key=prefix + k) for k, v in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except DataError:
+        raise
+    except ValueError as e:  # a dataclass's own validation (__post_init__): say which file
+        raise DataError(str(e), file=file, field=prefix.rstrip(".") or None) from e
 
 
 def load_config(cls: type[T], path: str | Path) -> T:

@@ -456,3 +456,26 @@ def test_top_level_not_a_list(loader, tmp_path: Path) -> None:
     with pytest.raises(DataError, match="expected a list") as e:
         loader(bad)
     _assert_where(e.value, bad, None, None)
+
+
+def test_pages_keep_dates_and_map_turn_evidence(locomo_mini_path: Path) -> None:
+    from memsifter.data.units import page_session, to_units
+
+    q = next(q for q in load_locomo(locomo_mini_path).queries if q.gold_session_ids)
+    paged = to_units(q, "page", turns_per_page=2)
+    assert sum(len(s.turns) for s in paged.haystack) == sum(len(s.turns) for s in q.haystack)
+    assert all(len(p.turns) <= 2 for p in paged.haystack)
+    by_id = {s.id: s for s in q.haystack}
+    for p in paged.haystack:
+        session = by_id[p.id.split("#")[0]]
+        assert p.date_text == session.date_text and set(p.turns) <= set(session.turns)
+    assert paged.gold_session_ids
+    assert {g.split("#")[0] for g in paged.gold_session_ids} <= set(q.gold_session_ids)
+    evidence = set(q.meta["evidence"])
+    if not paged.meta["session_level_gold"]:
+        for g in paged.gold_session_ids:
+            page = next(p for p in paged.haystack if p.id == g)
+            assert any(t.turn_id in evidence for t in page.turns)
+    assert to_units(q, "session") is q
+    with pytest.raises(ValueError, match="turns_per_page"):
+        page_session(q.haystack[0], 0)

@@ -1,0 +1,198 @@
+"""The training run's typed configuration (``configs/train/*.yaml``).
+
+One dataclass tree holds the whole run: the RL data, the model (full fine-tune or LoRA), the
+optional cold-start SFT stage, GRPO (defaults from the paper and the official DAPO script),
+dynamic sampling, the epoch loop with checkpoint averaging, the reward (a path to a reward YAML,
+see ``configs/rewards/``), and tracking. Loading goes through :func:`memsifter.config.load_config`:
+unknown keys and wrong types are errors naming the key.
+
+Hardware is resolved here, once: on a machine without CUDA, ``use_cpu=True`` and ``bf16=False``
+(bf16 fails on CPU in the Trainer, and bf16 autocast there is ~2.5x slower than fp32), and vLLM
+rollouts are refused (``use_vllm`` needs a GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memsifter.config import load_config
+from memsifter.errors import DataError
+
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
+SFT_TARGETS = ("coarse", "gold")
+SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
+
+
+@dataclass
+class ModelSettings:
+    name: str = "smollm2-135m-instruct"  # a built-in name, a local folder, or a hub id
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
+    lora: LoraSettings | None = None
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = None  # e.g. flash_attention_2 on GPU
+
+
+@dataclass
+class SoftOverlongSettings:
+    """DAPO's soft overlong punishment (TRL's reward), added to the outcome reward."""
+
+    cache_tokens: int = 64  # the last this-many tokens before max_completion_length ramp to -1
+
+
+@dataclass
+class GRPOSettings:
+    num_generations: int = 6
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_completion_length: int = 512
+    epsilon: float = 0.2
+    epsilon_high: float = 0.28  # clip-higher
+    beta: float = 0.0  # no KL term, no reference model
+    loss_type: str = "dapo"  # token-mean over the generation batch
+    scale_rewards: str = "group"
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    lr_scheduler_type: str = "constant"
+    warmup_steps: float = 0  # an int is steps, a float < 1 a fraction of the run
+    per_device_train_batch_size: int = 6  # completions per device per micro-step
+    gradient_accumulation_steps: int = 1
+    steps_per_generation: int | None = None
+    num_iterations: int = 1
+    mask_truncated_completions: bool = True
+    soft_overlong: SoftOverlongSettings | None = None
+    use_vllm: bool = False  # GPU only
+    vllm_mode: str = "colocate"  # colocate | server
+    vllm_server_host: str | None = None
+    vllm_server_port: int = 8000
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_tensor_parallel_size: int = 1
+    logging_steps: int = 1
+    log_completions: bool = False
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # passed to GRPOConfig as is
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"grpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.num_generations < 2:
+            raise ValueError("grpo.num_generations must be >= 2: GRPO's baseline is the group")
+        if "max_prompt_length" in self.extra:
+            raise ValueError(
+                "grpo.extra.max_prompt_length: GRPOConfig no longer accepts it; prompts are "
+                "bounded by the prompt builder (the RL data recipe's window_tokens)"
+            )
+
+
+@dataclass
+class DynamicSamplingSettings:
+    """DAPO's filter groups: drop groups whose rewards do not vary (no gradient signal) and
+    refill the batch from fresh prompts, for at most ``max_extra_rounds`` extra generations."""
+
+    enabled: bool = True
+    max_extra_rounds: int = 2
+    min_std: float = 1e-6  # a group with reward std <= this carries no signal
+
+
+@dataclass
+class SFTSettings:
+    """Cold-start SFT (our addition to the paper's recipe): teach the output format on the
+    training split before GRPO. Targets are a short reasoning line plus a ranking taken from the
+    coarse order or the gold sessions."""
+
+    enabled: bool = False
+    target: str = "coarse"  # coarse | gold (gold first, then the coarse order)
+    epochs: float = 1.0
+    learning_rate: float = 2e-5
+    per_device_train_batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    max_examples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.target not in SFT_TARGETS:
+            raise ValueError(f"sft.target must be one of {SFT_TARGETS}, got {self.target!r}")
+
+
+@dataclass
+class EpochSettings:
+    """The paper's epoch loop: train, save every ``save_steps``, validate every checkpoint on
+    the held-out split, average the ``top_k`` best (fp32, LoRA merged first), start the next
+    epoch from the average."""
+
+    epochs: int = 1
+    max_steps: int = -1  # optimiser steps per epoch; -1: one pass over the selected data
+    save_steps: int = 50
+    top_k: int = 3
+    select_metric: str = "ndcg@5"  # ndcg@1 | ndcg@5 | reward
+    validation_max_questions: int | None = None
+    validation_max_new_tokens: int | None = None  # default: grpo.max_completion_length
+    validate_start: bool = True  # also validate the model each epoch starts from
+
+    def __post_init__(self) -> None:
+        if self.select_metric not in SELECT_METRICS:
+            raise ValueError(
+                f"epochs.select_metric must be one of {SELECT_METRICS}, got {self.select_metric!r}"
+            )
+        if self.top_k < 1:
+            raise ValueError("epochs.top_k must be >= 1")
+
+
+@dataclass
+class TrackingSettings:
+    backend: str = "trackio"  # trackio | wandb | none
+    project: str = "memsifter"
+    offline: bool = True
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "outputs/train"
+    data: str = "data/rl/locomo_smollm2"  # a folder written by `memsifter data rl`
+    reward: str = "configs/rewards/default.yaml"
+    model: ModelSettings = field(default_factory=ModelSettings)
+    sft: SFTSettings = field(default_factory=SFTSettings)
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    dynamic_sampling: DynamicSamplingSettings = field(default_factory=DynamicSamplingSettings)
+    epochs: EpochSettings = field(default_factory=EpochSettings)
+    tracking: TrackingSettings = field(default_factory=TrackingSettings)
+    threads: int | None = None  # torch CPU threads; None leaves torch's default
+    # Where this config was loaded from; relative paths resolve against the repo root (cwd).
+    source: str | None = None
+
+
+def load_train_config(path: str | Path) -> TrainConfig:
+    cfg = load_config(TrainConfig, path)
+    cfg.source = str(path)
+    return cfg
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_hardware(cfg: TrainConfig, cuda: bool | None = None) -> None:
+    cuda = has_cuda() if cuda is None else cuda
+    if cfg.grpo.use_vllm and not cuda:
+        raise DataError(
+            "grpo.use_vllm needs a CUDA GPU; on CPU the policy generates with transformers "
+            "(set grpo.use_vllm: false)",
+            field="grpo.use_vllm",
+        )
+    if cfg.model.dtype == "bfloat16" and not cuda:
+        raise DataError(
+            "model.dtype bfloat16 on CPU: the Trainer's bf16 fails there and autocast is ~2.5x "
+            "slower; use auto or float32",
+            field="model.dtype",
+        )

@@ -1,0 +1,201 @@
+"""From our typed config to TRL: ``GRPOConfig``, the reward functions and the trainer.
+
+Kept apart from the epoch loop so that a test (and ``memsifter train --dry-run``) can build the
+exact ``GRPOConfig`` every shipped YAML asks for without loading a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memsifter.training.config import TrainConfig, has_cuda
+
+
+def report_to(cfg: TrainConfig) -> list[str]:
+    """Trainer ``report_to``; offline tracking is set up through the environment, which is
+    how both trackio and wandb read it."""
+    import os
+
+    backend = cfg.tracking.backend
+    if backend == "none":
+        return []
+    if backend == "wandb" and cfg.tracking.offline:
+        os.environ.setdefault("WANDB_MODE", "offline")
+    if backend == "trackio":
+        os.environ.setdefault("TRACKIO_PROJECT", cfg.tracking.project)
+    if backend == "wandb":
+        os.environ.setdefault("WANDB_PROJECT", cfg.tracking.project)
+    if backend not in ("trackio", "wandb"):
+        raise ValueError(f"tracking.backend must be trackio, wandb or none, got {backend!r}")
+    return [backend]
+
+
+def precision(cfg: TrainConfig, cuda: bool) -> tuple[bool, str]:
+    """(bf16, torch dtype name) for the trainer and the model."""
+    dtype = cfg.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if cuda else "float32"
+    return dtype == "bfloat16", dtype
+
+
+def build_grpo_config(
+    cfg: TrainConfig,
+    output_dir: str | Path,
+    *,
+    cuda: bool | None = None,
+    max_steps: int | None = None,
+    vllm_server_host: str | None = None,
+) -> Any:
+    from trl import GRPOConfig
+
+    kwargs = grpo_config_kwargs(
+        cfg, output_dir, cuda=cuda, max_steps=max_steps, vllm_server_host=vllm_server_host
+    )
+    return GRPOConfig(**kwargs)
+
+
+def grpo_config_kwargs(
+    cfg: TrainConfig,
+    output_dir: str | Path,
+    *,
+    cuda: bool | None = None,
+    max_steps: int | None = None,
+    vllm_server_host: str | None = None,
+) -> dict[str, Any]:
+    """``GRPOConfig`` arguments for ``cfg`` on a machine with (``cuda``) or without a GPU.
+    Separate from building it because ``TrainingArguments`` refuses GPU settings (bf16) on a
+    machine without one, and the multi-GPU recipes are checked here, on CPU."""
+    cuda = has_cuda() if cuda is None else cuda
+    g = cfg.grpo
+    bf16, _ = precision(cfg, cuda)
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        num_generations=g.num_generations,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        max_completion_length=g.max_completion_length,
+        epsilon=g.epsilon,
+        epsilon_high=g.epsilon_high,
+        beta=g.beta,
+        loss_type=g.loss_type,
+        scale_rewards=g.scale_rewards,
+        learning_rate=g.learning_rate,
+        weight_decay=g.weight_decay,
+        max_grad_norm=g.max_grad_norm,
+        lr_scheduler_type=g.lr_scheduler_type,
+        warmup_steps=g.warmup_steps,
+        per_device_train_batch_size=g.per_device_train_batch_size,
+        gradient_accumulation_steps=g.gradient_accumulation_steps,
+        num_iterations=g.num_iterations,
+        mask_truncated_completions=g.mask_truncated_completions,
+        logging_steps=g.logging_steps,
+        log_completions=g.log_completions,
+        seed=g.seed,
+        save_strategy="steps",
+        save_steps=cfg.epochs.save_steps,
+        max_steps=cfg.epochs.max_steps if max_steps is None else max_steps,
+        num_train_epochs=1,  # one pass per epoch of the paper's loop; the loop runs epochs
+        report_to=report_to(cfg),
+        use_cpu=not cuda,
+        bf16=bf16,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        use_vllm=g.use_vllm,
+    )
+    if g.steps_per_generation is not None:
+        kwargs["steps_per_generation"] = g.steps_per_generation
+    if g.use_vllm:
+        kwargs.update(
+            vllm_mode=g.vllm_mode,
+            vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+            vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
+        )
+        host = vllm_server_host or g.vllm_server_host
+        if g.vllm_mode == "server":
+            if not host:
+                raise ValueError("grpo.vllm_mode server needs grpo.vllm_server_host (or the flag)")
+            kwargs.update(vllm_server_host=host, vllm_server_port=g.vllm_server_port)
+    kwargs.update(g.extra)
+    return kwargs
+
+
+def reward_funcs(cfg: TrainConfig, reward_fn: Any) -> tuple[list[Any], list[float] | None]:
+    """The outcome reward, plus DAPO's soft overlong punishment when configured."""
+    funcs: list[Any] = [reward_fn]
+    weights = None
+    if cfg.grpo.soft_overlong is not None:
+        from trl.rewards import get_soft_overlong_punishment
+
+        funcs.append(
+            get_soft_overlong_punishment(
+                cfg.grpo.max_completion_length, cfg.grpo.soft_overlong.cache_tokens
+            )
+        )
+        weights = [1.0, 1.0]
+    return funcs, weights
+
+
+def load_policy(cfg: TrainConfig, model_path: str, cuda: bool) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, peft_config) for the policy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, dtype = precision(cfg, cuda)
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if cfg.model.attn_implementation:
+        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    peft_config = None
+    if cfg.model.lora is not None:
+        from peft import LoraConfig
+
+        lo = cfg.model.lora
+        peft_config = LoraConfig(
+            r=lo.r,
+            lora_alpha=lo.alpha,
+            lora_dropout=lo.dropout,
+            target_modules=lo.target_modules,
+            task_type="CAUSAL_LM",
+        )
+    return model, tok, peft_config
+
+
+def build_trainer(
+    cfg: TrainConfig,
+    model_path: str,
+    train_dataset: Any,
+    reward_fn: Any,
+    output_dir: Path,
+    *,
+    cuda: bool | None = None,
+    vllm_server_host: str | None = None,
+    callbacks: list[Any] | None = None,
+) -> Any:
+    from memsifter.training.dynamic_sampling import DynamicSamplingGRPOTrainer
+
+    cuda = has_cuda() if cuda is None else cuda
+    args = build_grpo_config(cfg, output_dir, cuda=cuda, vllm_server_host=vllm_server_host)
+    funcs, weights = reward_funcs(cfg, reward_fn)
+    if weights is not None:
+        args.reward_weights = weights
+    model, tok, peft_config = load_policy(cfg, model_path, cuda)
+    common: dict[str, Any] = dict(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=tok,
+        peft_config=peft_config,
+        callbacks=callbacks,
+    )
+    ds = cfg.dynamic_sampling
+    if ds.enabled:
+        return DynamicSamplingGRPOTrainer(
+            **common, max_extra_rounds=ds.max_extra_rounds, min_std=ds.min_std
+        )
+    from trl import GRPOTrainer
+
+    return GRPOTrainer(**common)

@@ -1,0 +1,320 @@
+"""The training run: optional cold-start SFT, then the paper's epoch loop.
+
+Each epoch trains GRPO from the current start model and saves a checkpoint every
+``epochs.save_steps`` (and at its last step); every checkpoint is validated on the held-out
+split; the ``epochs.top_k`` best by ``epochs.select_metric`` are averaged in fp32 (LoRA merged
+first) and the next epoch starts from that average. The last average is the run's model.
+
+Resume: every phase writes its result before the next starts, and ``run_state.json`` records
+what is done. A rerun of the same command skips finished phases, resumes GRPO from the epoch's
+last full checkpoint (TRL/HF restore optimiser, scheduler, RNG and the position in the seeded
+data order), and reuses saved validation results. The training data (after the curriculum's
+selection, made by ``memsifter data rl``) is read from its parquet files, so the curriculum
+state is the data folder itself.
+
+Layout of ``output_dir``::
+
+    run_state.json  config.yaml  summary.json  curves.png
+    sft/final/                      cold-start model (when enabled)
+    epoch-0/checkpoint-N/           GRPO checkpoints
+    epoch-0/validation.json         one result per checkpoint (and the start model)
+    epoch-0/rankings/*.jsonl        validation rankings per checkpoint
+    epoch-0/averaged/               the average of the top-k: the next epoch's start
+    epoch-0/trainer_state.json      log history (reward components, dynamic sampling, loss)
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from memsifter.errors import DataError
+from memsifter.training.config import TrainConfig, check_hardware, has_cuda
+
+Log = Callable[[str], None]
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name[11:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[11:]))
+
+
+class RunState:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = (
+            json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        )
+
+    def done(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def mark(self, key: str, value: Any = True) -> None:
+        self.data[key] = value
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2), encoding="utf-8")
+        tmp.replace(self.path)  # atomic: a crash never leaves a half-written state
+
+
+def load_rl_data(folder: str | Path) -> tuple[Any, Any]:
+    from datasets import Dataset
+
+    folder = Path(folder)
+    paths = {split: folder / f"{split}.parquet" for split in ("train", "validation")}
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    if missing:
+        raise DataError(
+            f"RL data not found: {', '.join(missing)}; build it with `memsifter data rl "
+            "--recipe configs/data/<recipe>.yaml --out <folder>`",
+            file=str(folder),
+        )
+    return Dataset.from_parquet(str(paths["train"])), Dataset.from_parquet(str(paths["validation"]))
+
+
+def _merged_for_eval(ckpt: Path, scratch: Path) -> Path:
+    """A folder transformers can load: LoRA checkpoints are merged into their base first."""
+    if not (ckpt / "adapter_config.json").exists():
+        return ckpt
+    from memsifter.training.averaging import average_checkpoints
+
+    out = scratch / ckpt.name
+    if not out.exists():
+        average_checkpoints([ckpt], out)
+    return out
+
+
+def run_training(
+    cfg: TrainConfig,
+    *,
+    vllm_server_host: str | None = None,
+    answerer_url: str | None = None,
+    log: Log = print,
+) -> dict[str, Any]:
+    import torch
+
+    from memsifter.models import resolve_model
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+    from memsifter.rewards.trl import make_reward_function
+    from memsifter.training.averaging import average_checkpoints
+    from memsifter.training.grpo import build_trainer, precision, report_to
+    from memsifter.training.sft import run_sft
+    from memsifter.training.validation import result_dict, validate
+
+    t_start = time.perf_counter()
+    cuda = has_cuda()
+    check_hardware(cfg, cuda)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = RunState(out / "run_state.json")
+    if cfg.source and Path(cfg.source).exists():
+        shutil.copyfile(cfg.source, out / "config.yaml")
+
+    train, val = load_rl_data(cfg.data)
+    if cfg.epochs.validation_max_questions is not None:
+        val = val.select(range(min(len(val), cfg.epochs.validation_max_questions)))
+    log(f"RL data {cfg.data}: {len(train)} training prompts, {len(val)} held-out")
+
+    rcfg = load_reward_config(cfg.reward)
+    if answerer_url:
+        rcfg = replace(
+            rcfg, answerer=replace(rcfg.answerer, backend="openai", base_url=answerer_url)
+        )
+    service = RewardService.from_config(rcfg)
+    reward_fn = make_reward_function(service)
+    bf16, _ = precision(cfg, cuda)
+    chat_kwargs = cfg.grpo.extra.get("chat_template_kwargs")
+    val_tokens = cfg.epochs.validation_max_new_tokens or cfg.grpo.max_completion_length
+
+    model_path = resolve_model(cfg.model.name).path
+    if cfg.sft.enabled:
+        if not state.done("sft"):
+            log(f"cold-start SFT on {len(train)} training prompts ({cfg.sft.target} targets)")
+            final = run_sft(
+                model_path,
+                train,
+                cfg.sft,
+                out / "sft",
+                use_cpu=not cuda,
+                bf16=bf16,
+                report_to=report_to(cfg),
+                seed=cfg.grpo.seed,
+            )
+            state.mark("sft", str(final))
+        model_path = state.done("sft")
+
+    epochs_summary: list[dict[str, Any]] = []
+    for epoch in range(cfg.epochs.epochs):
+        edir = out / f"epoch-{epoch}"
+        key = f"epoch-{epoch}"
+        entry = state.done(key) or {}
+        if entry.get("averaged"):
+            model_path = entry["averaged"]
+            epochs_summary.append(entry)
+            continue
+        edir.mkdir(parents=True, exist_ok=True)
+
+        if not entry.get("trained"):
+            ckpts = _checkpoints(edir)
+            resume = str(ckpts[-1]) if ckpts else None
+            log(
+                f"epoch {epoch}: GRPO from {model_path}"
+                + (f", resuming {resume}" if resume else "")
+            )
+            trainer = build_trainer(
+                cfg, model_path, train, reward_fn, edir, cuda=cuda,
+                vllm_server_host=vllm_server_host,
+            )  # fmt: skip
+            trainer.train(resume_from_checkpoint=resume)
+            step = trainer.state.global_step
+            last = edir / f"checkpoint-{step}"
+            if not last.exists():  # the final step, when save_steps does not divide it
+                trainer.save_model(str(last))
+            trainer.state.save_to_json(str(edir / "trainer_state.json"))
+            del trainer
+            gc.collect()
+            entry["trained"] = True
+            entry["steps"] = step
+            state.mark(key, entry)
+
+        # -- validate every checkpoint (and the start model) -------------------------------
+        results_path = edir / "validation.json"
+        results: dict[str, Any] = (
+            json.loads(results_path.read_text(encoding="utf-8")) if results_path.exists() else {}
+        )
+        candidates = [*(_checkpoints(edir))]
+        names = [c.name for c in candidates]
+        paths = dict(zip(names, candidates, strict=True))
+        if cfg.epochs.validate_start:
+            names = ["start", *names]
+            paths["start"] = Path(model_path)
+        for name in names:
+            if name in results:
+                continue
+            target = _merged_for_eval(paths[name], edir / "merged-for-eval")
+            r = validate(
+                target,
+                val,
+                reward_fn,
+                max_new_tokens=val_tokens,
+                rankings_out=edir / "rankings" / f"{name}.jsonl",
+                threads=cfg.threads,
+                chat_template_kwargs=chat_kwargs,
+            )
+            results[name] = result_dict(r)
+            log(
+                f"epoch {epoch} {name}: NDCG@1 {r.ndcg_1:.3f} NDCG@5 {r.ndcg_5:.3f} "
+                f"reward {r.reward:.4f} parse {r.parse_rate:.2f} ({r.seconds:.0f} s)"
+            )
+            results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")
+
+        # -- average the top-k checkpoints: the next epoch's start ---------------------------
+        metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
+        ranked = sorted(
+            (n for n in results if n != "start"),
+            key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
+        )
+        top = ranked[: cfg.epochs.top_k]
+        if not top:
+            raise RuntimeError(f"epoch {epoch} produced no checkpoints to average in {edir}")
+        averaged = edir / "averaged"
+        if averaged.exists():
+            shutil.rmtree(averaged)  # a crash mid-write; recompute
+        average_checkpoints([paths[n] for n in top], averaged)
+        log(f"epoch {epoch}: averaged {', '.join(top)} (by {cfg.epochs.select_metric})")
+        entry.update(averaged=str(averaged), top=top, validation=results)
+        state.mark(key, entry)
+        epochs_summary.append(entry)
+        model_path = str(averaged)
+
+    summary = {
+        "model": model_path,
+        "epochs": epochs_summary,
+        "wall_s": time.perf_counter() - t_start,
+        "config": asdict(cfg),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), "utf-8")
+    plot_curves(out, cfg.epochs.epochs)
+    log(f"done: {model_path}")
+    return summary
+
+
+_CURVES = (
+    ("reward", "reward (mean)"),
+    ("rewards/memsifter_reward/mean", "outcome reward R"),
+    ("reward/r_ans", "R_ans"),
+    ("reward/r_ret", "R_ret"),
+    ("reward/beta", "beta (warm-up)"),
+    ("reward/parse_rate", "parse rate"),
+    ("reward/call_ratio", "working-LLM calls / naive"),
+    ("dynamic_sampling/effective_groups", "effective groups"),
+    ("loss", "loss"),
+    ("completions/mean_length", "completion length"),
+)
+
+
+def plot_curves(out: Path, epochs: int) -> Path | None:
+    """Training curves (per epoch, concatenated by step) and validation points to PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[tuple[int, float]]] = {k: [] for k, _ in _CURVES}
+    val: dict[str, list[tuple[int, float]]] = {"ndcg_5": [], "reward": []}
+    offset = 0
+    for epoch in range(epochs):
+        edir = out / f"epoch-{epoch}"
+        state_path = edir / "trainer_state.json"
+        if not state_path.exists():
+            continue
+        history = json.loads(state_path.read_text(encoding="utf-8")).get("log_history", [])
+        last = 0
+        for row in history:
+            step = int(row.get("step", 0))
+            last = max(last, step)
+            for k, _ in _CURVES:
+                if k in row:
+                    series[k].append((offset + step, float(row[k])))
+        vpath = edir / "validation.json"
+        if vpath.exists():
+            for name, r in json.loads(vpath.read_text(encoding="utf-8")).items():
+                step = 0 if name == "start" else int(name.split("-")[1])
+                for k in val:
+                    val[k].append((offset + step, float(r[k])))
+        offset += last
+    shown = [(k, label) for k, label in _CURVES if series[k]]
+    if not shown and not any(val.values()):
+        return None
+    n = len(shown) + 1
+    cols = 3
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax, (k, label) in zip(flat, shown, strict=False):
+        xs, ys = zip(*series[k], strict=True)
+        ax.plot(xs, ys, marker=".", linewidth=1)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+    ax = flat[len(shown)]
+    for k, style in (("ndcg_5", "o-"), ("reward", "s--")):
+        if val[k]:
+            xs, ys = zip(*sorted(val[k]), strict=True)
+            ax.plot(xs, ys, style, label=k)
+    ax.set_title("held-out validation per checkpoint", fontsize=9)
+    ax.legend(fontsize=7)
+    for extra in flat[len(shown) + 1 :]:
+        extra.axis("off")
+    fig.tight_layout()
+    path = out / "curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
