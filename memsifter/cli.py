@@ -312,18 +312,17 @@ def train(
         if output_dir:
             cfg.output_dir = output_dir
         if dry_run:
-            from memsifter.training.grpo import build_grpo_config
+            from memsifter.training.config import has_cuda
+            from memsifter.training.grpo import grpo_config_kwargs
 
-            # As it would run on this machine (CPU: use_cpu, no bf16).
-            args = build_grpo_config(cfg, cfg.output_dir, vllm_server_host=vllm_server_host)
-            keys = (
-                "num_generations", "temperature", "epsilon", "epsilon_high", "beta",
-                "loss_type", "learning_rate", "weight_decay", "max_grad_norm",
-                "max_completion_length", "per_device_train_batch_size", "use_vllm",
-                "vllm_mode", "use_cpu", "bf16", "save_steps", "report_to",
-            )  # fmt: skip
-            for k in keys:
-                console.print(f"{k}: {getattr(args, k)}")
+            # A vLLM config is shown as it runs on its GPUs; anything else as it runs here.
+            cuda = has_cuda() or cfg.grpo.use_vllm
+            kwargs = grpo_config_kwargs(
+                cfg, cfg.output_dir, cuda=cuda, vllm_server_host=vllm_server_host
+            )
+            console.print(f"GRPOConfig ({'GPU' if cuda else 'CPU'}):")
+            for k in sorted(kwargs):
+                console.print(f"  {k}: {escape(repr(kwargs[k]))}")
             return
         from memsifter.training.loop import run_training
 

@@ -2,12 +2,12 @@
 # Create/refresh the project venv. Pins the CPU torch build where no NVIDIA GPU is present, so
 # pip never pulls a multi-GB CUDA wheel on a CPU box; GPU extras (vllm) stay opt-in.
 #   MEMSIFTER_VENV      venv folder (default .venv)
-#   MEMSIFTER_EXTRAS    extras to install (default dev)
+#   MEMSIFTER_EXTRAS    extras to install (default train,dev: the tests train with TRL)
 #   MEMSIFTER_TORCH     torch requirement (default: torch==2.13.0 on CPU, torch on GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${MEMSIFTER_VENV:-.venv}"
-EXTRAS="${MEMSIFTER_EXTRAS:-dev}"
+EXTRAS="${MEMSIFTER_EXTRAS:-train,dev}"
 PY="${PYTHON:-python3}"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

@@ -4,7 +4,7 @@
 #   MEMSIFTER_SKIP_VLLM=1   skip building .venv-vllm (its tests then skip instead of failing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MEMSIFTER_EXTRAS="${MEMSIFTER_EXTRAS:-dev}" bash scripts/setup.sh
+MEMSIFTER_EXTRAS="${MEMSIFTER_EXTRAS:-train,dev}" bash scripts/setup.sh
 if [ "${MEMSIFTER_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/vllm_cpu_server.sh --setup-only
   export MEMSIFTER_REQUIRE_VLLM=1

@@ -105,3 +105,19 @@ def test_sft_targets_parse_and_put_gold_first() -> None:
         parsed = parse_ranking(text, 4)
         assert parsed.ok and parsed.strict if hasattr(parsed, "strict") else parsed.ok
         assert parsed.ids[0] == first and sorted(parsed.ids) == [0, 1, 2, 3]
+
+
+def test_train_cli_dry_run() -> None:
+    from typer.testing import CliRunner
+
+    from memsifter.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        ["train", str(ROOT / "configs/train/qwen3_4b.yaml"), "--dry-run"]
+        + ["--vllm-server-host", "10.0.0.3"],
+    )
+    assert res.exit_code == 0, res.output
+    assert "vllm_server_host: '10.0.0.3'" in res.output and "epsilon_high: 0.28" in res.output
+    res = CliRunner().invoke(app, ["train", "configs/train/missing.yaml", "--dry-run"])
+    assert res.exit_code == 2 and "not found" in res.output

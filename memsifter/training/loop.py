@@ -63,18 +63,16 @@ class RunState:
 
 
 def load_rl_data(folder: str | Path) -> tuple[Any, Any]:
-    from datasets import Dataset
+    from memsifter.training.rl_data import load_rl_dataset
 
-    folder = Path(folder)
-    paths = {split: folder / f"{split}.parquet" for split in ("train", "validation")}
-    missing = [str(p) for p in paths.values() if not p.exists()]
-    if missing:
+    if not Path(folder).is_dir():
         raise DataError(
-            f"RL data not found: {', '.join(missing)}; build it with `memsifter data rl "
-            "--recipe configs/data/<recipe>.yaml --out <folder>`",
+            "RL data folder not found; build it with `memsifter data rl --recipe "
+            "configs/data/<recipe>.yaml --out <folder>`",
             file=str(folder),
         )
-    return Dataset.from_parquet(str(paths["train"])), Dataset.from_parquet(str(paths["validation"]))
+    data = load_rl_dataset(folder)
+    return data["train"], data["validation"]
 
 
 def _merged_for_eval(ckpt: Path, scratch: Path) -> Path:
