@@ -259,9 +259,13 @@ def data_rl(
     except (MemSifterError, ValueError) as e:
         _fail(e)
         return
+    from rich import box
+
+    # Borderless so the table fits an 80-column terminal.
     table = Table(
-        "source", "split", "conv.", "questions", "dropped", "rows", "no gold", "cand.", "kept"
-    )
+        "source", "split", "conv", "questions", "dropped", "rows", "no gold", "cands", "kept",
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+    )  # fmt: skip
     for s in result.sources:
         for split in SPLITS:
             c = s.counts[split]

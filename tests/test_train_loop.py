@@ -113,6 +113,7 @@ def test_epochs_validate_average_and_chain(run) -> None:
     assert "sft/final" in starts[0] and "epoch-0/averaged" in starts[1]
     assert summary["model"].endswith("epoch-1/averaged")
     assert (out / "curves.png").stat().st_size > 0
+    assert "| 1 | checkpoint-2 |" in (out / "report.md").read_text()
     history = json.loads((out / "epoch-0" / "trainer_state.json").read_text())["log_history"]
     logged = {k for row in history for k in row}
     assert {"reward/beta", "reward/parse_rate", "dynamic_sampling/effective_groups"} <= logged

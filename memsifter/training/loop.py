@@ -241,8 +241,54 @@ def run_training(
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), "utf-8")
     plot_curves(out, cfg.epochs.epochs)
-    log(f"done: {model_path}")
+    write_report(out, summary)
+    log(f"done: {model_path} (report: {out / 'report.md'})")
     return summary
+
+
+def write_report(out: Path, summary: dict[str, Any]) -> Path:
+    """Markdown: validation of every checkpoint per epoch, what was averaged, training stats."""
+    lines = [
+        "# Training run",
+        "",
+        f"Output: `{out}`; final model: `{summary['model']}`; wall time "
+        f"{summary['wall_s'] / 60:.1f} min.",
+        "",
+        "| epoch | model | NDCG@1 | NDCG@5 | reward | parse rate | questions | averaged |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for epoch, entry in enumerate(summary["epochs"]):
+        top = set(entry.get("top", []))
+        for name, r in entry.get("validation", {}).items():
+            lines.append(
+                f"| {epoch} | {name} | {r['ndcg_1']:.3f} | {r['ndcg_5']:.3f} | {r['reward']:.4f} "
+                f"| {r['parse_rate']:.2f} | {r['questions']} | {'yes' if name in top else ''} |"
+            )
+    lines += ["", "Per epoch (from the trainer's log history; means over logged steps):", ""]
+    keys = (
+        "reward",
+        "reward/r_ans",
+        "reward/r_ret",
+        "reward/parse_rate",
+        "reward/call_ratio",
+        "dynamic_sampling/effective_groups",
+        "dynamic_sampling/extra_rounds",
+        "step_time",
+    )
+    lines += ["| epoch | steps | " + " | ".join(keys) + " |", "|---" * (len(keys) + 2) + "|"]
+    for epoch, entry in enumerate(summary["epochs"]):
+        state_path = out / f"epoch-{epoch}" / "trainer_state.json"
+        if not state_path.exists():
+            continue
+        history = json.loads(state_path.read_text(encoding="utf-8")).get("log_history", [])
+        cells = []
+        for k in keys:
+            vals = [float(h[k]) for h in history if k in h]
+            cells.append(f"{sum(vals) / len(vals):.3f}" if vals else "")
+        lines.append(f"| {epoch} | {entry.get('steps', '')} | " + " | ".join(cells) + " |")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 _CURVES = (

@@ -1,0 +1,753 @@
+"""RL data: loaded datasets -> budgeted proxy prompts -> a parquet DatasetDict for GRPO.
+
+A recipe (``configs/data/*.yaml``, :class:`RLDataConfig`) names the proxy's tokenizer and window,
+the coarse filter, and one or more sources (LoCoMo, LongMemEval, our JSONL), each with a train
+``count``. :func:`prepare_rl_data` builds every question's prompt with the shared
+:class:`~memsifter.ranker.prompt.PromptBuilder` (the coarse filter's budgeted selection included),
+so the proxy trains on exactly the prompt it is served, and writes ``train.parquet``,
+``validation.parquet``, ``split.json``, a dataset card ``README.md``, the resolved
+``recipe.yaml`` and the curriculum report (:mod:`memsifter.training.curriculum`).
+
+**Split by conversation, never by question.** Questions about one conversation share its
+sessions; splitting them across train and validation would let the proxy see validation evidence
+in training. A source lists its ``train_conversations`` / ``heldout_conversations`` (ids or
+0-based indexes; one list alone means "the rest" for the other), or gives a
+``heldout_fraction`` for a seeded hash split, which suits LongMemEval, where every question has its
+own haystack (its "conversation" is the question id). The hash depends only on the seed and the
+conversation id, so the same question lands in the same split in LongMemEval S and M, and adding
+data never moves an old conversation. LoCoMo with neither defaults to conversations 0-6 train,
+7-9 held out.
+
+**Candidates** are whole sessions, or with ``unit: page`` pages of a few consecutive turns
+(:mod:`memsifter.data.units`; gold pages are those holding the evidence turns), so that a small
+CPU window still shows several candidates. ``candidates`` and ``gold_ids`` then hold pages.
+
+**Rows.** Questions without any gold session are dropped (counted in the card): they can give
+neither a retrieval reward nor a curriculum score. Questions whose gold sessions the coarse filter
+cut from the prompt are kept, with ``gold_in_prompt = 0``; their NDCG is 0. Columns:
+
+* ``prompt``: the chat messages (``[{"role", "content"}]``) TRL renders with the chat template;
+* the reward columns of :func:`memsifter.rewards.columns.reward_columns`: ``question``,
+  ``answer``, ``question_date``, ``candidates`` (JSON, prompt order), ``gold_ids``, ``category``,
+  ``data_source`` (the dataset family; it picks the task score);
+* ``qid`` (``<source>/<loader qid>``, unique across sources: LongMemEval S and M share question
+  ids), ``source`` (the recipe's source name), ``conversation``;
+* ``coarse_order`` (prompt positions, coarse filter's best first), ``gold_positions`` (prompt
+  positions of the gold sessions), ``gold_in_prompt``, ``n_candidates``, ``prompt_tokens``
+  (rendered with the chat template, never above window − completion), ``n_dropped`` (sessions the
+  coarse filter cut), ``truncated`` (the one session shown was cut to fit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from memsifter.config import load_config
+from memsifter.data import LOADERS, MemoryDataset, load_dataset
+from memsifter.data.types import Query
+from memsifter.data.units import UNITS, to_units
+from memsifter.errors import DataError, UnknownNameError
+from memsifter.ranker.prompt import LANGUAGES, BuiltPrompt, PromptBuilder
+from memsifter.rewards.columns import reward_columns
+from memsifter.training.curriculum import (
+    CurriculumConfig,
+    CurriculumReport,
+    Example,
+    read_rankings,
+    select,
+    write_report,
+)
+
+if TYPE_CHECKING:
+    from datasets import DatasetDict, Features
+    from rich.console import Console
+
+    from memsifter.coarse.base import CoarseFilter
+
+DEFAULT_LOCOMO_PATH = "../shared/data/locomo/locomo10.json"
+LOCOMO_HELDOUT = ("7", "8", "9")  # the eval's held-out conversations; 0-6 train
+SPLITS: tuple[str, ...] = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One dataset in the recipe. Conversations are ids or 0-based indexes in file order."""
+
+    name: str  # the row's ``source`` and the key of --data overrides; unique in the recipe
+    dataset: str = "locomo"  # loader: locomo | longmemeval | jsonl
+    path: str = DEFAULT_LOCOMO_PATH
+    count: int | None = None  # train rows kept by the curriculum; null keeps every train row
+    train_conversations: list[int | str] | None = None
+    heldout_conversations: list[int | str] | None = None
+    heldout_fraction: float | None = None  # seeded hash split when no lists are given
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"source name must be non-empty and without '/', got {self.name!r}")
+        if self.dataset not in LOADERS:
+            raise ValueError(
+                f"source {self.name!r}: dataset must be one of {sorted(LOADERS)}, "
+                f"got {self.dataset!r}"
+            )
+        if self.count is not None and self.count < 0:
+            raise ValueError(f"source {self.name!r}: count must be >= 0, got {self.count}")
+        listed = self.train_conversations is not None or self.heldout_conversations is not None
+        if self.heldout_fraction is not None:
+            if listed:
+                raise ValueError(
+                    f"source {self.name!r}: give conversation lists or heldout_fraction, not both"
+                )
+            if not 0.0 <= self.heldout_fraction <= 1.0:
+                raise ValueError(
+                    f"source {self.name!r}: heldout_fraction must be in [0, 1], "
+                    f"got {self.heldout_fraction}"
+                )
+        elif not listed and self.dataset != "locomo":
+            raise ValueError(
+                f"source {self.name!r}: say how to split it: train_conversations / "
+                "heldout_conversations, or heldout_fraction"
+            )
+
+
+@dataclass(frozen=True)
+class RLDataConfig:
+    """A dataset recipe: the proxy's prompt format and budget, the sources, the curriculum."""
+
+    sources: list[SourceConfig] = field(default_factory=list)
+    model: str = "smollm2-135m-instruct"  # whose tokenizer and chat template render prompts
+    window_tokens: int = 8192  # the proxy's context window
+    completion_tokens: int = 160  # reserved for <think>…</think><ranking>…</ranking>
+    coarse: str = "bm25"  # coarse filter spec (memsifter.coarse.build_filter)
+    language: str = "en"  # prompt language: en | zh
+    ask_think: bool = True  # ask for <think> before the ranking
+    # What a candidate is: whole sessions, or pages of ``turns_per_page`` consecutive turns
+    # (memsifter.data.units), which let a ~1K-token CPU window hold several candidates.
+    unit: str = "session"
+    turns_per_page: int = 4
+    seed: int = 0  # hash split and curriculum tie-breaks / random sampling
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ValueError("the recipe names no sources")
+        names = [s.name for s in self.sources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"source names must be unique; repeated: {dup}")
+        if self.completion_tokens < 0 or self.window_tokens <= self.completion_tokens:
+            raise ValueError(
+                f"window_tokens ({self.window_tokens}) must exceed completion_tokens "
+                f"({self.completion_tokens}) >= 0"
+            )
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+        if self.turns_per_page < 1:
+            raise ValueError(f"turns_per_page must be >= 1, got {self.turns_per_page}")
+        if self.language not in LANGUAGES:
+            raise ValueError(f"language must be one of {LANGUAGES}, got {self.language!r}")
+
+    @property
+    def budget_tokens(self) -> int:
+        return self.window_tokens - self.completion_tokens
+
+
+def load_rl_data_config(path: str | Path) -> RLDataConfig:
+    """Load a recipe; unknown keys, wrong types and refused values are errors naming the file."""
+    try:
+        return load_config(RLDataConfig, path)
+    except DataError:
+        raise
+    except ValueError as e:
+        raise DataError(str(e), file=str(path)) from e
+
+
+def parse_data_overrides(values: Sequence[str], cfg: RLDataConfig) -> dict[str, str]:
+    """``--data`` values: ``NAME=PATH`` per source, or a bare ``PATH`` when there is one source."""
+    out: dict[str, str] = {}
+    names = [s.name for s in cfg.sources]
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            if len(names) != 1:
+                raise DataError(
+                    f"--data {value!r}: the recipe has {len(names)} sources ({', '.join(names)}); "
+                    "write NAME=PATH",
+                    field="--data",
+                )
+            name, path = names[0], value
+        if name not in names:
+            raise DataError(
+                f"--data {value!r}: no source named {name!r}; sources: {', '.join(names)}",
+                field="--data",
+            )
+        out[name] = path
+    return out
+
+
+def with_data_paths(cfg: RLDataConfig, paths: Mapping[str, str]) -> RLDataConfig:
+    """The recipe with some sources' ``path`` replaced (by source name)."""
+    names = {s.name for s in cfg.sources}
+    unknown = sorted(set(paths) - names)
+    if unknown:
+        raise DataError(f"no source named {unknown}; sources: {sorted(names)}", field="sources")
+    sources = [
+        dataclasses.replace(s, path=paths[s.name]) if s.name in paths else s for s in cfg.sources
+    ]
+    return dataclasses.replace(cfg, sources=sources)
+
+
+@dataclass(frozen=True)
+class ConversationSplit:
+    """Which conversations of one source went where."""
+
+    source: str
+    method: str  # listed | hash | locomo-default
+    train: tuple[str, ...]
+    validation: tuple[str, ...]
+    unused: tuple[str, ...] = ()  # listed in neither split (both lists given)
+    heldout_fraction: float | None = None
+
+    def assignment(self) -> dict[str, str]:
+        """Conversation id -> split, for the conversations in a split."""
+        return {
+            **dict.fromkeys(self.train, "train"),
+            **dict.fromkeys(self.validation, "validation"),
+        }
+
+
+def _conversation(query: Query) -> str:
+    # A query without a conversation id is its own conversation.
+    return query.conversation_id or query.qid
+
+
+def _conversation_keys(dataset: MemoryDataset) -> list[str]:
+    keys = list(dataset.conversations)
+    seen = set(keys)
+    for q in dataset.queries:
+        c = _conversation(q)
+        if c not in seen:
+            keys.append(c)
+            seen.add(c)
+    return keys
+
+
+def _resolve(raw: Sequence[int | str], keys: list[str], source: str, key: str) -> list[str]:
+    out = []
+    known = set(keys)
+    for item in raw:
+        text = str(item)
+        if text in known:
+            out.append(text)
+        elif text.isdigit() and int(text) < len(keys):
+            out.append(keys[int(text)])
+        else:
+            raise UnknownNameError(
+                f"source {source!r}, {key}: unknown conversation {item!r}; known: "
+                f"{', '.join(keys[:12])}{' …' if len(keys) > 12 else ''} "
+                f"(or indexes 0..{len(keys) - 1})"
+            )
+    return list(dict.fromkeys(out))
+
+
+def hash_fraction(seed: int, conversation: str) -> float:
+    """A uniform number in [0, 1) fixed by the seed and the conversation id."""
+    digest = hashlib.sha256(f"{seed}:{conversation}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_conversations(
+    dataset: MemoryDataset, source: SourceConfig, seed: int = 0
+) -> ConversationSplit:
+    """Assign every conversation of ``dataset`` to train or validation (see the module doc)."""
+    keys = _conversation_keys(dataset)
+    if source.heldout_fraction is not None:
+        held = {k for k in keys if hash_fraction(seed, k) < source.heldout_fraction}
+        return ConversationSplit(
+            source=source.name,
+            method="hash",
+            train=tuple(k for k in keys if k not in held),
+            validation=tuple(k for k in keys if k in held),
+            heldout_fraction=source.heldout_fraction,
+        )
+    train_raw, held_raw = source.train_conversations, source.heldout_conversations
+    method = "listed"
+    if train_raw is None and held_raw is None:  # only LoCoMo gets here (see SourceConfig)
+        if len(keys) != 10:
+            raise DataError(
+                f"source {source.name!r}: the default LoCoMo split (conversations 0-6 train, 7-9 "
+                f"held out) is for the 10 conversations of locomo10.json, but this file has "
+                f"{len(keys)}; list train_conversations / heldout_conversations",
+                file=source.path,
+                field="heldout_conversations",
+            )
+        held_raw, method = list(LOCOMO_HELDOUT), "locomo-default"
+    train = _resolve(train_raw, keys, source.name, "train_conversations") if train_raw else None
+    held = _resolve(held_raw, keys, source.name, "heldout_conversations") if held_raw else None
+    if train is None:
+        train = [k for k in keys if k not in set(held or ())]
+    if held is None:
+        held = [k for k in keys if k not in set(train)]
+    both = sorted(set(train) & set(held))
+    if both:
+        raise DataError(
+            f"source {source.name!r}: conversations in both splits: {both}",
+            field="heldout_conversations",
+        )
+    used = set(train) | set(held)
+    return ConversationSplit(
+        source=source.name,
+        method=method,
+        train=tuple(train),
+        validation=tuple(held),
+        unused=tuple(k for k in keys if k not in used),
+    )
+
+
+@dataclass
+class SourcePlan:
+    """A source loaded and split: what the prompts will be built from."""
+
+    config: SourceConfig
+    dataset: MemoryDataset
+    split: ConversationSplit
+    queries: dict[str, list[Query]]  # split -> questions with evidence, in units, file order
+    dropped_no_evidence: dict[str, int]  # split -> questions without any gold session
+
+    def counts(self) -> dict[str, dict[str, int | float]]:
+        return {
+            s: {
+                "conversations": len(self.split.train if s == "train" else self.split.validation),
+                "questions": len(self.queries[s]) + self.dropped_no_evidence[s],
+                "dropped_no_evidence": self.dropped_no_evidence[s],
+                # page units: gold pages taken from whole gold sessions (no turn evidence)
+                "session_level_gold": sum(
+                    bool(q.meta.get("session_level_gold")) for q in self.queries[s]
+                ),
+            }
+            for s in SPLITS
+        }
+
+
+def plan_sources(cfg: RLDataConfig) -> list[SourcePlan]:
+    """Load and split every source (no tokenizer, no prompts): the recipe's dry run."""
+    for i, s in enumerate(cfg.sources):
+        if not Path(s.path).is_file():
+            raise DataError(
+                f"dataset file of source {s.name!r} not found: {s.path} (fix the recipe or pass "
+                f"--data {s.name}=PATH)",
+                file=s.path,
+                field=f"sources[{i}].path",
+            )
+    plans = []
+    for s in cfg.sources:
+        ds = load_dataset(s.dataset, s.path)
+        split = split_conversations(ds, s, cfg.seed)
+        assignment = split.assignment()
+        queries: dict[str, list[Query]] = {k: [] for k in SPLITS}
+        dropped = dict.fromkeys(SPLITS, 0)
+        for q in ds.queries:
+            where = assignment.get(_conversation(q))
+            if where is None:
+                continue
+            if q.has_evidence:
+                queries[where].append(to_units(q, cfg.unit, cfg.turns_per_page))  # type: ignore[arg-type]
+            else:
+                dropped[where] += 1
+        plans.append(SourcePlan(s, ds, split, queries, dropped))
+    return plans
+
+
+def _coarse_order(built: BuiltPrompt, query: Query, coarse: CoarseFilter) -> tuple[int, ...]:
+    if built.coarse_order is not None:
+        return built.coarse_order
+    if built.num_candidates == 1:
+        return (0,)
+    # Everything fit, so the builder never asked the coarse filter: rank the candidates now.
+    position = {sid: i for i, sid in enumerate(built.candidate_ids)}
+    by_id = {s.id: s for s in query.haystack}
+    shown = [by_id[sid] for sid in built.candidate_ids]
+    return tuple(position[sid] for sid in coarse.score(query.question, shown).ids)
+
+
+def build_row(
+    query: Query, source: str, builder: PromptBuilder, coarse: CoarseFilter
+) -> dict[str, Any]:
+    """One dataset row (see the module doc for the columns)."""
+    built = builder.build_query(query)
+    gold = set(query.gold_session_ids)
+    gold_positions = [i for i, sid in enumerate(built.candidate_ids) if sid in gold]
+    return {
+        "prompt": [{"role": m["role"], "content": m["content"]} for m in built.messages],
+        **reward_columns(query, built),
+        "qid": f"{source}/{query.qid}",
+        "source": source,
+        "conversation": _conversation(query),
+        "coarse_order": list(_coarse_order(built, query, coarse)),
+        "gold_positions": gold_positions,
+        "gold_in_prompt": len(gold_positions),
+        "n_candidates": built.num_candidates,
+        "prompt_tokens": built.n_tokens,
+        "n_dropped": len(built.dropped_ids),
+        "truncated": bool(built.truncated_ids),
+    }
+
+
+def row_features() -> Features:
+    """The parquet schema, fixed so that every split (even an empty one) has the same types."""
+    from datasets import Features, List, Value
+
+    string, int32 = Value("string"), Value("int32")
+    return Features(
+        {
+            "prompt": List({"role": string, "content": string}),
+            "question": string,
+            "answer": string,
+            "question_date": string,
+            "candidates": string,
+            "gold_ids": List(string),
+            "category": string,
+            "data_source": string,
+            "qid": string,
+            "source": string,
+            "conversation": string,
+            "coarse_order": List(int32),
+            "gold_positions": List(int32),
+            "gold_in_prompt": int32,
+            "n_candidates": int32,
+            "prompt_tokens": int32,
+            "n_dropped": int32,
+            "truncated": Value("bool"),
+        }
+    )
+
+
+@dataclass
+class SourceSummary:
+    source: str
+    dataset: str
+    path: str
+    split: ConversationSplit
+    counts: dict[str, dict[str, int | float]]  # split -> conversations, questions, rows, ...
+
+
+@dataclass
+class RLDataResult:
+    config: RLDataConfig
+    dataset: DatasetDict
+    sources: list[SourceSummary]
+    curriculum: CurriculumReport
+    seconds: float
+    files: list[Path] = field(default_factory=list)
+
+
+def _split_rows(rows: list[dict[str, Any]]) -> dict[str, int | float]:
+    return {
+        "rows": len(rows),
+        "no_gold_in_prompt": sum(r["gold_in_prompt"] == 0 for r in rows),
+        "truncated": sum(r["truncated"] for r in rows),
+        "prompt_tokens_max": max((r["prompt_tokens"] for r in rows), default=0),
+        "candidates_mean": round(sum(r["n_candidates"] for r in rows) / max(len(rows), 1), 2),
+    }
+
+
+def build_rl_dataset(
+    cfg: RLDataConfig,
+    rankings: str | Path | None = None,
+    *,
+    tokenizer: Any | None = None,
+    coarse: CoarseFilter | None = None,
+    console: Console | None = None,
+) -> RLDataResult:
+    """Build every prompt, select the train split with the curriculum, return the DatasetDict."""
+    from datasets import Dataset, DatasetDict
+
+    from memsifter.coarse import build_filter
+    from memsifter.evaluation.retrieval import make_progress
+
+    start = time.perf_counter()
+    plans = plan_sources(cfg)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        from memsifter.models import resolve_model
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model).path)
+    coarse = coarse or build_filter(cfg.coarse)
+    builder = PromptBuilder(
+        tokenizer,
+        cfg.window_tokens,
+        cfg.completion_tokens,
+        coarse=coarse,
+        language=cfg.language,  # type: ignore[arg-type]
+        ask_think=cfg.ask_think,
+    )
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in SPLITS}
+    per_source: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    total = sum(len(p.queries[s]) for p in plans for s in SPLITS)
+    with make_progress(console) as progress:
+        task = progress.add_task("prompts", total=total)
+        for plan in plans:
+            name = plan.config.name
+            per_source[name] = {}
+            for split in SPLITS:
+                built = []
+                for q in plan.queries[split]:
+                    built.append(build_row(q, name, builder, coarse))
+                    progress.advance(task)
+                per_source[name][split] = built
+                rows[split].extend(built)
+
+    n_candidates: dict[str, int] = {}
+    for r in (r for s in SPLITS for r in rows[s]):
+        if r["qid"] in n_candidates:
+            raise DataError(f"question id {r['qid']!r} appears twice in its file", field="qid")
+        n_candidates[r["qid"]] = r["n_candidates"]
+    ranking_map = read_rankings(rankings, n_candidates) if rankings is not None else None
+    keep, report = select(
+        [Example.from_row(r) for r in rows["train"]],
+        {p.config.name: p.config.count for p in plans},
+        cfg.curriculum,
+        seed=cfg.seed,
+        rankings=ranking_map,
+        rankings_file=str(rankings) if rankings is not None else None,
+    )
+    selected = [rows["train"][i] for i in keep]
+
+    features = row_features()
+    columns = list(features)
+
+    def to_dataset(split_rows: list[dict[str, Any]]) -> Dataset:
+        return Dataset.from_dict(
+            {c: [r[c] for r in split_rows] for c in columns}, features=features
+        )
+
+    dataset = DatasetDict(train=to_dataset(selected), validation=to_dataset(rows["validation"]))
+    selected_by_source = {sel.source: sel.n_selected for sel in report.sources}
+    summaries = []
+    for plan in plans:
+        name = plan.config.name
+        counts = plan.counts()
+        for split in SPLITS:
+            counts[split].update(_split_rows(per_source[name][split]))
+        counts["train"]["selected"] = selected_by_source.get(name, 0)
+        summaries.append(
+            SourceSummary(name, plan.config.dataset, plan.config.path, plan.split, counts)
+        )
+    return RLDataResult(cfg, dataset, summaries, report, time.perf_counter() - start)
+
+
+def split_json(result: RLDataResult) -> dict[str, Any]:
+    return {
+        "seed": result.config.seed,
+        "rule": "by conversation: no conversation is in both splits",
+        "sources": {
+            s.source: {
+                "dataset": s.dataset,
+                "path": s.path,
+                "method": s.split.method,
+                "heldout_fraction": s.split.heldout_fraction,
+                "train": list(s.split.train),
+                "validation": list(s.split.validation),
+                "unused": list(s.split.unused),
+                "counts": s.counts,
+            }
+            for s in result.sources
+        },
+    }
+
+
+def _fmt_conversations(ids: Sequence[str], limit: int = 12) -> str:
+    if not ids:
+        return "none"
+    shown = ", ".join(f"`{c}`" for c in ids[:limit])
+    return shown + (f" … ({len(ids)} in all)" if len(ids) > limit else "")
+
+
+def render_card(result: RLDataResult) -> str:
+    """The dataset card: HF front matter (so ``datasets.load_dataset(DIR)`` finds the splits)
+    and what a reader needs to trust the data: recipe, split, drops, curriculum, schema."""
+    cfg, rep = result.config, result.curriculum
+    unit = (
+        "whole sessions"
+        if cfg.unit == "session"
+        else f"pages of {cfg.turns_per_page} turns (gold: the pages holding evidence turns)"
+    )
+    splits = [s for s in SPLITS if len(result.dataset[s])]
+    front = ["---", "configs:", "- config_name: default", "  data_files:"]
+    for s in splits:
+        front += [f"  - split: {s}", f"    path: {s}.parquet"]
+    front.append("---")
+    lines = [
+        *front,
+        "",
+        "# MemSifter RL data",
+        "",
+        f"Built by `memsifter data rl` in {result.seconds:.1f} s. Proxy prompts for `{cfg.model}`: "
+        f"window {cfg.window_tokens} tokens, completion {cfg.completion_tokens} (prompts at most "
+        f"{cfg.budget_tokens}), coarse filter `{cfg.coarse}`, candidates are {unit}, "
+        f"language `{cfg.language}`, seed {cfg.seed}. The resolved recipe is `recipe.yaml`.",
+        "",
+        "## Split",
+        "",
+        "By conversation, never by question: no conversation has questions in both splits "
+        "(`split.json` lists every conversation). Questions without any gold session are "
+        "dropped; questions whose gold the coarse filter cut from the prompt are kept "
+        "(`gold_in_prompt = 0`).",
+        "",
+        "| source | split | conversations | questions | dropped (no evidence) | rows | "
+        "no gold in prompt | truncated | selected |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in result.sources:
+        for split in SPLITS:
+            c = s.counts[split]
+            sel = c.get("selected", c["rows"])
+            lines.append(
+                f"| {s.source} | {split} | {c['conversations']} | {c['questions']} | "
+                f"{c['dropped_no_evidence']} | {c['rows']} | {c['no_gold_in_prompt']} | "
+                f"{c['truncated']} | {sel} |"
+            )
+    lines.append("")
+    for s in result.sources:
+        how = {
+            "listed": "conversations listed in the recipe",
+            "locomo-default": "LoCoMo default: conversations 0-6 train, 7-9 held out",
+            "hash": f"seeded hash of the conversation id, held-out fraction "
+            f"{s.split.heldout_fraction}",
+        }[s.split.method]
+        lines += [
+            f"- **{s.source}** (`{s.dataset}`, `{s.path}`): {how}.",
+            f"  - train: {_fmt_conversations(s.split.train)}",
+            f"  - validation: {_fmt_conversations(s.split.validation)}",
+        ]
+        if s.split.unused:
+            lines.append(f"  - unused: {_fmt_conversations(s.split.unused)}")
+    lines += [
+        "",
+        "## Curriculum",
+        "",
+        f"Strategy `{rep.strategy}`, scored by `{rep.scored_by}`: {rep.note}. "
+        f"priority = 1 − |NDCG@{rep.k} − τ|, τ = {rep.anchor}; only the train split is "
+        "selected, validation stays whole. Details: `curriculum.json`, `curriculum_ndcg.png`.",
+        "",
+        "| source | pool | count | selected | mean NDCG before | mean NDCG after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for sel in rep.sources:
+        before = "–" if sel.ndcg_mean_before is None else f"{sel.ndcg_mean_before:.3f}"
+        after = "–" if sel.ndcg_mean_after is None else f"{sel.ndcg_mean_after:.3f}"
+        count = "all" if sel.count is None else str(sel.count)
+        lines.append(
+            f"| {sel.source} | {sel.n_pool} | {count} | {sel.n_selected} | {before} | {after} |"
+        )
+    lines += [
+        "",
+        "## Columns",
+        "",
+        "`prompt` (chat messages), the reward columns `question`, `answer`, `question_date`, "
+        "`candidates` (JSON sessions in prompt order: `[Session i]` is `candidates[i]`), "
+        "`gold_ids`, `category`, `data_source`; then `qid`, `source`, `conversation`, "
+        "`coarse_order` (prompt positions, coarse best first), `gold_positions`, "
+        "`gold_in_prompt`, `n_candidates`, `prompt_tokens`, `n_dropped`, `truncated`. "
+        "See `memsifter/training/rl_data.py`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_rl_dataset(result: RLDataResult, out: str | Path) -> list[Path]:
+    """Write the parquet splits, ``split.json``, ``README.md``, ``recipe.yaml`` and the
+    curriculum report into ``out``."""
+    import datasets
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # one bar per parquet file is noise in the CLI
+    try:
+        for split in SPLITS:
+            path = out_dir / f"{split}.parquet"
+            result.dataset[split].to_parquet(str(path))
+            files.append(path)
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+    split_path = out_dir / "split.json"
+    split_path.write_text(json.dumps(split_json(result), indent=2) + "\n", encoding="utf-8")
+    recipe = out_dir / "recipe.yaml"
+    recipe.write_text(
+        yaml.safe_dump(dataclasses.asdict(result.config), sort_keys=False), encoding="utf-8"
+    )
+    card = out_dir / "README.md"
+    card.write_text(render_card(result), encoding="utf-8")
+    files += [split_path, recipe, card, *write_report(result.curriculum, out_dir)]
+    result.files = files
+    return files
+
+
+def prepare_rl_data(
+    cfg: RLDataConfig,
+    out: str | Path,
+    rankings: str | Path | None = None,
+    *,
+    tokenizer: Any | None = None,
+    coarse: CoarseFilter | None = None,
+    console: Console | None = None,
+) -> RLDataResult:
+    """Build and write: the whole ``memsifter data rl`` stage."""
+    result = build_rl_dataset(cfg, rankings, tokenizer=tokenizer, coarse=coarse, console=console)
+    write_rl_dataset(result, out)
+    return result
+
+
+def load_rl_dataset(path: str | Path) -> DatasetDict:
+    """Read a folder written by :func:`write_rl_dataset`. Unlike ``datasets.load_dataset``, it
+    accepts an empty split and writes nothing to the HF cache."""
+    import pyarrow.parquet as pq
+    from datasets import Dataset, DatasetDict
+
+    folder = Path(path)
+    splits = {}
+    for split in SPLITS:
+        f = folder / f"{split}.parquet"
+        if not f.is_file():
+            raise DataError(f"missing split file {f.name}", file=str(f))
+        splits[split] = Dataset(pq.read_table(f))
+    return DatasetDict(splits)
+
+
+__all__ = [
+    "DEFAULT_LOCOMO_PATH",
+    "LOCOMO_HELDOUT",
+    "SPLITS",
+    "ConversationSplit",
+    "RLDataConfig",
+    "RLDataResult",
+    "SourceConfig",
+    "SourcePlan",
+    "SourceSummary",
+    "build_rl_dataset",
+    "build_row",
+    "hash_fraction",
+    "load_rl_data_config",
+    "load_rl_dataset",
+    "parse_data_overrides",
+    "plan_sources",
+    "prepare_rl_data",
+    "render_card",
+    "row_features",
+    "split_conversations",
+    "split_json",
+    "with_data_paths",
+    "write_rl_dataset",
+]
