@@ -134,7 +134,7 @@ class EpochSettings:
     save_steps: int = 50
     top_k: int = 3
     select_metric: str = "ndcg@5"  # ndcg@1 | ndcg@5 | reward
-    validation_max_questions: int | None = None
+    validation_max_questions: int | None = None  # a seeded sample of the held-out split
     validation_max_new_tokens: int | None = None  # default: grpo.max_completion_length
     validate_start: bool = True  # also validate the model each epoch starts from
 

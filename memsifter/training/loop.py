@@ -118,7 +118,9 @@ def run_training(
 
     train, val = load_rl_data(cfg.data)
     if cfg.epochs.validation_max_questions is not None:
-        val = val.select(range(min(len(val), cfg.epochs.validation_max_questions)))
+        # A seeded sample across the held-out conversations, not the first file's questions.
+        n = min(len(val), cfg.epochs.validation_max_questions)
+        val = val.shuffle(seed=cfg.grpo.seed).select(range(n))
     log(f"RL data {cfg.data}: {len(train)} training prompts, {len(val)} held-out")
 
     rcfg = load_reward_config(cfg.reward)
