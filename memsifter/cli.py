@@ -373,5 +373,26 @@ def merge(
     )
 
 
+@app.command("serve")
+def serve(
+    config: Annotated[
+        Path | None, typer.Option(help="serve config YAML (default configs/serve/default.yaml)")
+    ] = None,
+    host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
+    seed_sample: Annotated[
+        bool, typer.Option("--seed-sample", help="store a sample user 'alice' and print a curl")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
+) -> None:
+    """Run the recall service (FastAPI; OpenAPI at /docs)."""
+    from memsifter.serving.server import serve as run_server
+
+    try:
+        run_server(config, host=host, port=port, sample=seed_sample, log_level=log_level)
+    except MemSifterError as e:
+        _fail(e)
+
+
 if __name__ == "__main__":
     app()

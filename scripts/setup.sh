@@ -2,12 +2,13 @@
 # Create/refresh the project venv. Pins the CPU torch build where no NVIDIA GPU is present, so
 # pip never pulls a multi-GB CUDA wheel on a CPU box; GPU extras (vllm) stay opt-in.
 #   MEMSIFTER_VENV      venv folder (default .venv)
-#   MEMSIFTER_EXTRAS    extras to install (default train,dev: the tests train with TRL)
+#   MEMSIFTER_EXTRAS    extras to install (default train,serve,dev: training, the recall service
+#                       and the tests)
 #   MEMSIFTER_TORCH     torch requirement (default: torch==2.13.0 on CPU, torch on GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${MEMSIFTER_VENV:-.venv}"
-EXTRAS="${MEMSIFTER_EXTRAS:-train,dev}"
+EXTRAS="${MEMSIFTER_EXTRAS:-train,serve,dev}"
 PY="${PYTHON:-python3}"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

@@ -4,10 +4,16 @@
 #   MEMSIFTER_SKIP_VLLM=1   skip building .venv-vllm (its tests then skip instead of failing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MEMSIFTER_EXTRAS="${MEMSIFTER_EXTRAS:-train,dev}" bash scripts/setup.sh
+MEMSIFTER_EXTRAS="${MEMSIFTER_EXTRAS:-train,serve,postgres,dev}" bash scripts/setup.sh
 if [ "${MEMSIFTER_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/vllm_cpu_server.sh --setup-only
   export MEMSIFTER_REQUIRE_VLLM=1
+fi
+# The recall service's store suite also runs on PostgreSQL: the one this machine provides
+# (127.0.0.1:5432, trust auth, database test) unless a DSN is given; skipped when none answers.
+if [ -z "${MEMSIFTER_TEST_PG_DSN:-}" ] && command -v pg_isready >/dev/null 2>&1 \
+    && pg_isready -q -h 127.0.0.1 -p 5432; then
+  export MEMSIFTER_TEST_PG_DSN="postgresql+psycopg://postgres@127.0.0.1:5432/test"
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-2}"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

@@ -31,6 +31,17 @@ def report_to(cfg: TrainConfig) -> list[str]:
     return [backend]
 
 
+def tracking_kwargs(cfg: TrainConfig, run_name: str) -> dict[str, Any]:
+    """TrainingArguments for the tracker: the project, a run name per stage, and (offline)
+    no trackio Space or static-Space sync."""
+    out: dict[str, Any] = {"report_to": report_to(cfg), "run_name": run_name}
+    if cfg.tracking.backend == "trackio":
+        out["project"] = cfg.tracking.project
+        if cfg.tracking.offline:
+            out["trackio_static_space_id"] = False
+    return out
+
+
 def precision(cfg: TrainConfig, cuda: bool) -> tuple[bool, str]:
     """(bf16, torch dtype name) for the trainer and the model."""
     dtype = cfg.model.dtype
@@ -96,7 +107,7 @@ def grpo_config_kwargs(
         save_steps=cfg.epochs.save_steps,
         max_steps=cfg.epochs.max_steps if max_steps is None else max_steps,
         num_train_epochs=1,  # one pass per epoch of the paper's loop; the loop runs epochs
-        report_to=report_to(cfg),
+        **tracking_kwargs(cfg, Path(output_dir).name),
         use_cpu=not cuda,
         bf16=bf16,
         gradient_checkpointing=cfg.model.gradient_checkpointing,

@@ -101,7 +101,7 @@ def run_training(
     from memsifter.rewards.service import RewardService
     from memsifter.rewards.trl import make_reward_function
     from memsifter.training.averaging import average_checkpoints
-    from memsifter.training.grpo import build_trainer, precision, report_to
+    from memsifter.training.grpo import build_trainer, precision, tracking_kwargs
     from memsifter.training.sft import run_sft
     from memsifter.training.validation import result_dict, validate
 
@@ -145,7 +145,7 @@ def run_training(
                 out / "sft",
                 use_cpu=not cuda,
                 bf16=bf16,
-                report_to=report_to(cfg),
+                tracking=tracking_kwargs(cfg, "sft"),
                 seed=cfg.grpo.seed,
             )
             state.mark("sft", str(final))

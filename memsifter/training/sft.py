@@ -64,7 +64,7 @@ def run_sft(
     *,
     use_cpu: bool,
     bf16: bool,
-    report_to: str | list[str],
+    tracking: dict[str, Any],
     seed: int = 0,
 ) -> Path:
     """Train and save the cold-start model to ``out/final``; returns that folder."""
@@ -88,7 +88,7 @@ def run_sft(
         lr_scheduler_type="constant",
         logging_steps=1,
         save_strategy="no",
-        report_to=report_to,
+        **tracking,
         use_cpu=use_cpu,
         bf16=bf16,
         seed=seed,

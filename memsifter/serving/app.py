@@ -1,0 +1,328 @@
+"""The recall service's FastAPI app: ``create_app(config, ranker=None)``.
+
+Creating the app applies the database migrations, creates the bootstrap API keys and builds the
+ranker (from the config unless one is passed, as tests do with a fake backend), so an app that
+exists is ready. The lifespan only runs the expired-facts sweeper.
+
+Errors: every refusal is ``{"error": {"type", "message", "fields": [{"field", "message"}]},
+"request_id"}`` with a 4xx, and fields are paths such as ``body.sessions[0].turns[2].text``.
+The request middleware refuses oversized and non-UTF-8 bodies before any parsing, and turns
+an unexpected exception into a bare 500 with the request id (the traceback goes to the log,
+never to the client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memsifter.serving.bookmarks import KeywordExtractor, LLMExtractor, YakeExtractor
+from memsifter.serving.config import ServeConfig
+from memsifter.serving.deps import Services
+from memsifter.serving.errors import ServeError
+from memsifter.serving.logs import request_id_var, tenant_var
+from memsifter.serving.memory import MemoryService
+from memsifter.serving.metrics import Metrics
+from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.routes import facts, ops, rank, recall, sessions
+from memsifter.serving.store import Store
+
+logger = logging.getLogger("memsifter.serving")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+def _safe(text: str) -> str:
+    """Text that can always be encoded as UTF-8 JSON (field names and messages can carry
+    whatever the client sent, lone surrogates included)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def error_response(
+    status: int,
+    kind: str,
+    message: str,
+    fields: list[tuple[str, str]] | None = None,
+) -> JSONResponse:
+    body = {
+        "error": {
+            "type": kind,
+            "message": _safe(message),
+            "fields": [{"field": _safe(f), "message": _safe(m)} for f, m in fields or []],
+        },
+        "request_id": request_id_var.get(),
+    }
+    return JSONResponse(body, status_code=status)
+
+
+def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
+    """('body', 'sessions', 0, 'id') -> 'body.sessions[0].id'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
+class RequestMiddleware:
+    """Request id, body limits and UTF-8, access log and latency metrics, last-resort 500."""
+
+    def __init__(self, app: Any, *, max_body_bytes: int, metrics: Metrics) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        given = headers.get("x-request-id", "")
+        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        token = request_id_var.set(rid)
+        tenant_token = tenant_var.set(None)
+        start = time.perf_counter()
+        status = {"code": 500, "started": False}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                status["started"] = True
+                MutableHeaders(scope=message)["x-request-id"] = rid
+            await send(message)
+
+        try:
+            refusal, receive = await self._read_body(scope, headers, receive)
+            if refusal is not None:
+                await refusal(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error", extra={"path": scope.get("path")})
+            if not status["started"]:
+                response = error_response(500, "internal_error", "internal error; see the logs")
+                await response(scope, receive, send_with_id)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            elapsed = time.perf_counter() - start
+            method = scope.get("method", "")
+            self.metrics.request_seconds.labels(method, template, str(status["code"])).observe(
+                elapsed
+            )
+            logger.info(
+                "request",
+                extra={
+                    "method": method,
+                    "route": template,
+                    "status": status["code"],
+                    "ms": round(elapsed * 1000, 2),
+                },
+            )
+            tenant_var.reset(tenant_token)
+            request_id_var.reset(token)
+
+    async def _read_body(
+        self, scope: Scope, headers: dict[str, str], receive: Receive
+    ) -> tuple[JSONResponse | None, Receive]:
+        """Read the whole body (up to the limit) so size and encoding are checked before any
+        parser sees it; hand the app a receive that replays it."""
+        if scope.get("method") not in _BODY_METHODS:
+            return None, receive
+        limit = self.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return self._too_large(int(declared)), receive
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return self._too_large(size), receive
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body:
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return (
+                    error_response(
+                        400,
+                        "invalid_encoding",
+                        f"the body is not valid UTF-8 (byte {e.start})",
+                        [("body", "not valid UTF-8")],
+                    ),
+                    receive,
+                )
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return None, replay
+
+    def _too_large(self, size: int) -> JSONResponse:
+        return error_response(
+            413,
+            "payload_too_large",
+            f"the body has at least {size} bytes; the limit is {self.max_body_bytes}",
+            [("body", f"larger than {self.max_body_bytes} bytes")],
+        )
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            e = next(e for e in errors if e.get("type") == "json_invalid")
+            reason = (e.get("ctx") or {}).get("error", "invalid JSON")
+            where = e["loc"][-1] if len(e["loc"]) > 1 else "?"
+            return error_response(
+                400,
+                "malformed_json",
+                f"the body is not valid JSON: {reason} at character {where}",
+                [("body", f"malformed JSON: {reason}")],
+            )
+        fields = [(field_path(e["loc"]), str(e.get("msg", "invalid"))) for e in errors]
+        summary = "; ".join(f"{f}: {m}" for f, m in fields[:5])
+        return error_response(422, "validation_error", f"invalid request: {summary}", fields)
+
+    @app.exception_handler(ServeError)
+    async def _serve(_request: Request, exc: ServeError) -> JSONResponse:
+        kind = {401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict"}.get(
+            exc.status, "payload_too_large" if exc.status == 413 else "invalid_request"
+        )
+        if exc.status >= 500:
+            kind = "unavailable"
+        fields = [(exc.field, exc.message)] if exc.field else []
+        response = error_response(exc.status, kind, exc.message, fields)
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        field = {404: "path", 405: "method"}.get(exc.status_code, "body")
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        return error_response(exc.status_code, "http_error", message, [(field, message)])
+
+
+def build_extractor(config: ServeConfig, ranker: ServiceRanker) -> KeywordExtractor:
+    b = config.bookmarks
+    if b.extractor == "llm" and ranker.backend is not None:
+        return LLMExtractor(ranker.backend, max_keywords=b.max_keywords)
+    return YakeExtractor(max_keywords=b.max_keywords, max_ngram=b.max_ngram, language=b.language)
+
+
+def bootstrap_keys(config: ServeConfig, store: Store) -> None:
+    for i, k in enumerate(config.api_keys):
+        key = os.environ.get(k.key_env) if k.key_env else None
+        if k.key_env and not key:
+            logger.warning(
+                "api_keys[%d]: environment variable %s is not set; key skipped", i, k.key_env
+            )
+            continue
+        store.add_api_key(
+            k.tenant, key=key, key_sha256=k.key_sha256, agent=k.agent, fact_types=k.fact_types
+        )
+
+
+def _sweeper(config: ServeConfig, store: Store, metrics: Metrics, stop: threading.Event) -> None:
+    interval = config.facts.sweep_interval_s
+    while not stop.wait(interval):
+        try:
+            n = store.sweep_expired()
+            metrics.facts_swept.inc(n)
+            if n:
+                logger.info("swept expired facts", extra={"deleted": n})
+        except Exception:  # the next round retries; a dead sweeper thread would not
+            logger.exception("fact sweep failed")
+
+
+def create_app(
+    config: ServeConfig,
+    ranker: ServiceRanker | None = None,
+    *,
+    extractor: KeywordExtractor | None = None,
+) -> FastAPI:
+    store = Store(config.db_url)
+    store.migrate()
+    bootstrap_keys(config, store)
+    ranker = ranker or ServiceRanker.from_config(config)
+    metrics = Metrics(ranker.name)
+    ranker.on_proxy = metrics.observe_proxy
+    memory = MemoryService(config, store, ranker, extractor or build_extractor(config, ranker))
+    services = Services(config, store, ranker, memory, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        thread = None
+        if config.facts.sweep_interval_s > 0:
+            thread = threading.Thread(
+                target=_sweeper, args=(config, store, metrics, stop), daemon=True, name="sweeper"
+            )
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if thread is not None:
+                await asyncio.to_thread(thread.join, 5)
+            store.close()
+
+    app = FastAPI(
+        title="MemSifter recall service",
+        version="0.1.0",
+        description=(
+            "Memory for chat apps: store sessions, recall the pages a question needs (coarse "
+            "filter, keyword bookmarks, then a small proxy model that reasons and ranks), and "
+            f"assemble the working LLM's context. Ranker: **{ranker.name}**."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    _install_error_handlers(app)
+    for router in (rank.router, sessions.router, recall.router, facts.router, ops.router):
+        app.include_router(router)
+    app.add_middleware(
+        RequestMiddleware, max_body_bytes=config.limits.max_body_bytes, metrics=metrics
+    )
+    return app

@@ -1,0 +1,161 @@
+"""The recall service's settings: one typed dataclass tree loaded from YAML
+(``configs/serve/default.yaml``) through ``memsifter.config.load_config``, so a typo in a key or a
+wrong type fails at startup naming the file and the key.
+
+Secrets never live in the YAML: a bootstrap API key is given as the name of an environment
+variable holding it (``key_env``) or as its sha256 (``key_sha256``); the store keeps hashes only.
+``MEMSIFTER_SERVE_DB_URL`` overrides ``db_url`` so one config file serves every deployment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from memsifter.config import load_config
+
+PROXY_BACKENDS = ("coarse-only", "transformers", "openai")
+FACT_TYPES = ("entity", "preference", "event", "task")
+KEYWORD_EXTRACTORS = ("yake", "llm")
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve" / "default.yaml"
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    backend: str = "coarse-only"  # coarse-only | transformers | openai
+    model: str = "smollm2-135m-instruct"  # hub id, local folder or built-in offline name
+    base_url: str | None = None  # openai: the vLLM (or any OpenAI-compatible) server
+    served_model_name: str | None = None
+    window_tokens: int = 8192
+    completion_tokens: int = 1024
+    temperature: float = 0.0
+    language: str = "en"
+    max_candidates: int = 40  # fused coarse+bookmark top-N shown to the proxy
+    # A local transformers model is not thread-safe and saturates the CPU alone; an HTTP server
+    # batches concurrent requests itself.
+    max_concurrency: int = 1
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in PROXY_BACKENDS:
+            raise ValueError(f"proxy.backend must be one of {PROXY_BACKENDS}, got {self.backend!r}")
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("proxy.base_url is required with the openai backend")
+        if self.max_candidates < 1 or self.max_concurrency < 1:
+            raise ValueError("proxy.max_candidates and proxy.max_concurrency must be >= 1")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard input limits; anything over them is a 413/422 naming the field."""
+
+    max_body_bytes: int = 2_000_000
+    max_sessions: int = 200  # per request (rank candidates, one ingest)
+    max_turns_per_session: int = 1000
+    max_turns_per_request: int = 5000  # raw-turn ingest
+    max_text_chars: int = 20_000  # one turn's text
+    max_question_chars: int = 2_000
+    max_top_k: int = 100
+    max_budget_tokens: int = 200_000
+    max_facts_listed: int = 500
+
+
+@dataclass(frozen=True)
+class PagingSettings:
+    """Cooperative paging of memory pages into the working LLM's context.
+
+    Watermarks are fractions of the tokens left for pages after facts and recent turns: nothing
+    is evicted while the resident pages stay under ``high_watermark``; once over it, the least
+    relevant resident pages go until usage is at or under ``low_watermark``. The gap stops a
+    page set that hovers at the limit from thrashing on every turn.
+    """
+
+    turns_per_page: int = 4
+    high_watermark: float = 0.9
+    low_watermark: float = 0.6
+    page_in_k: int = 5  # pages recall offers per context request
+    facts_fraction: float = 0.2  # most of the budget pinned facts may take
+    recent_fraction: float = 0.3  # most of the budget recent turns may take
+    recent_turns: int = 8
+    tokenizer: str | None = None  # budgets in this tokenizer's tokens; None: regex approximation
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
+            raise ValueError("paging watermarks need 0 < low_watermark <= high_watermark <= 1")
+        if self.turns_per_page < 1:
+            raise ValueError("paging.turns_per_page must be >= 1")
+        for name in ("facts_fraction", "recent_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"paging.{name} must be within 0..1")
+
+
+@dataclass(frozen=True)
+class BookmarkSettings:
+    extractor: str = "yake"  # yake (offline) | llm (the proxy backend; not with coarse-only)
+    max_keywords: int = 8
+    max_ngram: int = 2
+    language: str = "en"
+    rrf_k: int = 60  # reciprocal-rank fusion constant for coarse + bookmark rankings
+
+    def __post_init__(self) -> None:
+        if self.extractor not in KEYWORD_EXTRACTORS:
+            raise ValueError(f"bookmarks.extractor must be one of {KEYWORD_EXTRACTORS}")
+
+
+@dataclass(frozen=True)
+class FactSettings:
+    decay_per_day: float = 0.01  # score multiplier 1 / (1 + decay_per_day * days)
+    sweep_interval_s: float = 3600.0  # background purge of expired facts; 0 disables it
+    context_max_facts: int = 20
+
+
+@dataclass(frozen=True)
+class ApiKeySettings:
+    """A key created at startup if missing. Exactly one of ``key_env``/``key_sha256``."""
+
+    tenant: str
+    key_env: str | None = None  # environment variable holding the plaintext key
+    key_sha256: str | None = None  # or its hex sha256, so not even the env holds it
+    agent: str | None = None  # the agent this key speaks for (logs, fact visibility)
+    fact_types: list[str] | None = None  # fact types this agent may see; None: all
+
+    def __post_init__(self) -> None:
+        if (self.key_env is None) == (self.key_sha256 is None):
+            raise ValueError("api_keys: give exactly one of key_env or key_sha256")
+        for t in self.fact_types or ():
+            if t not in FACT_TYPES:
+                raise ValueError(f"api_keys.fact_types: unknown type {t!r}; use {FACT_TYPES}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    db_url: str = "sqlite:///memsifter.db"
+    coarse: str = "bm25"  # any memsifter.coarse.build_filter spec
+    proxy: ProxySettings = field(default_factory=ProxySettings)
+    limits: Limits = field(default_factory=Limits)
+    paging: PagingSettings = field(default_factory=PagingSettings)
+    bookmarks: BookmarkSettings = field(default_factory=BookmarkSettings)
+    facts: FactSettings = field(default_factory=FactSettings)
+    api_keys: list[ApiKeySettings] = field(default_factory=list)
+    index_cache_users: int = 256  # per-user coarse indexes kept in memory (LRU)
+    sample_tenant: str = "demo"  # --seed-sample writes here
+    sample_key_env: str = "MEMSIFTER_DEMO_KEY"
+
+    def __post_init__(self) -> None:
+        if self.bookmarks.extractor == "llm" and self.proxy.backend == "coarse-only":
+            raise ValueError("bookmarks.extractor: llm needs a proxy backend, not coarse-only")
+
+    @property
+    def ranker_name(self) -> str:
+        """What every response reports as ``ranker``."""
+        if self.proxy.backend == "coarse-only":
+            return "coarse-only"
+        return f"proxy:{self.proxy.backend}:{self.proxy.model}"
+
+
+def load_serve_config(path: str | Path | None = None) -> ServeConfig:
+    """``path`` (default ``configs/serve/default.yaml``), then environment overrides."""
+    cfg = load_config(ServeConfig, path or DEFAULT_CONFIG)
+    db_url = os.environ.get("MEMSIFTER_SERVE_DB_URL")
+    return replace(cfg, db_url=db_url) if db_url else cfg

@@ -1,0 +1,118 @@
+"""What routes share: the app's services, the caller's identity, path parameters, and the checks
+of deployment limits that pydantic cannot know about."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from memsifter.data.types import Session, Turn
+from memsifter.serving.config import Limits, ServeConfig
+from memsifter.serving.errors import ServeError
+from memsifter.serving.logs import tenant_var
+from memsifter.serving.memory import MemoryService, session_from_input
+from memsifter.serving.metrics import Metrics
+from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.schemas import SESSION_ID_PATTERN, USER_ID_PATTERN, SessionIn, TurnIn
+from memsifter.serving.store import Principal, Store
+
+
+@dataclass
+class Services:
+    config: ServeConfig
+    store: Store
+    ranker: ServiceRanker
+    memory: MemoryService
+    metrics: Metrics
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+_bearer = HTTPBearer(auto_error=False, description="A tenant API key: `Authorization: Bearer KEY`")
+
+
+async def principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if credentials is None or not credentials.credentials:
+        raise ServeError(
+            "missing API key: send 'Authorization: Bearer <key>'",
+            field="header.Authorization",
+            status=401,
+        )
+    store: Store = request.app.state.services.store
+    who = await run_in_threadpool(store.authenticate, credentials.credentials)
+    if who is None:
+        raise ServeError("invalid API key", field="header.Authorization", status=401)
+    tenant_var.set(who.tenant_id)
+    return who
+
+
+Svc = Annotated[Services, Depends(services)]
+Who = Annotated[Principal, Depends(principal)]
+UserId = Annotated[str, Path(pattern=USER_ID_PATTERN, description="the app's id of the user")]
+SessionId = Annotated[str, Path(pattern=SESSION_ID_PATTERN)]
+
+
+def to_turn(t: TurnIn) -> Turn:
+    return Turn(speaker=t.speaker, text=t.text, turn_id=t.turn_id, timestamp=t.timestamp)
+
+
+def to_session(s: SessionIn) -> Session:
+    return session_from_input(s.id, [to_turn(t) for t in s.turns], s.date, s.date_text)
+
+
+def check_question(question: str, limits: Limits, field: str = "body.question") -> None:
+    if len(question) > limits.max_question_chars:
+        raise ServeError(
+            f"question has {len(question)} characters; the limit is {limits.max_question_chars}",
+            field=field,
+            status=413,
+        )
+
+
+def check_top_k(k: int | None, limits: Limits, field: str) -> None:
+    if k is not None and k > limits.max_top_k:
+        raise ServeError(f"{k} is over the limit of {limits.max_top_k}", field=field, status=422)
+
+
+def check_turns(turns: Sequence[TurnIn], limits: Limits, field: str, max_turns: int) -> None:
+    if len(turns) > max_turns:
+        raise ServeError(f"{len(turns)} turns; the limit is {max_turns}", field=field, status=413)
+    seen: set[str] = set()
+    for j, t in enumerate(turns):
+        if len(t.text) > limits.max_text_chars:
+            raise ServeError(
+                f"text has {len(t.text)} characters; the limit is {limits.max_text_chars}",
+                field=f"{field}[{j}].text",
+                status=413,
+            )
+        if t.turn_id is not None:
+            if t.turn_id in seen:
+                raise ServeError(
+                    f"turn id {t.turn_id!r} repeats", field=f"{field}[{j}].turn_id", status=422
+                )
+            seen.add(t.turn_id)
+
+
+def check_sessions(
+    sessions: Sequence[SessionIn], limits: Limits, field: str = "body.sessions"
+) -> None:
+    if len(sessions) > limits.max_sessions:
+        raise ServeError(
+            f"{len(sessions)} sessions; the limit is {limits.max_sessions}", field=field, status=413
+        )
+    seen: set[str] = set()
+    for i, s in enumerate(sessions):
+        if s.id in seen:
+            raise ServeError(f"session id {s.id!r} repeats", field=f"{field}[{i}].id", status=422)
+        seen.add(s.id)
+        check_turns(s.turns, limits, f"{field}[{i}].turns", limits.max_turns_per_session)

@@ -1,0 +1,374 @@
+"""The memory layer between a chat app and its working LLM: ingest, recall, context assembly.
+
+Routes stay thin and call this; it joins the store, the ranker, bookmarks, facts and paging.
+
+* **Ingest.** Sessions (or raw turns, segmented by ``memsifter.data.segment``) are cut into pages
+  of ``turns_per_page`` turns (``memsifter.data.units.page_session``); each page is counted,
+  bookmarked, and stored with its session in one transaction; then this replica's coarse index
+  of the user is rebuilt, so the first query after an ingest pays nothing for it.
+* **Recall.** The user's pages, ranked by ``ServiceRanker`` (coarse fused with bookmark hits,
+  then the proxy), top-k back with keywords and scores.
+* **Context.** Pinned facts (at most ``facts_fraction`` of the budget), then the paged-in pages,
+  then the most recent turns (at most ``recent_fraction``); pages get what the other two leave,
+  and ``paging.plan_paging`` decides what enters and leaves within that.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from memsifter.data.segment import SegmentConfig, segment_turns
+from memsifter.data.tokens import ApproxCounter, HFCounter, TokenCounter
+from memsifter.data.types import Session, Turn
+from memsifter.data.units import page_session
+from memsifter.serving.bookmarks import KeywordExtractor, query_terms, to_bookmarks
+from memsifter.serving.config import ServeConfig
+from memsifter.serving.errors import ConflictError, NotFoundError, ServeError
+from memsifter.serving.facts import ScoredFact, rank_facts, render_fact
+from memsifter.serving.paging import PageSlot, PagingPlan, plan_paging
+from memsifter.serving.ranking import RankOutcome, ServiceRanker, UserIndex
+from memsifter.serving.store import (
+    PageRecord,
+    Principal,
+    SessionRecord,
+    Store,
+    StoredPage,
+    utcnow,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecallHitResult:
+    page: StoredPage
+    rank: int
+    score: float
+    coarse_score: float
+    bookmark_score: float | None
+    keywords: list[str]
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    outcome: RankOutcome
+    hits: list[RecallHitResult]
+
+
+@dataclass(frozen=True)
+class ContextResult:
+    text: str
+    facts: list[ScoredFact]
+    pages: list[StoredPage]
+    recent: list[Turn]
+    plan: PagingPlan
+    tokens: dict[str, int]
+    outcome: RankOutcome | None  # the eviction ranking, when the high watermark was crossed
+    recall: RecallResult | None
+
+
+class MemoryService:
+    def __init__(
+        self,
+        config: ServeConfig,
+        store: Store,
+        ranker: ServiceRanker,
+        extractor: KeywordExtractor,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.ranker = ranker
+        self.extractor = extractor
+        tokenizer = config.paging.tokenizer
+        self.counter: TokenCounter = counter or (
+            HFCounter(tokenizer) if tokenizer else ApproxCounter()
+        )
+
+    # -- ingest
+
+    def _record(self, session: Session) -> SessionRecord:
+        pages = page_session(session, self.config.paging.turns_per_page)
+        ids = [p.id for p in pages]
+        if len(set(ids)) != len(ids):
+            raise ServeError(
+                f"session {session.id!r} has repeated turn ids, so its pages cannot be named",
+                field="turn_id",
+                status=422,
+            )
+        keywords = self.extractor.extract(pages)
+        records = []
+        start = 0
+        for page, kws in zip(pages, keywords, strict=True):
+            end = start + len(page.turns)
+            records.append(
+                PageRecord(
+                    page_id=page.id,
+                    turn_start=start,
+                    turn_end=end,
+                    n_tokens=self.counter.count(page.render()),
+                    bookmarks=to_bookmarks(kws),
+                )
+            )
+            start = end
+        return SessionRecord(session, self.counter.count(session.render()), tuple(records))
+
+    def ingest_sessions(
+        self, who: Principal, user: str, sessions: Sequence[Session], *, replace: bool = False
+    ) -> list[SessionRecord]:
+        records = []
+        for i, s in enumerate(sessions):
+            try:
+                records.append(self._record(s))
+            except ServeError as e:
+                e.field = f"body.sessions[{i}].turns"
+                raise
+        try:
+            self.store.put_sessions(who.tenant_id, user, records, replace=replace)
+        except ServeError as e:  # the store names fields of its input; callers sent a body
+            if e.field and not e.field.startswith("body."):
+                e.field = f"body.{e.field}"
+            raise
+        self.ranker.user_index(self.store, who.tenant_id, user)  # index now, not on first query
+        logger.info(
+            "ingested sessions",
+            extra={
+                "user": user,
+                "sessions": len(records),
+                "pages": sum(len(r.pages) for r in records),
+            },
+        )
+        return records
+
+    def ingest_turns(
+        self,
+        who: Principal,
+        user: str,
+        turns: Sequence[Turn],
+        *,
+        prefix: str | None = None,
+        max_gap: timedelta = timedelta(hours=4),
+        topic_threshold: float | None = 0.05,
+    ) -> list[SessionRecord]:
+        # A fresh prefix per call: segment ids restart at 0, and two batches must not collide.
+        prefix = prefix or f"t{utcnow():%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
+        config = SegmentConfig(max_gap=max_gap, topic_threshold=topic_threshold)
+        sessions = segment_turns(turns, config, id_prefix=prefix)
+        try:
+            return self.ingest_sessions(who, user, sessions)
+        except ConflictError as e:  # the ids came from the prefix, not from the body
+            e.field = "body.session_prefix"
+            raise
+
+    # -- recall
+
+    def _index(self, who: Principal, user: str) -> UserIndex:
+        index = self.ranker.user_index(self.store, who.tenant_id, user)
+        if index is None:
+            raise NotFoundError(f"unknown user {user!r}", field="path.user_id")
+        return index
+
+    def _rank_pages(
+        self,
+        who: Principal,
+        user: str,
+        question: str,
+        pages: Sequence[Session],
+        question_date: str | None,
+        bookmarks: bool = True,
+    ) -> RankOutcome:
+        hits = (
+            self.store.bookmark_hits(who.tenant_id, user, query_terms(question))
+            if bookmarks
+            else {}
+        )
+        return self.ranker.rank(question, pages, question_date=question_date, bookmark_score=hits)
+
+    def recall(
+        self,
+        who: Principal,
+        user: str,
+        question: str,
+        *,
+        top_k: int = 5,
+        question_date: str | None = None,
+        exclude: Sequence[str] = (),
+    ) -> RecallResult:
+        index = self._index(who, user)
+        skip = set(exclude)
+        pages = [s for s in index.sessions if s.id not in skip]
+        outcome = self._rank_pages(who, user, question, pages, question_date)
+        top = list(outcome.ids[:top_k])
+        keywords = self.store.page_keywords(who.tenant_id, user, top)
+        hits = [
+            RecallHitResult(
+                page=index.by_id[pid],
+                rank=i + 1,
+                score=outcome.score.get(pid, 0.0),
+                coarse_score=outcome.coarse_score.get(pid, 0.0),
+                bookmark_score=outcome.bookmark_score.get(pid),
+                keywords=keywords.get(pid, []),
+            )
+            for i, pid in enumerate(top)
+        ]
+        return RecallResult(outcome, hits)
+
+    # -- context
+
+    def context(
+        self,
+        who: Principal,
+        user: str,
+        question: str,
+        *,
+        budget_tokens: int,
+        question_date: str | None = None,
+        page_in_k: int | None = None,
+        recent_turns: int | None = None,
+        request_id: str | None = None,
+        now: datetime | None = None,
+    ) -> ContextResult:
+        now = now or utcnow()
+        paging = self.config.paging
+        index = self._index(who, user)
+        count = self.counter.count
+
+        facts = self.store.list_facts(
+            who.tenant_id,
+            user,
+            types=who.fact_types,
+            now=now,
+            limit=self.config.limits.max_facts_listed,
+        )
+        ranked = rank_facts(facts, now, question, self.config.facts.decay_per_day)
+        fact_cap = int(budget_tokens * paging.facts_fraction)
+        pinned: list[ScoredFact] = []
+        # Each section's header is charged to it, so the sections add up to the whole text.
+        fact_tokens = count(_FACTS_HEADER)
+        for sf in ranked[: self.config.facts.context_max_facts]:
+            n = count(render_fact(sf.fact))
+            if fact_tokens + n <= fact_cap:
+                pinned.append(sf)
+                fact_tokens += n
+        if not pinned:
+            fact_tokens = 0
+        self.store.touch_facts([sf.fact.fact_id for sf in pinned], now)
+
+        n_recent = paging.recent_turns if recent_turns is None else recent_turns
+        recent_cap = int(budget_tokens * paging.recent_fraction)
+        recent: list[Turn] = []
+        recent_tokens = count(_RECENT_HEADER)
+        for turn in reversed(self.store.recent_turns(who.tenant_id, user, n_recent)):
+            n = count(turn.render())
+            if recent_tokens + n > recent_cap:
+                break
+            recent.insert(0, turn)
+            recent_tokens += n
+        if not recent:
+            recent_tokens = 0
+
+        page_budget = max(budget_tokens - fact_tokens - recent_tokens - count(_PAGES_HEADER), 0)
+        k = paging.page_in_k if page_in_k is None else page_in_k
+        recall = (
+            self.recall(who, user, question, top_k=k, question_date=question_date)
+            if k > 0 and index.sessions
+            else None
+        )
+        resident = [
+            PageSlot(pid, n)
+            for pid, n in self.store.resident_pages(who.tenant_id, user)
+            if pid in index.by_id
+        ]
+        # Only pages with some evidence are offered: with BM25 the rest of a top-k can be
+        # pages sharing no term with the question, and paging those in only evicts others.
+        offered = [
+            PageSlot(h.page.page.id, h.page.n_tokens)
+            for h in (recall.hits if recall else [])
+            if h.score > 0
+        ]
+        eviction: list[RankOutcome] = []
+
+        def relevance(ids: list[str]) -> Sequence[str]:
+            # One batched call: every resident and offered page in a single ranking.
+            outcome = self._rank_pages(
+                who, user, question, [index.by_id[i].page for i in ids], question_date
+            )
+            eviction.append(outcome)
+            return outcome.ids
+
+        plan = plan_paging(
+            resident,
+            offered,
+            page_budget,
+            high_watermark=paging.high_watermark,
+            low_watermark=paging.low_watermark,
+            relevance=relevance,
+            request_id=request_id,
+        )
+        if plan.events:
+            self.store.apply_paging(
+                who.tenant_id,
+                user,
+                page_in=plan.page_in,
+                page_out=plan.page_out,
+                events=plan.events,
+            )
+        for e in plan.events:
+            logger.info(
+                "paging decision",
+                extra={"user": user, "action": e.action, "page_id": e.page_id, "reason": e.reason},
+            )
+
+        pages = [index.by_id[pid] for pid in plan.resident]
+        text = _assemble(pinned, pages, recent)
+        page_tokens = plan.used_tokens + count(_PAGES_HEADER) if pages else 0
+        tokens = {
+            "budget": budget_tokens,
+            "facts": fact_tokens,
+            "pages": page_tokens,
+            "recent": recent_tokens,
+            "total": count(text),
+        }
+        return ContextResult(
+            text=text,
+            facts=pinned,
+            pages=pages,
+            recent=recent,
+            plan=plan,
+            tokens=tokens,
+            outcome=eviction[0] if eviction else None,
+            recall=recall,
+        )
+
+
+_FACTS_HEADER = "## What I know about the user"
+_PAGES_HEADER = "## Relevant memory"
+_RECENT_HEADER = "## Recent conversation"
+
+
+def _assemble(
+    facts: Sequence[ScoredFact], pages: Sequence[StoredPage], recent: Sequence[Turn]
+) -> str:
+    parts = []
+    if facts:
+        parts.append("\n".join([_FACTS_HEADER, *(render_fact(f.fact) for f in facts)]))
+    if pages:
+        # Chronological, like the proxy's prompt: the working LLM reads memory as a timeline.
+        ordered = sorted(pages, key=lambda p: (p.page.date is None, p.page.date or datetime.min))
+        parts.append("\n\n".join([_PAGES_HEADER, *(p.page.render() for p in ordered)]))
+    if recent:
+        parts.append("\n".join([_RECENT_HEADER, *(t.render() for t in recent)]))
+    return "\n\n".join(parts)
+
+
+def session_from_input(
+    sid: str, turns: Sequence[Turn], date: datetime | None, date_text: str | None
+) -> Session:
+    """A ``Session`` from request data; a missing ``date_text`` is written from ``date``."""
+    if date_text is None and date is not None:
+        date_text = date.strftime("%Y-%m-%d %H:%M")
+    return replace(Session(id=sid, turns=tuple(turns)), date=date, date_text=date_text)

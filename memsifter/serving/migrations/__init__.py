@@ -1,0 +1,1 @@
+"""Alembic migrations of the recall service's schema (``Store.migrate`` applies them)."""

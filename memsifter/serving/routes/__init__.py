@@ -1,0 +1,1 @@
+"""One router per resource: rank (stateless), sessions, recall/context, facts, operations."""

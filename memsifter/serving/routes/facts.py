@@ -1,0 +1,144 @@
+"""Long-term facts: remember, list ("what do you remember"), correct, forget, sweep.
+
+A key's agent sees (and writes) only the fact types its key allows; another type is a 403 on
+write and simply absent on read, so an agent cannot even learn that such facts exist."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path
+
+from memsifter.serving.deps import Svc, UserId, Who
+from memsifter.serving.errors import NotFoundError, ServeError
+from memsifter.serving.facts import normalize_subject, rank_facts
+from memsifter.serving.routes.rank import ERRORS
+from memsifter.serving.schemas import (
+    FACT_ID_PATTERN,
+    DeletedOut,
+    FactAddedOut,
+    FactIn,
+    FactListOut,
+    FactOut,
+    FactPatch,
+    SweepOut,
+)
+from memsifter.serving.store import Fact, Principal, utcnow
+
+router = APIRouter(prefix="/v1", tags=["facts"])
+FACT_ERRORS: dict[int | str, dict[str, Any]] = {**ERRORS, 403: ERRORS[400], 404: ERRORS[400]}
+FactId = Annotated[str, Path(pattern=FACT_ID_PATTERN)]
+
+
+def fact_out(f: Fact, score: float | None = None) -> FactOut:
+    return FactOut(
+        fact_id=f.fact_id,
+        type=f.type,
+        subject=f.subject,
+        text=f.text,
+        importance=f.importance,
+        created_at=f.created_at,
+        last_accessed_at=f.last_accessed_at,
+        expires_at=f.expires_at,
+        source=f.source,
+        score=score,
+    )
+
+
+def _check_type(who: Principal, fact_type: str, field: str) -> None:
+    if not who.may_see(fact_type):
+        raise ServeError(
+            f"this key's agent may not use {fact_type!r} facts", field=field, status=403
+        )
+
+
+def _visible(svc: Svc, who: Who, user: str, fact_id: str) -> Fact:
+    fact = svc.store.get_fact(who.tenant_id, user, fact_id)
+    if fact is None or not who.may_see(fact.type):
+        raise NotFoundError(f"unknown fact {fact_id!r}", field="path.fact_id")
+    return fact
+
+
+@router.post(
+    "/users/{user_id}/facts", response_model=FactAddedOut, status_code=201, responses=FACT_ERRORS
+)
+def remember(user_id: UserId, body: FactIn, svc: Svc, who: Who) -> FactAddedOut:
+    """Remember a fact. A live fact with the same subject is superseded (kept as history,
+    never returned again); the response lists those."""
+    _check_type(who, body.type, "body.type")
+    expires = body.expires_at
+    if expires is not None and expires <= utcnow():
+        raise ServeError("expires_at is in the past", field="body.expires_at", status=422)
+    fact, old = svc.store.add_fact(
+        who.tenant_id,
+        user_id,
+        type=body.type,
+        subject=normalize_subject(body.subject),
+        text=body.text,
+        importance=body.importance,
+        expires_at=expires,
+        source=who.agent,
+    )
+    return FactAddedOut(fact=fact_out(fact), superseded=old)
+
+
+@router.get("/users/{user_id}/facts", response_model=FactListOut, responses=FACT_ERRORS)
+def what_do_you_remember(user_id: UserId, svc: Svc, who: Who) -> FactListOut:
+    """Every live fact this key may see, by importance times time decay."""
+    now = utcnow()
+    facts = svc.store.list_facts(
+        who.tenant_id,
+        user_id,
+        types=who.fact_types,
+        now=now,
+        limit=svc.config.limits.max_facts_listed,
+    )
+    ranked = rank_facts(facts, now, None, svc.config.facts.decay_per_day)
+    return FactListOut(user_id=user_id, facts=[fact_out(r.fact, r.score) for r in ranked])
+
+
+@router.get("/users/{user_id}/facts/{fact_id}", response_model=FactOut, responses=FACT_ERRORS)
+def get_fact(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> FactOut:
+    return fact_out(_visible(svc, who, user_id, fact_id))
+
+
+@router.patch(
+    "/users/{user_id}/facts/{fact_id}", response_model=FactAddedOut, responses=FACT_ERRORS
+)
+def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Who) -> FactAddedOut:
+    """Correct a fact: the result is a new version that supersedes it (history is kept)."""
+    if not body.model_fields_set:
+        raise ServeError("nothing to correct: send at least one field", field="body", status=422)
+    old = _visible(svc, who, user_id, fact_id)
+    fact_type = body.type or old.type
+    _check_type(who, fact_type, "body.type")
+    expires = body.expires_at if "expires_at" in body.model_fields_set else old.expires_at
+    if expires is not None and expires <= utcnow():
+        raise ServeError("expires_at is in the past", field="body.expires_at", status=422)
+    fact, superseded = svc.store.add_fact(
+        who.tenant_id,
+        user_id,
+        type=fact_type,
+        subject=normalize_subject(body.subject) if body.subject else old.subject,
+        text=body.text or old.text,
+        importance=old.importance if body.importance is None else body.importance,
+        expires_at=expires,
+        source=who.agent,
+        supersedes=fact_id,
+    )
+    return FactAddedOut(fact=fact_out(fact), superseded=superseded)
+
+
+@router.delete("/users/{user_id}/facts/{fact_id}", response_model=DeletedOut, responses=FACT_ERRORS)
+def forget(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> DeletedOut:
+    """Forget a fact for good: it and the versions it superseded are deleted, not hidden."""
+    _visible(svc, who, user_id, fact_id)
+    return DeletedOut(deleted=svc.store.forget_fact(who.tenant_id, user_id, fact_id))
+
+
+@router.post("/facts/sweep", response_model=SweepOut, responses=FACT_ERRORS)
+def sweep(svc: Svc, who: Who) -> SweepOut:
+    """Purge this tenant's expired facts now (the service also sweeps on a timer)."""
+    deleted = svc.store.sweep_expired(tenant=who.tenant_id)
+    svc.metrics.facts_swept.inc(deleted)
+    return SweepOut(deleted=deleted)

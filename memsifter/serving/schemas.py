@@ -1,0 +1,357 @@
+"""Every request and response body of the recall service, in one module (the OpenAPI schema at
+``/docs`` is generated from these).
+
+Requests forbid unknown keys, so a misspelt field is a 422 naming it rather than silently
+ignored. Text fields reject lone UTF-16 surrogates and NUL characters: JSON can spell both
+(``"\\ud800"``, ``"\\u0000"``), but neither can be stored as UTF-8 text (PostgreSQL refuses NUL
+outright), and failing later would be a 500. Limits that depend on the deployment (how many
+sessions, how long a text) are checked by the routes against ``ServeConfig.limits``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from memsifter.serving.config import FACT_TYPES
+
+USER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+# No '#': page ids are "<session id>#<first turn id>".
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$"
+TURN_ID_PATTERN = r"^[A-Za-z0-9._:/@-]{1,64}$"
+FACT_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+FactType = Literal["entity", "preference", "event", "task"]
+assert set(FactType.__args__) == set(FACT_TYPES)  # type: ignore[attr-defined]
+
+
+def _clean(value: str) -> str:
+    bad = _BAD_CHARS.search(value)
+    if bad is not None:
+        what = "a NUL character" if bad.group() == "\x00" else "a lone UTF-16 surrogate"
+        raise ValueError(f"text contains {what} at index {bad.start()}")
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
+    return value
+
+
+def _naive_utc(value: datetime) -> datetime:
+    """Aware datetimes become naive UTC (the store's convention) here, where a value that
+    cannot be expressed in UTC (year 1 at +14:00) is still a 422 naming its field."""
+    if value.tzinfo is None:
+        return value
+    try:
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+    except (OverflowError, ValueError) as e:
+        raise ValueError(f"datetime out of range in UTC: {e}") from e
+
+
+Text = Annotated[str, AfterValidator(_clean)]
+UtcDateTime = Annotated[datetime, AfterValidator(_naive_utc)]
+NonBlank = Annotated[str, AfterValidator(_clean), AfterValidator(_not_blank)]
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------- shared parts
+
+
+class TurnIn(Request):
+    speaker: NonBlank = Field(max_length=128, examples=["user"])
+    text: Text = Field(examples=["I adopted a dog named Max last spring."])
+    turn_id: str | None = Field(default=None, pattern=TURN_ID_PATTERN)
+    timestamp: UtcDateTime | None = None
+
+
+class SessionIn(Request):
+    id: str = Field(pattern=SESSION_ID_PATTERN, examples=["2024-05-01-evening"])
+    date: UtcDateTime | None = None
+    date_text: Text | None = Field(default=None, max_length=64, examples=["1 May 2024"])
+    turns: list[TurnIn] = Field(min_length=1)
+
+
+class TurnOut(Response):
+    speaker: str
+    text: str
+    turn_id: str | None = None
+    timestamp: datetime | None = None
+
+
+class ParseOut(Response):
+    """How the proxy's answer was read (``not_applicable`` for coarse-only)."""
+
+    status: Literal["ok", "failed", "not_applicable"]
+    error: str | None = None
+    completed: bool = False
+    n_from_model: int = 0
+    dropped: int = 0
+    duplicates: int = 0
+
+
+class Timings(Response):
+    coarse_ms: float = 0.0
+    proxy_ms: float | None = None
+    total_ms: float = 0.0
+
+
+class ErrorField(Response):
+    field: str
+    message: str
+
+
+class ErrorBody(Response):
+    type: str
+    message: str
+    fields: list[ErrorField] = []
+
+
+class ErrorResponse(Response):
+    error: ErrorBody
+    request_id: str | None = None
+
+
+# -------------------------------------------------------------------------------------- /v1/rank
+
+
+class RankIn(Request):
+    question: NonBlank
+    question_date: Text | None = Field(default=None, max_length=64)
+    sessions: list[SessionIn] = Field(min_length=1)
+    top_k: int | None = Field(default=None, ge=1)
+
+
+class RankedItem(Response):
+    id: str
+    rank: int
+    score: float | None = None  # coarse score; the proxy orders but does not score
+
+
+class RankOut(Response):
+    ranker: str
+    ranking: list[RankedItem]
+    think: str | None = None
+    parse: ParseOut
+    timings: Timings
+    request_id: str | None = None
+
+
+# ----------------------------------------------------------------------------------- the memory
+
+
+class IngestSessionsIn(Request):
+    sessions: list[SessionIn] = Field(min_length=1)
+    replace: bool = False
+
+
+class IngestTurnsIn(Request):
+    """A raw turn stream, segmented into sessions on time gaps and topic shifts."""
+
+    turns: list[TurnIn] = Field(min_length=1)
+    session_prefix: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+    max_gap_hours: float = Field(default=4.0, gt=0, le=24 * 365)
+    topic_threshold: float | None = Field(default=0.05, ge=0, le=1)
+
+
+class IngestedSession(Response):
+    session_id: str
+    n_turns: int
+    n_pages: int
+    n_tokens: int
+    page_ids: list[str]
+
+
+class IngestOut(Response):
+    user_id: str
+    sessions: list[IngestedSession]
+
+
+class SessionSummary(Response):
+    session_id: str
+    date: datetime | None
+    date_text: str | None
+    n_turns: int
+    n_tokens: int
+    n_pages: int
+    created_at: datetime
+
+
+class SessionListOut(Response):
+    user_id: str
+    total: int
+    sessions: list[SessionSummary]
+
+
+class PageOut(Response):
+    page_id: str
+    session_id: str
+    n_tokens: int
+    keywords: list[str]
+    turns: list[TurnOut]
+
+
+class SessionOut(Response):
+    session: SessionSummary
+    turns: list[TurnOut]
+    pages: list[PageOut]
+
+
+class DeletedOut(Response):
+    deleted: int
+
+
+class RecallIn(Request):
+    question: NonBlank
+    question_date: Text | None = Field(default=None, max_length=64)
+    top_k: int = Field(default=5, ge=1)
+
+
+class RecallHit(Response):
+    page_id: str
+    session_id: str
+    rank: int
+    score: float  # fused coarse + bookmark score
+    coarse_score: float
+    bookmark_score: float | None
+    keywords: list[str]
+    date: datetime | None
+    date_text: str | None
+    n_tokens: int
+    text: str
+
+
+class RecallOut(Response):
+    ranker: str
+    hits: list[RecallHit]
+    think: str | None = None
+    parse: ParseOut
+    timings: Timings
+    request_id: str | None = None
+
+
+class ContextIn(Request):
+    question: NonBlank
+    question_date: Text | None = Field(default=None, max_length=64)
+    budget_tokens: int = Field(ge=16)
+    page_in_k: int | None = Field(default=None, ge=0)
+    recent_turns: int | None = Field(default=None, ge=0, le=1000)
+
+
+class ContextFact(Response):
+    fact_id: str
+    type: str
+    text: str
+    score: float
+
+
+class TokenUse(Response):
+    budget: int
+    facts: int
+    pages: int
+    recent: int
+    total: int
+
+
+class Watermarks(Response):
+    page_budget: int
+    high: int
+    low: int
+    used: int
+    evicted: bool
+
+
+class ContextOut(Response):
+    ranker: str
+    text: str
+    tokens: TokenUse
+    facts: list[ContextFact]
+    pages: list[str]  # resident after this request, in context order
+    paged_in: list[str]
+    paged_out: list[str]
+    skipped: list[str]
+    watermarks: Watermarks
+    recent_turns: list[TurnOut]
+    parse: ParseOut | None = None  # of the eviction ranking, when one was needed
+    timings: Timings
+    request_id: str | None = None
+
+
+class PagingEventOut(Response):
+    at: datetime
+    action: str
+    page_id: str
+    tokens: int
+    reason: str
+    relevance_rank: int | None
+    request_id: str | None
+
+
+class PagingLogOut(Response):
+    user_id: str
+    events: list[PagingEventOut]
+
+
+# ------------------------------------------------------------------------------------------ facts
+
+
+class FactIn(Request):
+    type: FactType
+    subject: NonBlank = Field(max_length=200, examples=["home city"])
+    text: NonBlank = Field(max_length=2000, examples=["The user lives in Lisbon."])
+    importance: float = Field(default=0.5, ge=0.0, le=1.0)
+    expires_at: UtcDateTime | None = None
+
+
+class FactPatch(Request):
+    """A correction: stored as a new version that supersedes the old one."""
+
+    type: FactType | None = None
+    subject: NonBlank | None = Field(default=None, max_length=200)
+    text: NonBlank | None = Field(default=None, max_length=2000)
+    importance: float | None = Field(default=None, ge=0.0, le=1.0)
+    expires_at: UtcDateTime | None = None
+
+
+class FactOut(Response):
+    fact_id: str
+    type: str
+    subject: str
+    text: str
+    importance: float
+    created_at: datetime
+    last_accessed_at: datetime
+    expires_at: datetime | None
+    source: str | None
+    score: float | None = None  # importance x decay, in listings
+
+
+class FactAddedOut(Response):
+    fact: FactOut
+    superseded: list[str]
+
+
+class FactListOut(Response):
+    user_id: str
+    facts: list[FactOut]
+
+
+class SweepOut(Response):
+    deleted: int
+
+
+class HealthOut(Response):
+    status: str
+    ranker: str
