@@ -117,6 +117,12 @@ def test_epochs_validate_average_and_chain(run) -> None:
     history = json.loads((out / "epoch-0" / "trainer_state.json").read_text())["log_history"]
     logged = {k for row in history for k in row}
     assert {"reward/beta", "reward/parse_rate", "dynamic_sampling/effective_groups"} <= logged
+    # The warm-up decays over the run, not per epoch: beta0 0.5 over 4 steps, 2 steps an epoch.
+    betas = []
+    for epoch in (0, 1):
+        rows = json.loads((out / f"epoch-{epoch}" / "trainer_state.json").read_text())
+        betas += [row["reward/beta"] for row in rows["log_history"] if "reward/beta" in row]
+    assert betas == pytest.approx([0.5, 0.375, 0.25, 0.125])
 
 
 @pytest.mark.slow

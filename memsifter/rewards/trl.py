@@ -66,6 +66,9 @@ class RewardFunction:
         self.service = service
         self.metric_prefix = metric_prefix
         self.step = 0
+        # Optimiser steps taken before this trainer's step 0: the epoch loop builds a new
+        # trainer per epoch, and the warm-up's beta(t) must keep decaying across them.
+        self.step_offset = 0
         self.last_metrics: dict[str, float] = {}
         self.last_batch: RewardBatch | None = None
         # TRL names the reward in its logs after ``__name__`` (class name as a fallback).
@@ -99,7 +102,8 @@ class RewardFunction:
         requests = [self._request(idx, completions, columns) for idx in groups.values()]
 
         step = getattr(trainer_state, "global_step", None)
-        batch = self.service.score(requests, step=self.step if step is None else int(step))
+        step = self.step if step is None else int(step) + self.step_offset
+        batch = self.service.score(requests, step=step)
 
         rewards = [0.0] * n
         r_ans: list[float | None] = [None] * n

@@ -276,6 +276,9 @@ class ServiceRanker:
         seen = set(ranked)
         ranked += [sid for sid in order if sid not in seen]
         timings["proxy_ms"] = proxy_s * 1000
+        # proxy_ms also holds prompt building, parsing and the wait for a slot; the model's own
+        # share is what the backend timed, so "overhead over the model call" can be measured.
+        timings["model_ms"] = result.generation.latency_s * 1000
         timings["total_ms"] = (time.perf_counter() - start) * 1000
         return RankOutcome(
             tuple(ranked),

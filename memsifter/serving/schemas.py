@@ -104,7 +104,8 @@ class ParseOut(Response):
 
 class Timings(Response):
     coarse_ms: float = 0.0
-    proxy_ms: float | None = None
+    proxy_ms: float | None = None  # the proxy stage: slot wait, prompt, model call, parse
+    model_ms: float | None = None  # the model call alone, as the backend timed it
     total_ms: float = 0.0
 
 

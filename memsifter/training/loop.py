@@ -169,6 +169,9 @@ def run_training(
                 f"epoch {epoch}: GRPO from {model_path}"
                 + (f", resuming {resume}" if resume else "")
             )
+            reward_fn.step_offset = sum(
+                (state.done(f"epoch-{i}") or {}).get("steps", 0) for i in range(epoch)
+            )
             trainer = build_trainer(
                 cfg, model_path, train, reward_fn, edir, cuda=cuda,
                 vllm_server_host=vllm_server_host,

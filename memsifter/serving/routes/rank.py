@@ -34,6 +34,7 @@ def timings_out(outcome: RankOutcome) -> Timings:
     return Timings(
         coarse_ms=t.get("coarse_ms", 0.0),
         proxy_ms=t.get("proxy_ms"),
+        model_ms=t.get("model_ms"),
         total_ms=t.get("total_ms", 0.0),
     )
 

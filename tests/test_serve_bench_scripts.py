@@ -1,0 +1,167 @@
+"""The recall-service benchmark scripts in ``serve/`` run end to end in a tiny mode and write
+reports of the committed shape: each starts a real ``memsifter serve`` subprocess, so this also
+covers starting, killing (``kill -9``) and restarting the server on the same database.
+
+The durability run is also on PostgreSQL when ``MEMSIFTER_TEST_PG_DSN`` names a server (the
+script creates and drops a database of its own there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from memsifter.coarse import build_filter
+from memsifter.data.types import Session, Turn
+from memsifter.ranker.parse import parse_ranking
+from memsifter.ranker.prompt import PromptBuilder
+from memsifter.serving.app import create_app
+from memsifter.serving.config import ApiKeySettings, ServeConfig
+from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.testing import FakeTokenizer, ScriptedBackend, reverse_ranking
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE = ROOT / "serve"
+PG_DSN = os.environ.get("MEMSIFTER_TEST_PG_DSN")
+
+sys.path.insert(0, str(SERVE))
+
+from benchlib import percentile, summarize  # noqa: E402
+from stub_proxy import answer  # noqa: E402
+
+
+def _run(script: str, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, str(SERVE / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def _json(md: Path) -> dict[str, Any]:
+    return json.loads(md.with_suffix(".json").read_text())
+
+
+@pytest.mark.slow
+def test_bench_load_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "bench_load.md"
+    _run(
+        "bench_load.py",
+        *("--sessions", "50", "--clients", "2", "--duration", "2"),
+        *("--single-requests", "10", "--warmup", "2", "--seed-batch", "20"),
+        *("--out", str(out)),
+    )
+    run = _json(out)["runs"]["coarse-only"]
+    assert run["params"]["sessions"] == 50 and run["ranker_reported"] == "coarse-only"
+    assert run["machine"]["cores"] and run["machine"]["cpu"]
+    single = run["single_user"]
+    assert single["requests"] == 10 and single["errors"] == 0
+    for key in ("latency_ms", "overhead_ms", "coarse_ms", "outside_ranker_ms"):
+        assert single[key]["p50_ms"] is not None
+    # Coarse-only has no model call: the overhead is the whole latency.
+    assert single["overhead_ms"] == single["latency_ms"] and single["model_ms"] is None
+    endpoints = run["load"]["endpoints"]
+    assert set(endpoints) == {"recall", "ingest"}
+    for row in endpoints.values():
+        assert row["requests"] > 0 and row["errors"] == 0 and row["req_per_s"] > 0
+        lat = row["latency_ms"]
+        assert lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    assert run["load"]["errors"] == 0
+
+    md = out.read_text()
+    assert "full run pending" in md and "SMOKE RUN" in md  # a tiny run must say so
+    assert "python serve/bench_load.py" in md and " cores, " in md
+    assert "| endpoint | requests | req/s | p50 ms | p95 ms | p99 ms |" in md
+    assert "**overhead over the model call**" in md and "Goal: 0 errors" in md
+
+
+def _check_durability(out: Path, db: str) -> None:
+    run = _json(out)["runs"][db]
+    assert run["lost"] == 0 and run["acked"] >= 200
+    assert len(run["checks"]) == 2  # one kill during the writes, one after the last
+    assert run["server_starts"] == 3
+    kill = run["checks"][0]
+    assert kill["after"] == "kill 1" and kill["missing"] == [] and kill["mismatched"] == []
+    assert kill["stored"] >= kill["acked_so_far"] and kill["sampled"] > 0
+    assert run["checks"][-1]["stored"] >= run["acked"]
+    md = out.read_text()
+    assert f"## {db}" in md and f"**Result: 0 of {run['acked']} acknowledged writes lost**" in md
+
+
+@pytest.mark.slow
+def test_bench_durability_tiny_sqlite(tmp_path: Path) -> None:
+    out = tmp_path / "bench_durability.md"
+    _run(
+        "bench_durability.py",
+        *("--db", "sqlite", "--writes", "200", "--kills", "1"),
+        *("--writers", "4", "--users", "4", "--sample", "50", "--out", str(out)),
+    )
+    _check_durability(out, "sqlite")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PG_DSN, reason="set MEMSIFTER_TEST_PG_DSN to run on Postgres")
+def test_bench_durability_tiny_postgres(tmp_path: Path) -> None:
+    out = tmp_path / "bench_durability.md"
+    _run(
+        "bench_durability.py",
+        *("--db", "postgres", "--pg-dsn", str(PG_DSN), "--writes", "200", "--kills", "1"),
+        *("--writers", "4", "--users", "4", "--sample", "50", "--out", str(out)),
+    )
+    _check_durability(out, "postgres")
+
+
+def test_percentiles_interpolate() -> None:
+    assert percentile([], 50) is None
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    s = summarize([float(x) for x in range(1, 101)])
+    assert s["n"] == 100 and s["p50_ms"] == 50.5 and s["p99_ms"] == 99.01 and s["max_ms"] == 100
+
+
+def test_stub_proxy_answers_the_real_prompt() -> None:
+    """The stub reads the candidate count from the proxy's own prompt, so its answer must
+    parse cleanly and rank every candidate; a reworded prompt would break it here first."""
+    sessions = [
+        Session(id=f"s{i}", turns=(Turn(speaker="user", text=f"note {i} about the dog"),))
+        for i in range(4)
+    ]
+    built = PromptBuilder(FakeTokenizer(), 4000, 100).build("the dog?", sessions)
+    parsed = parse_ranking(answer(built.text), len(built.candidate_ids))
+    assert parsed.ok and parsed.n_from_model == 4 and parsed.ids == (0, 1, 2, 3)
+
+
+def test_recall_reports_the_model_call_apart_from_the_proxy_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_load's overhead is latency - ``timings.model_ms``; the scripted backend says each
+    generation took 1 ms (without taking it), so that is what the service must report, apart
+    from ``proxy_ms``, the whole proxy stage as the service timed it."""
+    monkeypatch.setenv("MEMSIFTER_BENCH_TEST_KEY", "key-bench-0123456789")
+    config = ServeConfig(
+        db_url=f"sqlite:///{tmp_path / 'm.db'}",
+        api_keys=[ApiKeySettings(tenant="t", key_env="MEMSIFTER_BENCH_TEST_KEY")],
+    )
+    ranker = ServiceRanker(build_filter("bm25"), ScriptedBackend(reverse_ranking))
+    headers = {"Authorization": "Bearer key-bench-0123456789"}
+    with TestClient(create_app(config, ranker), headers=headers) as client:
+        turns = [{"speaker": "user", "text": "My dog Max loves the park."}]
+        r = client.post("/v1/users/u/sessions", json={"sessions": [{"id": "s1", "turns": turns}]})
+        assert r.status_code == 201, r.text
+        r = client.post("/v1/users/u/recall", json={"question": "dog?", "top_k": 1})
+        assert r.status_code == 200, r.text
+        t = r.json()["timings"]
+        assert t["model_ms"] == pytest.approx(1.0)
+        assert t["proxy_ms"] is not None and t["total_ms"] >= t["proxy_ms"] > 0
