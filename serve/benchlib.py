@@ -1,0 +1,403 @@
+"""What the recall-service benchmarks in ``serve/`` share: starting ``memsifter serve`` as a
+subprocess on a throwaway config and database, synthetic chat sessions, latency statistics and a
+description of the machine.
+
+The server always runs as its own process (never in-process), so that a benchmark measures the
+HTTP stack a deployment runs and the durability check can ``kill -9`` it for real.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_PG_DSN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+KEY_ENV = "MEMSIFTER_BENCH_KEY"
+TENANT = "bench"
+
+# ---------------------------------------------------------------------------------- the machine
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """The machine, and how busy it was when the run started: on a shared box the load average
+    says more about the numbers than the CPU model does."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "nice": os.nice(0),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    load = ", ".join(str(x) for x in m["loadavg_1_5_15"])
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}; "
+        f"load average at start {load}; nice {m['nice']}, "
+        f"OMP_NUM_THREADS={m['omp_num_threads'] or 'unset'}"
+    )
+
+
+def utc_now_text() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def command_line() -> str:
+    """How this run was started, relative to the repository root when possible."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(REPO))
+    except ValueError:
+        shown = str(script)
+    return " ".join(["python", shown, *sys.argv[1:]])
+
+
+# ------------------------------------------------------------------------------------ statistics
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default), on pre-sorted data."""
+    if not sorted_values:
+        return None
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(values_ms: list[float]) -> dict[str, float | int | None]:
+    ordered = sorted(values_ms)
+
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 2)
+
+    return {
+        "n": len(ordered),
+        "p50_ms": r(percentile(ordered, 50)),
+        "p95_ms": r(percentile(ordered, 95)),
+        "p99_ms": r(percentile(ordered, 99)),
+        "max_ms": r(ordered[-1] if ordered else None),
+        "mean_ms": r(sum(ordered) / len(ordered) if ordered else None),
+    }
+
+
+def fmt_ms(x: float | int | None) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
+# ------------------------------------------------------------------------------------ databases
+
+
+@dataclass
+class Database:
+    """A database a run owns: a file under its temp dir, or a fresh PostgreSQL database."""
+
+    kind: str  # sqlite | postgres
+    url: str
+    drop: Any = None  # callable that removes it, or None
+
+    def cleanup(self) -> None:
+        if self.drop is not None:
+            self.drop()
+
+
+def _admin_dsn(sqlalchemy_dsn: str) -> str:
+    """``postgresql+psycopg://`` -> ``postgresql://`` for psycopg itself."""
+    parts = urlsplit(sqlalchemy_dsn)
+    return urlunsplit(parts._replace(scheme="postgresql"))
+
+
+def create_database(kind: str, workdir: Path, pg_dsn: str = DEFAULT_PG_DSN) -> Database:
+    if kind == "sqlite":
+        return Database("sqlite", f"sqlite:///{workdir / 'bench.db'}")
+    if kind != "postgres":
+        raise ValueError(f"--db must be sqlite or postgres, not {kind!r}")
+    import psycopg
+
+    # A database of its own, so the run neither sees nor clobbers the test suite's tables.
+    name = f"memsifter_bench_{uuid.uuid4().hex[:10]}"
+    admin = _admin_dsn(pg_dsn)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(pg_dsn)
+    url = urlunsplit(parts._replace(path=f"/{name}"))
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return Database("postgres", url, drop)
+
+
+# ---------------------------------------------------------------------------------------- server
+
+
+@dataclass
+class ProxyOptions:
+    backend: str = "coarse-only"  # coarse-only | transformers | openai
+    model: str = "smollm2-135m-instruct"
+    base_url: str | None = None
+    served_model_name: str | None = None
+    max_concurrency: int = 1
+    max_candidates: int = 40
+    timeout_s: float = 120.0
+
+
+def write_config(path: Path, db_url: str, proxy: ProxyOptions | None = None) -> None:
+    """A minimal serve config; everything not named keeps ``ServeConfig``'s defaults. The
+    sweeper is off: a background writer would only add noise to the numbers."""
+    proxy = proxy or ProxyOptions()
+    lines = [
+        f"db_url: {db_url}",
+        "coarse: bm25",
+        "proxy:",
+        f"  backend: {proxy.backend}",
+        f"  model: {proxy.model}",
+        f"  base_url: {proxy.base_url or 'null'}",
+        f"  served_model_name: {proxy.served_model_name or 'null'}",
+        f"  max_concurrency: {proxy.max_concurrency}",
+        f"  max_candidates: {proxy.max_candidates}",
+        f"  timeout_s: {proxy.timeout_s}",
+        "facts:",
+        "  sweep_interval_s: 0",
+        "api_keys:",
+        f"  - tenant: {TENANT}",
+        f"    key_env: {KEY_ENV}",
+        "index_cache_users: 256",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_command() -> list[str]:
+    """``memsifter serve`` from this interpreter's environment; the module form when the
+    console script is not installed next to it."""
+    script = Path(sys.executable).parent / "memsifter"
+    if script.exists():
+        return [str(script), "serve"]
+    return [sys.executable, "-m", "memsifter.cli", "serve"]
+
+
+@dataclass
+class Server:
+    """One ``memsifter serve`` process; ``start`` again after ``kill`` to restart it on the
+    same port, config and database."""
+
+    config: Path
+    port: int
+    key: str
+    log: Path
+    log_level: str = "warning"
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    start_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        env = dict(os.environ)
+        env[KEY_ENV] = self.key
+        env.pop("MEMSIFTER_SERVE_DB_URL", None)  # the config names the database
+        cmd = [
+            *serve_command(),
+            "--config",
+            str(self.config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            self.log_level,
+        ]
+        t0 = time.perf_counter()
+        with self.log.open("ab") as log:
+            log.write(f"\n=== start {self.starts + 1}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.starts += 1
+        self._wait_ready(timeout_s)
+        self.start_seconds.append(round(time.perf_counter() - t0, 2))
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        assert self.proc is not None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the server exited with {self.proc.returncode}; see {self.log}:\n"
+                    + self.log.read_text()[-3000:]
+                )
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the server was not ready within {timeout_s:.0f}s; see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook, no flush, no lifespan exit runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def rss_mib(self) -> float | None:
+        """The server's resident memory, for the report (Linux only)."""
+        if self.proc is None:
+            return None
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+        except OSError:
+            pass
+        return None
+
+
+@contextmanager
+def workspace(keep: bool = False, prefix: str = "memsifter-bench-") -> Iterator[Path]:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def new_key() -> str:
+    return "msk-bench-" + uuid.uuid4().hex
+
+
+# ----------------------------------------------------------------------------- synthetic chats
+
+# Topic words give BM25 and YAKE something to find; filler words make pages differ in length and
+# vocabulary like real chat does. The content is synthetic on purpose: no dataset is needed.
+TOPICS: dict[str, list[str]] = {
+    "dog": ["Max", "puppy", "leash", "vet", "kibble", "fetch", "walk"],
+    "cooking": ["risotto", "saffron", "oven", "recipe", "garlic", "simmer", "basil"],
+    "travel": ["Lisbon", "flight", "hostel", "itinerary", "passport", "tram", "beach"],
+    "work": ["deadline", "manager", "promotion", "standup", "roadmap", "review", "client"],
+    "running": ["marathon", "sneakers", "tempo", "hills", "blister", "pace", "splits"],
+    "garden": ["tomatoes", "compost", "seedlings", "aphids", "mulch", "trellis", "basil"],
+    "music": ["guitar", "chords", "concert", "playlist", "vinyl", "drummer", "rehearsal"],
+    "health": ["dentist", "allergy", "vitamins", "insomnia", "physio", "knee", "checkup"],
+    "money": ["budget", "savings", "mortgage", "invoice", "taxes", "refund", "pension"],
+    "family": ["sister", "nephew", "birthday", "grandma", "wedding", "cousin", "reunion"],
+    "books": ["novel", "library", "chapter", "author", "bookclub", "poetry", "memoir"],
+    "car": ["mechanic", "tyres", "brakes", "mileage", "insurance", "garage", "battery"],
+    "home": ["landlord", "plumber", "couch", "paint", "bathroom", "lease", "neighbours"],
+    "study": ["exam", "thesis", "lecture", "professor", "flashcards", "semester", "lab"],
+    "games": ["chess", "puzzle", "console", "tournament", "strategy", "boardgame", "quest"],
+    "film": ["cinema", "director", "trailer", "sequel", "documentary", "popcorn", "subtitles"],
+}
+FILLER = (
+    "I we you it that this then just really maybe think about with from after before today "
+    "yesterday tomorrow week weekend morning evening again still also because though pretty "
+    "quite nice good bad busy tired happy plan planning trying going went got get make made "
+    "need want like love hate remember told said asked help started finished next last first "
+    "little lot more less time day night people friend thing things idea sure okay great"
+).split()
+
+
+def make_session(
+    rng: random.Random, session_id: str, when: datetime, n_turns: int = 4
+) -> dict[str, Any]:
+    topic = rng.choice(list(TOPICS))
+    words = TOPICS[topic]
+    turns = []
+    for j in range(n_turns):
+        n = rng.randint(10, 24)
+        text = " ".join(
+            rng.choice(words) if rng.random() < 0.3 else rng.choice(FILLER) for _ in range(n)
+        )
+        turns.append(
+            {
+                "speaker": "user" if j % 2 == 0 else "assistant",
+                "text": text[0].upper() + text[1:] + ".",
+                "turn_id": f"t{j}",
+            }
+        )
+    return {"id": session_id, "date": when.isoformat(), "turns": turns}
+
+
+def make_question(rng: random.Random) -> str:
+    words = TOPICS[rng.choice(list(TOPICS))]
+    a, b = rng.sample(words, 2)
+    return f"What did I say about the {a} and the {b}?"
+
+
+BASE_DATE = datetime(2025, 1, 1, 9, 0)
+
+
+def session_date(i: int) -> datetime:
+    return BASE_DATE + timedelta(hours=i)

@@ -1,0 +1,96 @@
+"""A stand-in proxy model for ``bench_load.py --proxy stub``: an OpenAI-compatible
+``/v1/completions`` server that answers every prompt after a fixed delay with a well-formed
+ranking of its candidates (in the order shown).
+
+The service cannot tell it from vLLM, so the whole proxy path runs (prompt building with the
+real tokenizer, the HTTP call, parsing), while the model's own time is known exactly. That
+isolates what the goal "stack overhead over the model call" is about; a real model's latency
+only adds to ``timings.proxy_ms``.
+
+    python serve/stub_proxy.py --port 8001 --latency-ms 50
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Annotated
+
+import typer
+
+# The prompt's instructions name the last candidate before any session text, as the proxy's
+# own prompt builder writes them (memsifter/ranker/prompt.py).
+_LAST = re.compile(r"from \[Session 0\] to \[Session (\d+)\]")
+
+
+def answer(prompt: str) -> str:
+    match = _LAST.search(prompt)
+    n = int(match.group(1)) + 1 if match else 0
+    return f"<think>stub</think><ranking>{', '.join(str(i) for i in range(n))}</ranking>"
+
+
+def make_handler(latency_s: float) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, like a real inference server
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass  # one line per request would cost more than the stub's work
+
+        def _send(self, status: int, body: dict[str, object]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path.rstrip("/") in ("/v1/models", "/health"):
+                self._send(200, {"object": "list", "data": [{"id": "stub"}]})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path.rstrip("/") != "/v1/completions":
+                self._send(404, {"error": "not found"})
+                return
+            if latency_s > 0:
+                time.sleep(latency_s)
+            text = answer(str(body.get("prompt", "")))
+            n = int(body.get("n", 1))
+            self._send(
+                200,
+                {
+                    "object": "text_completion",
+                    "model": body.get("model", "stub"),
+                    "choices": [
+                        {"index": i, "text": text, "finish_reason": "stop"} for i in range(n)
+                    ],
+                    "usage": {"prompt_tokens": 0, "completion_tokens": 8 * n},
+                },
+            )
+
+    return Handler
+
+
+def main(
+    port: Annotated[int, typer.Option()] = 8001,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    latency_ms: Annotated[float, typer.Option(help="the model's simulated time per call")] = 0.0,
+) -> None:
+    server = ThreadingHTTPServer((host, port), make_handler(latency_ms / 1000))
+    server.daemon_threads = True
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    typer.run(main)
