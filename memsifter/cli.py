@@ -293,6 +293,41 @@ def data_rl(
     console.print(f"wrote {out} in {result.seconds:.1f}s")
 
 
+@data_app.command("rank")
+def data_rank(
+    recipe: Annotated[Path, typer.Option(help="the recipe the next round's data will use")],
+    model: Annotated[str, typer.Option(help="the previous round's model (e.g. epoch-N/averaged)")],
+    out: Annotated[Path, typer.Option(help="rankings JSONL to write")],
+    data: Annotated[list[str] | None, typer.Option(help="NAME=PATH or PATH overrides")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="completion budget")] = 512,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Rank every training candidate of a recipe with a previous model, for the next round's
+    curriculum (`memsifter data rl --rankings OUT`)."""
+    from memsifter.training.rl_data import (
+        build_rl_dataset,
+        load_rl_data_config,
+        parse_data_overrides,
+        with_data_paths,
+    )
+    from memsifter.training.validation import rank_rows
+
+    try:
+        cfg = load_rl_data_config(recipe)
+        cfg = with_data_paths(cfg, parse_data_overrides(data or [], cfg))
+        # The whole pool: the curriculum selects from it afterwards, with these rankings.
+        pool = dataclasses.replace(
+            cfg, sources=[dataclasses.replace(s, count=None) for s in cfg.sources]
+        )
+        rows = build_rl_dataset(pool, console=console).dataset["train"]
+        path, parse_rate = rank_rows(
+            model, rows, out, max_new_tokens=max_new_tokens, threads=threads
+        )
+        console.print(f"wrote {len(rows)} rankings to {path} (parse rate {parse_rate:.2f})")
+    except (MemSifterError, ValueError, FileNotFoundError) as e:
+        _fail(e)
+
+
 @app.command("train")
 def train(
     config: Annotated[Path, typer.Argument(help="configs/train/*.yaml")],

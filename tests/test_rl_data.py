@@ -315,3 +315,36 @@ def test_cli(tmp_path: Path, tiny_qwen3: Path, fixtures_dir: Path) -> None:
          "--rankings", str(tmp_path / "none.jsonl")],
     )  # fmt: skip
     assert res.exit_code == 2 and "rankings file not found" in res.output
+
+
+def test_next_round_scores_the_pool_with_a_previous_model(
+    tiny_qwen3: Path, fixtures_dir: Path, tmp_path: Path
+) -> None:
+    """`data rank` ranks every train candidate with a model; `data rl --rankings` then runs the
+    curriculum on those rankings instead of the coarse order."""
+    recipe = _recipe(tiny_qwen3, fixtures_dir)
+    recipe["sources"] = recipe["sources"][:1]
+    path = _write_recipe(tmp_path / "r.yaml", recipe)
+    runner = CliRunner()
+    rankings = tmp_path / "rankings.jsonl"
+    res = runner.invoke(
+        app,
+        ["data", "rank", "--recipe", str(path), "--model", str(tiny_qwen3),
+         "--out", str(rankings), "--max-new-tokens", "8", "--threads", "1"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in rankings.read_text().splitlines()]
+    pool = load_rl_data_config(path)
+    n_train = sum(
+        1
+        for q in load_locomo(fixtures_dir / "locomo_mini.json").queries
+        if q.conversation_id != "conv-m3" and q.gold_session_ids
+    )
+    assert len(lines) == n_train and pool.sources[0].count == 4  # the whole pool was ranked
+    res = runner.invoke(
+        app,
+        ["data", "rl", "--recipe", str(path), "--out", str(tmp_path / "o"),
+         "--rankings", str(rankings)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "scored by rankings" in res.output

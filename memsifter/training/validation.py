@@ -39,6 +39,48 @@ class ValidationResult:
         return {"ndcg@1": self.ndcg_1, "ndcg@5": self.ndcg_5, "reward": self.reward}[name]
 
 
+def generate_completions(
+    model_path: str | Path,
+    rows: Any,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 8,
+    threads: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[str]:
+    """Greedy completions of the rows' chat ``prompt`` by the model at ``model_path``."""
+    from memsifter.ranker.backends import SamplingConfig, build_backend
+
+    backend = build_backend("transformers", str(model_path), batch_size=batch_size, threads=threads)
+    tok = backend.tokenizer
+    texts = [
+        tok.apply_chat_template(
+            r["prompt"], tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+        )
+        for r in rows
+    ]
+    gens = backend.generate(texts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
+    return [g[0].text for g in gens]
+
+
+def rank_rows(
+    model_path: str | Path, rows: Any, out: Path, *, max_new_tokens: int, **kwargs: Any
+) -> tuple[Path, float]:
+    """A previous model's rankings of ``rows`` as a curriculum rankings file (a completion that
+    does not parse ranks nothing: NDCG 0). Returns the file and the parse rate."""
+    from memsifter.training.curriculum import write_rankings
+
+    rows = list(rows)
+    completions = generate_completions(model_path, rows, max_new_tokens=max_new_tokens, **kwargs)
+    pairs = []
+    parsed_n = 0
+    for row, text in zip(rows, completions, strict=True):
+        parsed = parse_ranking(text, int(row["n_candidates"]))
+        parsed_n += parsed.ok
+        pairs.append((str(row["qid"]), list(parsed.ids)))
+    return write_rankings(out, pairs), parsed_n / max(len(rows), 1)
+
+
 def validate(
     model_path: str | Path,
     rows: Any,
@@ -52,21 +94,16 @@ def validate(
 ) -> ValidationResult:
     import time
 
-    from memsifter.ranker.backends import SamplingConfig, build_backend
-
     t0 = time.perf_counter()
     rows = list(rows)
-    backend = build_backend("transformers", str(model_path), batch_size=batch_size, threads=threads)
-    tok = backend.tokenizer
-    texts = [
-        tok.apply_chat_template(
-            r["prompt"], tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
-        )
-        for r in rows
-    ]
-    gens = backend.generate(texts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
-    completions = [g[0].text for g in gens]
-    del backend
+    completions = generate_completions(
+        model_path,
+        rows,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        threads=threads,
+        chat_template_kwargs=chat_template_kwargs,
+    )
 
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
 
