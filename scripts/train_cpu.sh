@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU training run (configs/train/smollm2_cpu.yaml): build the RL data from the real LoCoMo,
-# then cold-start SFT + GRPO epochs with validation and averaging. ~40-60 min on 2 cores.
+# then cold-start SFT + GRPO epochs with validation and averaging. ~23 min on 2 quiet cores.
 # Rerunning resumes where it stopped. Results: outputs/train/smollm2_cpu/{report.md,curves.png}.
 #   MEMSIFTER_LOCOMO   LoCoMo file (default ../shared/data/locomo/locomo10.json)
 set -euo pipefail
