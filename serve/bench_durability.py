@@ -22,7 +22,6 @@ updates its own section and keeps the other's.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import sys
 import time
@@ -49,6 +48,7 @@ from benchlib import (  # noqa: E402
     new_key,
     session_date,
     summarize,
+    update_runs,
     utc_now_text,
     workspace,
     write_config,
@@ -307,15 +307,7 @@ def _section(result: dict[str, Any]) -> str:
 
 def write_report(out: Path, result: dict[str, Any]) -> None:
     """Update ``result['db']``'s section in the md/json pair, keeping the other database's."""
-    json_path = out.with_suffix(".json")
-    runs: dict[str, Any] = {}
-    if json_path.exists():
-        try:
-            runs = json.loads(json_path.read_text()).get("runs", {})
-        except (ValueError, AttributeError):
-            runs = {}
-    runs[result["db"]] = result
-    json_path.write_text(json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
+    runs = update_runs(out.with_suffix(".json"), result["db"], result)
     header = [
         "# Recall service: durability of acknowledged writes under kill -9",
         "",

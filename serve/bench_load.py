@@ -31,7 +31,6 @@ proxy run updates its own section and keeps the coarse-only one.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -63,6 +62,7 @@ from benchlib import (  # noqa: E402
     new_key,
     session_date,
     summarize,
+    update_runs,
     utc_now_text,
     workspace,
     write_config,
@@ -356,15 +356,7 @@ def _section(r: dict[str, Any]) -> str:
 
 
 def write_report(out: Path, result: dict[str, Any]) -> None:
-    json_path = out.with_suffix(".json")
-    runs: dict[str, Any] = {}
-    if json_path.exists():
-        try:
-            runs = json.loads(json_path.read_text()).get("runs", {})
-        except (ValueError, AttributeError):
-            runs = {}
-    runs[result["ranker"]] = result
-    json_path.write_text(json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
+    runs = update_runs(out.with_suffix(".json"), result["ranker"], result)
     header = [
         "# Recall service: load and latency",
         "",

@@ -8,6 +8,7 @@ HTTP stack a deployment runs and the durability check can ``kill -9`` it for rea
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import random
@@ -125,6 +126,20 @@ def summarize(values_ms: list[float]) -> dict[str, float | int | None]:
         "max_ms": r(ordered[-1] if ordered else None),
         "mean_ms": r(sum(ordered) / len(ordered) if ordered else None),
     }
+
+
+def update_runs(json_path: Path, key: str, result: dict[str, Any]) -> dict[str, Any]:
+    """Store ``result`` as run ``key`` in the report's JSON, keeping the other runs (a report
+    holds one section per database or ranker); returns every run."""
+    runs: dict[str, Any] = {}
+    if json_path.exists():
+        try:
+            runs = json.loads(json_path.read_text()).get("runs", {})
+        except (ValueError, AttributeError):
+            runs = {}
+    runs[key] = result
+    json_path.write_text(json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
+    return runs
 
 
 def fmt_ms(x: float | int | None) -> str:

@@ -135,9 +135,5 @@ class RewardConfig:
 def load_reward_config(path: str | Path) -> RewardConfig:
     """Load and validate; a refused value (a sampling answerer, an unknown metric) names the
     file."""
-    try:
-        return load_config(RewardConfig, path)
-    except DataError:
-        raise
-    except ValueError as e:
-        raise DataError(str(e), file=str(path)) from e
+    # memsifter.config turns a dataclass's own ValueError into a DataError naming the file.
+    return load_config(RewardConfig, path)

@@ -162,12 +162,8 @@ class RLDataConfig:
 
 def load_rl_data_config(path: str | Path) -> RLDataConfig:
     """Load a recipe; unknown keys, wrong types and refused values are errors naming the file."""
-    try:
-        return load_config(RLDataConfig, path)
-    except DataError:
-        raise
-    except ValueError as e:
-        raise DataError(str(e), file=str(path)) from e
+    # memsifter.config turns a dataclass's own ValueError into a DataError naming the file.
+    return load_config(RLDataConfig, path)
 
 
 def parse_data_overrides(values: Sequence[str], cfg: RLDataConfig) -> dict[str, str]:

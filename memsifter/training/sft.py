@@ -12,7 +12,7 @@ format and a sensible prior; GRPO then moves the ranking toward what helps the w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +35,6 @@ def sft_target(
     return f"<think>{think}</think><ranking>{', '.join(map(str, order))}</ranking>"
 
 
-def gold_positions(row: Mapping[str, Any]) -> list[int]:
-    from memsifter.rewards.columns import sessions_from_column
-
-    gold = set(row.get("gold_ids") or ())
-    return [i for i, s in enumerate(sessions_from_column(row["candidates"])) if s.id in gold]
-
-
 def sft_rows(rows: Any, settings: SFTSettings) -> list[dict[str, Any]]:
     """Prompt-completion conversational rows for TRL's ``SFTTrainer`` (loss on the completion
     only)."""
@@ -49,7 +42,7 @@ def sft_rows(rows: Any, settings: SFTSettings) -> list[dict[str, Any]]:
     for row in rows:
         if settings.max_examples is not None and len(out) >= settings.max_examples:
             break
-        target = sft_target(row["coarse_order"], gold_positions(row), settings.target)
+        target = sft_target(row["coarse_order"], row["gold_positions"], settings.target)
         out.append(
             {"prompt": row["prompt"], "completion": [{"role": "assistant", "content": target}]}
         )

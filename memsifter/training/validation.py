@@ -11,7 +11,6 @@ the outcome the paper optimises. The rankings are written out as JSONL
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from memsifter.ranker.parse import parse_ranking
 from memsifter.rewards.retrieval import retrieval_reward
 from memsifter.rewards.trl import RewardFunction
-from memsifter.training.sft import gold_positions
+from memsifter.training.curriculum import write_rankings
 
 # Far past any warm-up: beta(t) = 0, so the validation reward is alpha * R_ans.
 _AFTER_WARMUP = 10**9
@@ -68,8 +67,6 @@ def rank_rows(
 ) -> tuple[Path, float]:
     """A previous model's rankings of ``rows`` as a curriculum rankings file (a completion that
     does not parse ranks nothing: NDCG 0). Returns the file and the parse rate."""
-    from memsifter.training.curriculum import write_rankings
-
     rows = list(rows)
     completions = generate_completions(model_path, rows, max_new_tokens=max_new_tokens, **kwargs)
     pairs = []
@@ -118,12 +115,11 @@ def validate(
     )
     ndcg1 = ndcg5 = 0.0
     parsed_n = with_gold = 0
-    lines = []
+    pairs: list[tuple[str, list[int]]] = []
     for row, text in zip(rows, completions, strict=True):
-        candidates = row["candidates"]
-        n = len(json.loads(candidates) if isinstance(candidates, str) else candidates)
-        parsed = parse_ranking(text, n)
-        gold = gold_positions(row)
+        # The RL data rows carry both (memsifter.training.rl_data.build_row).
+        parsed = parse_ranking(text, int(row["n_candidates"]))
+        gold = list(row["gold_positions"])
         parsed_n += parsed.ok
         # As in the retrieval benchmark, NDCG averages over questions whose prompt shows gold.
         if gold:
@@ -131,10 +127,9 @@ def validate(
             if parsed.ok:
                 ndcg1 += retrieval_reward(parsed.ids, gold, 1)
                 ndcg5 += retrieval_reward(parsed.ids, gold, 5)
-        lines.append(json.dumps({"qid": row.get("qid"), "ranking": list(parsed.ids)}))
+        pairs.append((str(row["qid"]), list(parsed.ids)))
     if rankings_out is not None:
-        rankings_out.parent.mkdir(parents=True, exist_ok=True)
-        rankings_out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        write_rankings(rankings_out, pairs)
     q = max(len(rows), 1)
     return ValidationResult(
         model=str(model_path),
