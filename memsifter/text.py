@@ -23,6 +23,7 @@ _STOP_ZH = frozenset(STOPWORDS_CHINESE)
 
 class Analyzer:
     def __init__(self, language: str = "english") -> None:
+        self.language = language
         self._stemmer = Stemmer.Stemmer(language)
         # word -> stem, or "" for a stopword: one C-level dict lookup per token does both the
         # stopword test and the stemming (a Python call per token was most of indexing time).

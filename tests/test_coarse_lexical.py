@@ -228,3 +228,49 @@ def test_select_with_bm25_and_default_counter() -> None:
     kept = {s.id for s in sel.sessions}
     assert kept.isdisjoint(sel.dropped_ids)
     assert kept | set(sel.dropped_ids) == {s.id for s in q.haystack}
+
+
+def test_incremental_bm25_matches_bm25s_after_adds_and_removes() -> None:
+    """IncrementalBM25 scores equal a BM25Filter (bm25s) built on the same live documents, and
+    an index that lived through adds, a replace and removes (enough to compact it) equals one
+    built fresh."""
+    import random
+
+    from memsifter.coarse.bm25 import IncrementalBM25
+
+    rng = random.Random(0)
+    words = "dog cat marathon porto lisbon sister wedding puppy shoes river the a of".split()
+    docs = {f"d{i}": " ".join(rng.choices(words, k=rng.randint(0, 30))) for i in range(150)}
+    docs["d7"] = ""  # an empty document counts as one token in bm25s
+    sessions = [Session(id=d, turns=(Turn("u", t),)) for d, t in docs.items()]
+    fresh = IncrementalBM25()
+    for s in sessions:
+        fresh.add(s.id, s.render())  # what BM25Filter indexes: the rendered session
+    ref = BM25Filter()
+    for query in ("porto wedding", "dog dog river", "the of a", "nothing matches"):
+        expected = ref.score(query, sessions)
+        by_id = dict(zip(expected.ids, expected.scores, strict=True))
+        got = fresh.scores(query, [s.id for s in sessions])
+        assert got.tolist() == pytest.approx([by_id[s.id] for s in sessions], rel=1e-5, abs=1e-6)
+
+    lived = IncrementalBM25()
+    for did, text in docs.items():
+        lived.add(did, text)
+    lived.add("d1", "porto porto wedding")  # a replace
+    docs["d1"] = "porto porto wedding"
+    for i in range(2, 150):
+        if i % 3:  # two thirds removed: the index compacts its dead slots on the way
+            assert lived.remove(f"d{i}")
+            del docs[f"d{i}"]
+    assert not lived.remove("d2") and "d2" not in lived
+    assert len(lived) == len(docs)
+    rebuilt = IncrementalBM25()
+    for did, text in docs.items():
+        rebuilt.add(did, text)
+    ids = list(docs)
+    for query in ("porto wedding", "puppy shoes cat", "river"):
+        assert lived.scores(query, ids).tolist() == pytest.approx(
+            rebuilt.scores(query, ids).tolist()
+        )
+    with pytest.raises(KeyError):
+        lived.scores("dog", ["d2"])

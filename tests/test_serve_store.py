@@ -149,8 +149,44 @@ def test_ingest_list_get_delete(store: Store, tenant: str, memory: MemoryService
     assert store.get_session(tenant, "u1", "s-dog") is None
     assert store.user_version(tenant, "u1") == (version or 0) + 1
     # Pages and their bookmarks went with the session.
-    assert not any(pid.startswith("s-dog") for pid in store.bookmark_hits(tenant, "u1", ["max"]))
-    assert all(p.session_id != "s-dog" for p in store.load_pages(tenant, "u1")[1])
+    delta = store.load_pages(tenant, "u1")
+    assert delta is not None and delta.version == store.user_version(tenant, "u1")
+    assert len(delta.live) == len(delta.pages) == 3
+    assert all(p.stored.session_id != "s-dog" for p in delta.pages)
+    assert all(p.bookmark_terms for p in delta.pages)
+    assert store.load_pages(tenant, "u1", known=delta.live).pages == []  # nothing new
+    assert store.load_pages(tenant, "nobody") is None
+
+
+def test_incremental_index_matches_a_fresh_one(
+    store: Store, tenant: str, memory: MemoryService, ranker: ServiceRanker
+) -> None:
+    """The replica that followed every ingest, replace and delete (loading only deltas) ranks
+    exactly like a replica that loads the user once, at the end."""
+    who = Principal(tenant)
+    memory.ingest_sessions(who, "u5", SESSIONS[:1])
+    memory.ingest_sessions(who, "u5", SESSIONS[1:])
+    changed = _session("s-run", 1, ["I switched to the Porto marathon with Clara."])
+    memory.ingest_sessions(who, "u5", [changed], replace=True)
+    store.delete_session(tenant, "u5", "s-wed")
+    questions = ["which marathon?", "golden retriever Max", "Porto Clara", "zzz unknown"]
+    followed = [memory.recall(who, "u5", q, top_k=10) for q in questions]
+    fresh_memory = MemoryService(
+        memory.config, store, ServiceRanker(build_filter("bm25")), memory.extractor
+    )
+    fresh = [fresh_memory.recall(who, "u5", q, top_k=10) for q in questions]
+    for a, b in zip(followed, fresh, strict=True):
+        assert [h.page.page.id for h in a.hits] == [h.page.page.id for h in b.hits]
+        assert [h.score for h in a.hits] == pytest.approx([h.score for h in b.hits])
+        assert [h.keywords for h in a.hits] == [h.keywords for h in b.hits]
+    ids = {h.page.page.id for h in followed[0].hits}
+    assert ids == {"s-dog#0", "s-dog#2", "s-run#0"}  # s-wed deleted, s-run replaced
+    assert followed[0].hits[0].page.page.id == "s-run#0"
+    # And both match BM25 built from scratch over the same pages.
+    pages = ranker._indexes[(tenant, "u5")].view.sessions
+    scratch = build_filter("bm25").score(questions[0], pages)
+    assert [h.page.page.id for h in followed[0].hits] == list(scratch.ids)
+    assert [h.coarse_score for h in followed[0].hits] == pytest.approx(list(scratch.scores))
 
 
 def test_longest_ids_fit_every_column(store: Store, tenant: str, memory: MemoryService) -> None:

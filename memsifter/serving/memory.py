@@ -25,7 +25,7 @@ from memsifter.data.segment import SegmentConfig, segment_turns
 from memsifter.data.tokens import ApproxCounter, HFCounter, TokenCounter
 from memsifter.data.types import Session, Turn
 from memsifter.data.units import page_session
-from memsifter.serving.bookmarks import KeywordExtractor, query_terms, to_bookmarks
+from memsifter.serving.bookmarks import KeywordExtractor, to_bookmarks
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ConflictError, NotFoundError, ServeError
 from memsifter.serving.facts import ScoredFact, rank_facts, render_fact
@@ -172,22 +172,6 @@ class MemoryService:
             raise NotFoundError(f"unknown user {user!r}", field="path.user_id")
         return index
 
-    def _rank_pages(
-        self,
-        who: Principal,
-        user: str,
-        question: str,
-        pages: Sequence[Session],
-        question_date: str | None,
-        bookmarks: bool = True,
-    ) -> RankOutcome:
-        hits = (
-            self.store.bookmark_hits(who.tenant_id, user, query_terms(question))
-            if bookmarks
-            else {}
-        )
-        return self.ranker.rank(question, pages, question_date=question_date, bookmark_score=hits)
-
     def recall(
         self,
         who: Principal,
@@ -199,21 +183,20 @@ class MemoryService:
         exclude: Sequence[str] = (),
     ) -> RecallResult:
         index = self._index(who, user)
+        view = index.view
         skip = set(exclude)
-        pages = [s for s in index.sessions if s.id not in skip]
-        outcome = self._rank_pages(who, user, question, pages, question_date)
-        top = list(outcome.ids[:top_k])
-        keywords = self.store.page_keywords(who.tenant_id, user, top)
+        pages = [s for s in view.sessions if s.id not in skip] if skip else view.sessions
+        outcome = self.ranker.rank(question, pages, question_date=question_date, index=index)
         hits = [
             RecallHitResult(
-                page=index.by_id[pid],
+                page=view.by_id[pid],
                 rank=i + 1,
                 score=outcome.score.get(pid, 0.0),
                 coarse_score=outcome.coarse_score.get(pid, 0.0),
                 bookmark_score=outcome.bookmark_score.get(pid),
-                keywords=keywords.get(pid, []),
+                keywords=list(view.by_id[pid].keywords),
             )
-            for i, pid in enumerate(top)
+            for i, pid in enumerate(outcome.ids[:top_k])
         ]
         return RecallResult(outcome, hits)
 
@@ -235,6 +218,7 @@ class MemoryService:
         now = now or utcnow()
         paging = self.config.paging
         index = self._index(who, user)
+        view = index.view
         count = self.counter.count
 
         facts = self.store.list_facts(
@@ -275,13 +259,13 @@ class MemoryService:
         k = paging.page_in_k if page_in_k is None else page_in_k
         recall = (
             self.recall(who, user, question, top_k=k, question_date=question_date)
-            if k > 0 and index.sessions
+            if k > 0 and view.sessions
             else None
         )
         resident = [
             PageSlot(pid, n)
             for pid, n in self.store.resident_pages(who.tenant_id, user)
-            if pid in index.by_id
+            if pid in view.by_id
         ]
         # Only pages with some evidence are offered: with BM25 the rest of a top-k can be
         # pages sharing no term with the question, and paging those in only evicts others.
@@ -294,8 +278,11 @@ class MemoryService:
 
         def relevance(ids: list[str]) -> Sequence[str]:
             # One batched call: every resident and offered page in a single ranking.
-            outcome = self._rank_pages(
-                who, user, question, [index.by_id[i].page for i in ids], question_date
+            outcome = self.ranker.rank(
+                question,
+                [view.by_id[i].page for i in ids],
+                question_date=question_date,
+                index=index,
             )
             eviction.append(outcome)
             return outcome.ids
@@ -323,7 +310,7 @@ class MemoryService:
                 extra={"user": user, "action": e.action, "page_id": e.page_id, "reason": e.reason},
             )
 
-        pages = [index.by_id[pid] for pid in plan.resident]
+        pages = [view.by_id[pid] for pid in plan.resident]
         text = _assemble(pinned, pages, recent)
         page_tokens = plan.used_tokens + count(_PAGES_HEADER) if pages else 0
         tokens = {

@@ -1,15 +1,17 @@
 """The ranker inside the service: coarse filter (fused with bookmark hits) -> proxy, or the
 coarse stage alone when the service runs ``coarse-only``.
 
-* **Coarse.** One coarse filter (``memsifter.coarse.build_filter``) shared by every user behind a
-  lock: its caches are plain dicts, and scoring is milliseconds. The memory store's pages of a
-  user are loaded once per *version* of that user (bumped by every ingest and delete, in the
-  database, so every replica sees it) and kept in an LRU of ``index_cache_users`` users; the
-  coarse index is built when that happens, at ingest on the replica that ingested and lazily on
-  the others. bm25s has no incremental update, so this in-memory per-user index, rebuilt only
-  when that user's pages changed, stands in for a persisted one.
-* **Bookmarks.** Pages whose keywords share a term with the question form a second ranking;
-  the two are fused by reciprocal rank (``1/(k + rank)``, k = 60).
+* **Coarse.** Each user has a ``UserIndex`` on each replica, kept in an LRU of
+  ``index_cache_users`` users and caught up whenever the user's *version* (bumped in the database
+  by every ingest and delete, so every replica sees it) moves on: only pages this replica does
+  not hold are loaded, pages that are gone are dropped. With ``coarse: bm25`` (the default) the
+  index is an ``IncrementalBM25``, so an ingest costs the new pages' terms, never a rebuild of
+  the user's history, and a query reads the postings of its terms. Any other coarse filter is
+  shared by every user behind a lock and keeps its own caches (dense filters embed each page
+  once, by content fingerprint).
+* **Bookmarks.** Pages whose keywords share a term with the question form a second ranking,
+  read from the same in-memory index (term -> page -> weight); the two are fused by reciprocal
+  rank (``1/(k + rank)``, k = 60).
 * **Proxy.** The fused top ``max_candidates`` go through ``memsifter.ranker.proxy.Proxy``: the
   one prompt builder and the one parser, so session text cannot steer how the answer is read.
   The proxy's order comes first, then the rest in fused order. A backend failure is a 503, not a
@@ -24,16 +26,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from memsifter.coarse import build_filter
 from memsifter.coarse.base import CoarseFilter, Selection
+from memsifter.coarse.bm25 import BM25Filter, IncrementalBM25
 from memsifter.data.tokens import SessionTokenCache, TokenCounter
 from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError, PromptBudgetError
 from memsifter.ranker.backends.base import Backend
 from memsifter.ranker.proxy import Proxy, ProxyConfig
+from memsifter.serving.bookmarks import query_terms
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ServeError, UnavailableError
-from memsifter.serving.store import Store, StoredPage
+from memsifter.serving.store import IndexedPage, PageDelta, Store, StoredPage
 
 COARSE_ONLY = "coarse-only"
 
@@ -97,11 +103,92 @@ class RankOutcome:
 
 
 @dataclass(frozen=True)
-class UserIndex:
+class UserPages:
+    """A consistent snapshot of one user's pages: a request reads one and keeps it, while a
+    concurrent ingest swaps in the next."""
+
     version: int
-    pages: tuple[StoredPage, ...]
+    pages: tuple[StoredPage, ...]  # chronological
     sessions: tuple[Session, ...]  # the pages as the coarse filter and proxy see them
     by_id: dict[str, StoredPage]
+
+
+class UserIndex:
+    """One user's pages on this replica: the snapshot, the incremental BM25 index (when the
+    coarse filter is BM25) and the bookmark terms, caught up by ``apply(delta)``."""
+
+    def __init__(self, bm25: IncrementalBM25 | None) -> None:
+        self.view = UserPages(-1, (), (), {})
+        self.bm25 = bm25
+        self._lock = threading.Lock()
+        self._pages: dict[int, IndexedPage] = {}  # pk -> page
+        self._marks: dict[str, dict[str, float]] = {}  # term -> page id -> summed weight
+
+    @property
+    def version(self) -> int:
+        return self.view.version
+
+    @property
+    def pks(self) -> frozenset[int]:
+        return frozenset(self._pages)
+
+    def apply(self, delta: PageDelta) -> None:
+        with self._lock:
+            if delta.version <= self.view.version:
+                return  # a concurrent request caught up first
+            gone = [pk for pk in self._pages if pk not in delta.live]
+            for pk in gone:
+                page = self._pages.pop(pk)
+                pid = page.stored.page.id
+                if self.bm25 is not None:
+                    self.bm25.remove(pid)
+                for term, _ in page.bookmark_terms:
+                    marks = self._marks.get(term)
+                    if marks is not None:
+                        marks.pop(pid, None)
+                        if not marks:
+                            del self._marks[term]
+            for page in delta.pages:
+                if page.pk not in delta.live or page.pk in self._pages:
+                    continue
+                self._pages[page.pk] = page
+                pid = page.stored.page.id
+                if self.bm25 is not None:
+                    self.bm25.add(pid, page.stored.page.render())
+                for term, weight in page.bookmark_terms:
+                    marks = self._marks.setdefault(term, {})
+                    marks[pid] = marks.get(pid, 0.0) + weight
+            ordered = sorted(self._pages.values(), key=lambda p: p.order)
+            pages = tuple(p.stored for p in ordered)
+            self.view = UserPages(
+                delta.version,
+                pages,
+                tuple(p.page for p in pages),
+                {p.page.id: p for p in pages},
+            )
+
+    def coarse(self, question: str, sessions: Sequence[Session], name: str) -> Ranking:
+        """BM25 over ``sessions`` (pages of this user), best first, ties in input order. A page
+        deleted since the caller's snapshot scores 0."""
+        assert self.bm25 is not None
+        with self._lock:
+            live = [s.id in self.bm25 for s in sessions]
+            scored = [s.id for s, ok in zip(sessions, live, strict=True) if ok]
+            values = self.bm25.scores(question, scored)
+        scores = np.zeros(len(sessions), dtype=np.float64)
+        scores[np.flatnonzero(live)] = values
+        order = np.argsort(-scores, kind="stable")
+        ids = np.array([s.id for s in sessions], dtype=object)[order]
+        return Ranking(ids=tuple(ids.tolist()), scores=tuple(scores[order].tolist()), source=name)
+
+    def bookmark_hits(self, terms: Sequence[str]) -> dict[str, float]:
+        """Page id -> summed weight of the bookmark rows sharing a term with ``terms``."""
+        hits: dict[str, float] = {}
+        with self._lock:
+            for term in dict.fromkeys(terms):
+                for pid, weight in self._marks.get(term, {}).items():
+                    hits[pid] = hits.get(pid, 0.0) + weight
+        return hits
 
 
 class ServiceRanker:
@@ -181,32 +268,35 @@ class ServiceRanker:
     # -- per-user page indexes
 
     def user_index(self, store: Store, tenant: str, user: str) -> UserIndex | None:
-        """The user's pages, reloaded (and re-indexed) only when their version moved on."""
+        """The user's index, caught up with the store when their version moved on."""
         key = (tenant, user)
         version = store.user_version(tenant, user)
         if version is None:
+            self.forget_user(tenant, user)
             return None
         with self._index_lock:
-            cached = self._indexes.get(key)
-            if cached is not None and cached.version == version:
-                self._indexes.move_to_end(key)
-                return cached
-        loaded_version, pages = store.load_pages(tenant, user)
-        if loaded_version is None:
-            return None
-        sessions = tuple(p.page for p in pages)
-        if sessions:
-            self.coarse.index(sessions)
-        index = UserIndex(loaded_version, tuple(pages), sessions, {p.page.id: p for p in pages})
-        with self._index_lock:
-            current = self._indexes.get(key)
-            # A concurrent request may have loaded a newer version meanwhile; keep the newest.
-            if current is None or current.version <= index.version:
-                self._indexes[key] = index
-                self._indexes.move_to_end(key)
+            index = self._indexes.get(key)
+            if index is None:
+                index = self._indexes[key] = UserIndex(self._new_bm25())
+            self._indexes.move_to_end(key)
             while len(self._indexes) > self._index_cache_users:
                 self._indexes.popitem(last=False)
+        if index.version == version:
+            return index
+        delta = store.load_pages(tenant, user, known=index.pks)
+        if delta is None:
+            self.forget_user(tenant, user)
+            return None
+        index.apply(delta)
+        if index.bm25 is None and index.view.sessions:
+            self.coarse.index(index.view.sessions)
         return index
+
+    def _new_bm25(self) -> IncrementalBM25 | None:
+        inner = self.coarse.inner
+        if not isinstance(inner, BM25Filter) or inner.method != "lucene":
+            return None
+        return IncrementalBM25(inner.k1, inner.b, inner.language)
 
     def forget_user(self, tenant: str, user: str) -> None:
         with self._index_lock:
@@ -220,23 +310,31 @@ class ServiceRanker:
         sessions: Sequence[Session],
         *,
         question_date: str | None = None,
-        bookmark_score: dict[str, float] | None = None,
+        index: UserIndex | None = None,
     ) -> RankOutcome:
-        """Rank ``sessions`` (pages or sessions) for ``question``; see the module doc."""
+        """Rank ``sessions`` (pages or sessions) for ``question``; see the module doc. With the
+        user's ``index`` the coarse scores and bookmark hits come from it; without one (the
+        stateless ``/v1/rank``) the shared coarse filter scores and there are no bookmarks."""
         start = time.perf_counter()
         if not sessions:
             return RankOutcome((), {}, {}, {}, self.name, None, ParseReport("not_applicable"))
-        coarse = self.coarse.score(question, sessions)
+        if index is not None and index.bm25 is not None:
+            coarse = index.coarse(question, sessions, self.coarse.name)
+        else:
+            coarse = self.coarse.score(question, sessions)
         coarse_ms = (time.perf_counter() - start) * 1000
         coarse_score = dict(zip(coarse.ids, coarse.scores, strict=False))
-        bookmark_score = {k: v for k, v in (bookmark_score or {}).items() if k in coarse_score}
+        hits = index.bookmark_hits(query_terms(question)) if index is not None else {}
+        bookmark_score = {k: v for k, v in hits.items() if k in coarse_score}
         if bookmark_score:
             marks = sorted(bookmark_score, key=lambda sid: -bookmark_score[sid])
             # Only matches take part: a page BM25 scored 0 has no rank to fuse, and giving it
             # one would rate "no evidence" above zero.
-            matched = [sid for sid in coarse.ids if coarse_score[sid] > 0]
-            fused = {sid: 0.0 for sid in coarse.ids} | rrf([matched, marks], self.rrf_k)
-            order = sorted(coarse.ids, key=lambda sid: -fused[sid])  # stable: coarse breaks ties
+            matched = [sid for sid, v in zip(coarse.ids, coarse.scores, strict=True) if v > 0]
+            fused = rrf([matched, marks], self.rrf_k)
+            # Pages in neither list keep their coarse order after every fused one (stable sort).
+            order = sorted(coarse.ids, key=lambda sid: -fused.get(sid, 0.0))
+            fused = {sid: fused.get(sid, 0.0) for sid in coarse.ids}
         else:
             fused = coarse_score
             order = list(coarse.ids)

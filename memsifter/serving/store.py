@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -294,6 +294,24 @@ class StoredPage:
     session_id: str
     n_tokens: int
     keywords: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class IndexedPage:
+    """A page as a replica's index loads it: ``order`` sorts pages chronologically (undated
+    last, then session and turn), ``bookmark_terms`` are its (term, weight) bookmark rows."""
+
+    pk: int
+    stored: StoredPage
+    order: tuple[bool, datetime, int, int]
+    bookmark_terms: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class PageDelta:
+    version: int
+    live: frozenset[int]  # pks of every page the user has at ``version``
+    pages: list[IndexedPage]  # the pages whose pk the caller did not know
 
 
 @dataclass(frozen=True)
@@ -668,77 +686,75 @@ class Store:
                 select(UserRow.version).where(UserRow.tenant_id == tenant, UserRow.user_id == user)
             )
 
-    def load_pages(self, tenant: str, user: str) -> tuple[int | None, list[StoredPage]]:
-        """Every page of the user, oldest session first, and the version they are at."""
+    def load_pages(self, tenant: str, user: str, known: Collection[int] = ()) -> PageDelta | None:
+        """The user's version, the pks of every page they have now, and those pages (with their
+        bookmarks) whose pk is not in ``known``: what a replica's index needs to catch up
+        without reloading what it holds. None for an unknown user."""
         with self._read() as s:
             version = s.scalar(
                 select(UserRow.version).where(UserRow.tenant_id == tenant, UserRow.user_id == user)
             )
             if version is None:
-                return None, []
-            rows = s.execute(
-                select(SessionRow, PageRow)
-                .join(PageRow, PageRow.session_pk == SessionRow.pk)
-                .where(SessionRow.tenant_id == tenant, SessionRow.user_id == user)
-                .order_by(
-                    SessionRow.date.is_(None), SessionRow.date, SessionRow.pk, PageRow.turn_start
-                )
-            ).all()
+                return None
+            where = (PageRow.tenant_id == tenant, PageRow.user_id == user)
+            live = frozenset(s.scalars(select(PageRow.pk).where(*where)))
+            wanted = sorted(live - set(known))
+            rows: list[Any] = []
+            query = select(SessionRow, PageRow).join(PageRow, PageRow.session_pk == SessionRow.pk)
+            if len(wanted) == len(live):
+                rows = list(s.execute(query.where(*where)).all())
+            else:  # chunks keep the IN list within every driver's parameter limit
+                for i in range(0, len(wanted), 500):
+                    chunk = wanted[i : i + 500]
+                    rows += s.execute(query.where(PageRow.pk.in_(chunk))).all()
+            marks: dict[int, list[tuple[str, str, float]]] = {}
+            pks = [prow.pk for _, prow in rows]
+            for i in range(0, len(pks), 500):
+                for page_pk, keyword, term, weight in s.execute(
+                    select(
+                        BookmarkRow.page_pk,
+                        BookmarkRow.keyword,
+                        BookmarkRow.term,
+                        BookmarkRow.weight,
+                    ).where(BookmarkRow.page_pk.in_(pks[i : i + 500]))
+                ):
+                    marks.setdefault(page_pk, []).append((keyword, term, float(weight)))
             sessions: dict[int, ChatSession] = {}
-            out = []
+            pages = []
             for srow, prow in rows:
                 session = sessions.get(srow.pk)
                 if session is None:
                     session = sessions[srow.pk] = _session(srow)
-                out.append(_page(session, prow, ()))
-            return version, out
-
-    def bookmark_hits(self, tenant: str, user: str, terms: Sequence[str]) -> dict[str, float]:
-        """Page id -> summed weight of the bookmarks sharing a term with ``terms``."""
-        if not terms:
-            return {}
-        with self._read() as s:
-            rows = s.execute(
-                select(PageRow.page_id, func.sum(BookmarkRow.weight))
-                .join(PageRow, PageRow.pk == BookmarkRow.page_pk)
-                .where(
-                    BookmarkRow.tenant_id == tenant,
-                    BookmarkRow.user_id == user,
-                    BookmarkRow.term.in_(sorted(set(terms))),
+                rows_of_page = marks.get(prow.pk, [])
+                keywords = _rank_keywords((k, w) for k, _, w in rows_of_page)
+                pages.append(
+                    IndexedPage(
+                        pk=prow.pk,
+                        stored=_page(session, prow, keywords),
+                        order=(
+                            srow.date is None,
+                            srow.date or datetime.min,
+                            srow.pk,
+                            prow.turn_start,
+                        ),
+                        bookmark_terms=tuple((t, w) for _, t, w in rows_of_page),
+                    )
                 )
-                .group_by(PageRow.page_id)
-            ).all()
-            return {pid: float(w) for pid, w in rows}
-
-    def page_keywords(
-        self, tenant: str, user: str, page_ids: Sequence[str]
-    ) -> dict[str, list[str]]:
-        if not page_ids:
-            return {}
-        with self._read() as s:
-            rows = s.execute(
-                select(PageRow.pk, PageRow.page_id).where(
-                    PageRow.tenant_id == tenant,
-                    PageRow.user_id == user,
-                    PageRow.page_id.in_(list(page_ids)),
-                )
-            ).all()
-            keywords = self._keywords(s, [pk for pk, _ in rows])
-            return {pid: list(keywords.get(pk, ())) for pk, pid in rows}
+            return PageDelta(version=int(version), live=live, pages=pages)
 
     @staticmethod
     def _keywords(s: Session, page_pks: Sequence[int]) -> dict[int, tuple[str, ...]]:
         if not page_pks:
             return {}
         rows = s.execute(
-            select(BookmarkRow.page_pk, BookmarkRow.keyword, func.max(BookmarkRow.weight))
-            .where(BookmarkRow.page_pk.in_(list(page_pks)))
-            .group_by(BookmarkRow.page_pk, BookmarkRow.keyword)
+            select(BookmarkRow.page_pk, BookmarkRow.keyword, BookmarkRow.weight).where(
+                BookmarkRow.page_pk.in_(list(page_pks))
+            )
         ).all()
-        by_page: dict[int, list[tuple[float, str]]] = {}
+        by_page: dict[int, list[tuple[str, float]]] = {}
         for pk, keyword, weight in rows:
-            by_page.setdefault(pk, []).append((-float(weight), keyword))
-        return {pk: tuple(k for _, k in sorted(items)) for pk, items in by_page.items()}
+            by_page.setdefault(pk, []).append((keyword, float(weight)))
+        return {pk: _rank_keywords(items) for pk, items in by_page.items()}
 
     def recent_turns(self, tenant: str, user: str, n: int) -> list[Turn]:
         """The last ``n`` turns of the user's newest sessions, in chronological order."""
@@ -1030,3 +1046,12 @@ def _fact(row: FactRow) -> Fact:
         source=row.source,
         superseded_by=row.superseded_by,
     )
+
+
+def _rank_keywords(rows: Iterable[tuple[str, float]]) -> tuple[str, ...]:
+    """A page's keywords, best first: one bookmark row per analysed term, so a keyword's weight
+    is the largest of its rows."""
+    best: dict[str, float] = {}
+    for keyword, weight in rows:
+        best[keyword] = max(weight, best.get(keyword, weight))
+    return tuple(k for k, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0])))
