@@ -205,14 +205,18 @@ class IncrementalBM25:
             )
         return arrays
 
-    def scores(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
-        """BM25 of ``query`` for each of ``doc_ids`` (live ids; an unknown id is a KeyError)."""
-        slots = np.fromiter((self._slot[d] for d in doc_ids), dtype=np.int64, count=len(doc_ids))
-        n = len(self._slot)
-        if n == 0 or len(slots) == 0:
-            return np.zeros(len(slots), dtype=np.float64)
-        avgdl = self._total_length / n
+    def slots(self, doc_ids: Sequence[str]) -> np.ndarray:
+        """The slots of live ``doc_ids`` (an unknown id is a KeyError); valid until the next
+        ``remove``, which may compact."""
+        return np.fromiter((self._slot[d] for d in doc_ids), dtype=np.int64, count=len(doc_ids))
+
+    def slot_scores(self, query: str) -> np.ndarray:
+        """BM25 of ``query`` for every slot (dead slots score 0); index it with ``slots``."""
         acc = np.zeros(len(self._ids), dtype=np.float64)
+        n = len(self._slot)
+        if n == 0:
+            return acc
+        avgdl = self._total_length / n
         for term in self.analyzer(query):
             arrays = self._posting_arrays(term)
             if arrays is None:
@@ -222,4 +226,8 @@ class IncrementalBM25:
             idf = np.log(1.0 + (n - df + 0.5) / (df + 0.5))
             norm = self.k1 * (1.0 - self.b + self.b * self._length[where] / avgdl)
             acc[where] += idf * tf / (tf + norm)
-        return acc[slots]
+        return acc
+
+    def scores(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
+        """BM25 of ``query`` for each of ``doc_ids`` (live ids; an unknown id is a KeyError)."""
+        return self.slot_scores(query)[self.slots(doc_ids)]

@@ -12,6 +12,19 @@ from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError
 
 
+def rrf(
+    orders: Sequence[np.ndarray], n: int, k: float = 60.0, weights: Sequence[float] | None = None
+) -> np.ndarray:
+    """Fused scores of ``n`` items: each order lists item positions best first (an order may
+    leave items out: they get nothing from it), and contributes ``w / (k + rank)``, rank from 1.
+    The one home of RRF: the hybrid filter and the recall service's bookmark fusion use it."""
+    fused = np.zeros(n, dtype=np.float64)
+    for i, order in enumerate(orders):
+        w = 1.0 if weights is None else weights[i]
+        fused[np.asarray(order, dtype=np.int64)] += w / (k + np.arange(1, len(order) + 1))
+    return fused
+
+
 class HybridFilter(CoarseFilter):
     def __init__(
         self,
@@ -34,8 +47,8 @@ class HybridFilter(CoarseFilter):
 
     def score(self, query: str, sessions: Sequence[Session]) -> Ranking:
         pos = {s.id: i for i, s in enumerate(sessions)}
-        fused = np.zeros(len(sessions), dtype=np.float64)
-        for member, w in zip(self.members, self.weights, strict=True):
-            for rank, sid in enumerate(member.score(query, sessions).ids, start=1):
-                fused[pos[sid]] += w / (self.k + rank)
+        orders = [[pos[sid] for sid in m.score(query, sessions).ids] for m in self.members]
+        fused = rrf(
+            [np.array(o, dtype=np.int64) for o in orders], len(sessions), self.k, self.weights
+        )
         return rank_by_scores(sessions, fused, self.name)

@@ -191,9 +191,9 @@ class MemoryService:
             RecallHitResult(
                 page=view.by_id[pid],
                 rank=i + 1,
-                score=outcome.score.get(pid, 0.0),
-                coarse_score=outcome.coarse_score.get(pid, 0.0),
-                bookmark_score=outcome.bookmark_score.get(pid),
+                score=outcome.score(pid),
+                coarse_score=outcome.coarse_score(pid),
+                bookmark_score=outcome.bookmark_score(pid),
                 keywords=list(view.by_id[pid].keywords),
             )
             for i, pid in enumerate(outcome.ids[:top_k])

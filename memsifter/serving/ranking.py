@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +31,7 @@ import numpy as np
 from memsifter.coarse import build_filter
 from memsifter.coarse.base import CoarseFilter, Selection
 from memsifter.coarse.bm25 import BM25Filter, IncrementalBM25
+from memsifter.coarse.hybrid import rrf
 from memsifter.data.tokens import SessionTokenCache, TokenCounter
 from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError, PromptBudgetError
@@ -71,15 +72,6 @@ class LockedCoarse(CoarseFilter):
             return self.inner.select(query, sessions, budget_tokens, counter)
 
 
-def rrf(rankings: Sequence[Sequence[str]], k: int = 60) -> dict[str, float]:
-    """Reciprocal-rank fusion: id -> sum of 1/(k + rank), rank from 1."""
-    fused: dict[str, float] = {}
-    for ranking in rankings:
-        for rank, sid in enumerate(ranking, start=1):
-            fused[sid] = fused.get(sid, 0.0) + 1.0 / (k + rank)
-    return fused
-
-
 @dataclass(frozen=True)
 class ParseReport:
     status: str  # ok | failed | not_applicable (coarse-only)
@@ -92,14 +84,29 @@ class ParseReport:
 
 @dataclass(frozen=True)
 class RankOutcome:
-    ids: tuple[str, ...]  # every candidate, best first
-    score: dict[str, float]  # the fused coarse(+bookmark) score; the proxy orders, not scores
-    coarse_score: dict[str, float]
-    bookmark_score: dict[str, float]
+    """Every candidate, best first, and per candidate the fused coarse(+bookmark) score (the
+    proxy orders, it does not score), the coarse score and the bookmark score. Scores are kept
+    as arrays over the candidates: a user with 10K pages is ranked without 10K-entry dicts."""
+
+    ids: tuple[str, ...]
     ranker: str
     think: str | None
     parse: ParseReport
     timings_ms: dict[str, float] = field(default_factory=dict)
+    positions: Mapping[str, int] = field(default_factory=dict)  # candidate id -> array index
+    fused: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    coarse: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    bookmarks: np.ndarray = field(default_factory=lambda: np.zeros(0))  # 0: no bookmark hit
+
+    def score(self, sid: str) -> float:
+        return float(self.fused[self.positions[sid]])
+
+    def coarse_score(self, sid: str) -> float:
+        return float(self.coarse[self.positions[sid]])
+
+    def bookmark_score(self, sid: str) -> float | None:
+        value = float(self.bookmarks[self.positions[sid]])
+        return value if value > 0 else None
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,21 @@ class UserPages:
     pages: tuple[StoredPage, ...]  # chronological
     sessions: tuple[Session, ...]  # the pages as the coarse filter and proxy see them
     by_id: dict[str, StoredPage]
+    positions: dict[str, int]  # page id -> index in ``sessions``
+    ids: np.ndarray  # object array of the page ids, in ``sessions`` order
+
+
+def _pages_view(version: int, pages: tuple[StoredPage, ...]) -> UserPages:
+    sessions = tuple(p.page for p in pages)
+    ids = np.array([s.id for s in sessions], dtype=object)
+    return UserPages(
+        version,
+        pages,
+        sessions,
+        {p.page.id: p for p in pages},
+        {s.id: i for i, s in enumerate(sessions)},
+        ids,
+    )
 
 
 class UserIndex:
@@ -118,11 +140,12 @@ class UserIndex:
     coarse filter is BM25) and the bookmark terms, caught up by ``apply(delta)``."""
 
     def __init__(self, bm25: IncrementalBM25 | None) -> None:
-        self.view = UserPages(-1, (), (), {})
+        self.view = _pages_view(-1, ())
         self.bm25 = bm25
         self._lock = threading.Lock()
         self._pages: dict[int, IndexedPage] = {}  # pk -> page
         self._marks: dict[str, dict[str, float]] = {}  # term -> page id -> summed weight
+        self._view_slots = np.zeros(0, dtype=np.int64)  # view position -> BM25 slot
 
     @property
     def version(self) -> int:
@@ -159,27 +182,26 @@ class UserIndex:
                     marks = self._marks.setdefault(term, {})
                     marks[pid] = marks.get(pid, 0.0) + weight
             ordered = sorted(self._pages.values(), key=lambda p: p.order)
-            pages = tuple(p.stored for p in ordered)
-            self.view = UserPages(
-                delta.version,
-                pages,
-                tuple(p.page for p in pages),
-                {p.page.id: p for p in pages},
-            )
+            view = _pages_view(delta.version, tuple(p.stored for p in ordered))
+            if self.bm25 is not None:
+                self._view_slots = self.bm25.slots(view.ids.tolist())
+            self.view = view
 
-    def coarse(self, question: str, sessions: Sequence[Session], name: str) -> Ranking:
-        """BM25 over ``sessions`` (pages of this user), best first, ties in input order. A page
-        deleted since the caller's snapshot scores 0."""
+    def coarse_scores(
+        self, question: str, view: UserPages, ids: Sequence[str] | None
+    ) -> np.ndarray:
+        """BM25 of ``ids`` (pages of ``view``; None: all of them, in view order). A page deleted
+        since the caller took ``view`` scores 0."""
         assert self.bm25 is not None
         with self._lock:
-            live = [s.id in self.bm25 for s in sessions]
-            scored = [s.id for s, ok in zip(sessions, live, strict=True) if ok]
-            values = self.bm25.scores(question, scored)
-        scores = np.zeros(len(sessions), dtype=np.float64)
-        scores[np.flatnonzero(live)] = values
-        order = np.argsort(-scores, kind="stable")
-        ids = np.array([s.id for s in sessions], dtype=object)[order]
-        return Ranking(ids=tuple(ids.tolist()), scores=tuple(scores[order].tolist()), source=name)
+            bm25 = self.bm25
+            if ids is None and view is self.view:  # the hot path: no per-page Python work
+                return bm25.slot_scores(question)[self._view_slots]
+            ids = view.ids.tolist() if ids is None else ids
+            live = np.array([sid in bm25 for sid in ids], dtype=bool)
+            scores = np.zeros(len(ids), dtype=np.float64)
+            scores[live] = bm25.scores(question, [sid for sid in ids if sid in bm25])
+            return scores
 
     def bookmark_hits(self, terms: Sequence[str]) -> dict[str, float]:
         """Page id -> summed weight of the bookmark rows sharing a term with ``terms``."""
@@ -317,37 +339,51 @@ class ServiceRanker:
         stateless ``/v1/rank``) the shared coarse filter scores and there are no bookmarks."""
         start = time.perf_counter()
         if not sessions:
-            return RankOutcome((), {}, {}, {}, self.name, None, ParseReport("not_applicable"))
+            return RankOutcome((), self.name, None, ParseReport("not_applicable"))
+        view = index.view if index is not None else None
+        if view is not None and sessions is view.sessions:  # recall over all of a user's pages
+            positions, ids = view.positions, view.ids
+        else:
+            positions = {s.id: i for i, s in enumerate(sessions)}
+            ids = np.array([s.id for s in sessions], dtype=object)
         if index is not None and index.bm25 is not None:
-            coarse = index.coarse(question, sessions, self.coarse.name)
+            assert view is not None
+            subset = None if ids is view.ids else ids.tolist()
+            coarse = index.coarse_scores(question, view, subset)
+            coarse_order = np.argsort(-coarse, kind="stable")  # ties: chronological
         else:
-            coarse = self.coarse.score(question, sessions)
+            ranking = self.coarse.score(question, sessions)
+            coarse_order = np.array([positions[sid] for sid in ranking.ids], dtype=np.int64)
+            coarse = np.zeros(len(sessions), dtype=np.float64)
+            coarse[coarse_order] = ranking.scores if ranking.scores else 0.0
         coarse_ms = (time.perf_counter() - start) * 1000
-        coarse_score = dict(zip(coarse.ids, coarse.scores, strict=False))
-        hits = index.bookmark_hits(query_terms(question)) if index is not None else {}
-        bookmark_score = {k: v for k, v in hits.items() if k in coarse_score}
-        if bookmark_score:
-            marks = sorted(bookmark_score, key=lambda sid: -bookmark_score[sid])
-            # Only matches take part: a page BM25 scored 0 has no rank to fuse, and giving it
-            # one would rate "no evidence" above zero.
-            matched = [sid for sid, v in zip(coarse.ids, coarse.scores, strict=True) if v > 0]
-            fused = rrf([matched, marks], self.rrf_k)
-            # Pages in neither list keep their coarse order after every fused one (stable sort).
-            order = sorted(coarse.ids, key=lambda sid: -fused.get(sid, 0.0))
-            fused = {sid: fused.get(sid, 0.0) for sid in coarse.ids}
+        marks = np.zeros(len(sessions), dtype=np.float64)
+        if index is not None:
+            for pid, weight in index.bookmark_hits(query_terms(question)).items():
+                i = positions.get(pid)
+                if i is not None:
+                    marks[i] = weight
+        if marks.any():
+            # Only matches take part: a page the coarse filter scored 0 has no rank to fuse,
+            # and giving it one would rate "no evidence" above zero.
+            matched = coarse_order[coarse[coarse_order] > 0]
+            marked = np.flatnonzero(marks)
+            mark_order = marked[np.argsort(-marks[marked], kind="stable")]
+            fused = rrf([matched, mark_order], len(sessions), self.rrf_k)
+            # Pages in neither list keep their coarse order after every fused one.
+            order = coarse_order[np.argsort(-fused[coarse_order], kind="stable")]
         else:
-            fused = coarse_score
-            order = list(coarse.ids)
+            fused, order = coarse, coarse_order
+        scores = {"positions": positions, "fused": fused, "coarse": coarse, "bookmarks": marks}
         timings = {"coarse_ms": coarse_ms}
         if self.proxy is None:
             timings["total_ms"] = (time.perf_counter() - start) * 1000
             report = ParseReport("not_applicable")
             return RankOutcome(
-                tuple(order), fused, coarse_score, bookmark_score, self.name, None, report, timings
+                tuple(ids[order].tolist()), self.name, None, report, timings, **scores
             )
 
-        by_id = {s.id: s for s in sessions}
-        shown = [by_id[sid] for sid in order[: self.max_candidates]]
+        shown = [sessions[i] for i in order[: self.max_candidates].tolist()]
         proxy_start = time.perf_counter()
         try:
             with self._slots:
@@ -372,19 +408,10 @@ class ServiceRanker:
             self.on_proxy(proxy_s, report)
         ranked = list(result.ranking.ids)
         seen = set(ranked)
-        ranked += [sid for sid in order if sid not in seen]
+        ranked += [sid for sid in ids[order].tolist() if sid not in seen]
         timings["proxy_ms"] = proxy_s * 1000
         # proxy_ms also holds prompt building, parsing and the wait for a slot; the model's own
         # share is what the backend timed, so "overhead over the model call" can be measured.
         timings["model_ms"] = result.generation.latency_s * 1000
         timings["total_ms"] = (time.perf_counter() - start) * 1000
-        return RankOutcome(
-            tuple(ranked),
-            fused,
-            coarse_score,
-            bookmark_score,
-            self.name,
-            parsed.think,
-            report,
-            timings,
-        )
+        return RankOutcome(tuple(ranked), self.name, parsed.think, report, timings, **scores)

@@ -53,7 +53,7 @@ def rank(body: RankIn, svc: Svc, who: Who) -> RankOut:
     return RankOut(
         ranker=outcome.ranker,
         ranking=[
-            RankedItem(id=sid, rank=i + 1, score=outcome.coarse_score.get(sid))
+            RankedItem(id=sid, rank=i + 1, score=outcome.coarse_score(sid))
             for i, sid in enumerate(ids)
         ],
         think=outcome.think,
