@@ -312,6 +312,11 @@ class ServiceRanker:
         index.apply(delta)
         if index.bm25 is None and index.view.sessions:
             self.coarse.index(index.view.sessions)
+        if self.proxy is not None:
+            # Count new pages in the proxy's tokens now, at ingest, so a query's prompt budget
+            # reads them from the builder's cache instead of tokenizing 40 pages per request.
+            for page in delta.pages:
+                self.proxy.builder.session_tokens(page.stored.page)
         return index
 
     def _new_bm25(self) -> IncrementalBM25 | None:
@@ -406,9 +411,13 @@ class ServiceRanker:
         )
         if self.on_proxy is not None:
             self.on_proxy(proxy_s, report)
+        # The proxy ranked (a subset of) the fused top max_candidates; the rest follow in fused
+        # order, without a per-candidate Python loop over a 10K-page user.
         ranked = list(result.ranking.ids)
+        shown_positions = order[: self.max_candidates]
         seen = set(ranked)
-        ranked += [sid for sid in ids[order].tolist() if sid not in seen]
+        ranked += [ids[i] for i in shown_positions.tolist() if ids[i] not in seen]
+        ranked += ids[order[self.max_candidates :]].tolist()
         timings["proxy_ms"] = proxy_s * 1000
         # proxy_ms also holds prompt building, parsing and the wait for a slot; the model's own
         # share is what the backend timed, so "overhead over the model call" can be measured.
