@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: set up, then run the retrieval benchmark on its embedded defaults
+# The retrieval benchmark (the main job until the recall service landed), on its embedded defaults
 # (configs/eval/locomo_retrieval.yaml: every offline coarse filter on LoCoMo, native haystack).
 # Uses the real LoCoMo at ../shared/data/locomo/locomo10.json (or $MEMSIFTER_LOCOMO) when it is
 # there; on a fresh clone without it, runs on the committed synthetic fixture and says so.

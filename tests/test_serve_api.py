@@ -323,9 +323,12 @@ def test_shipped_serve_configs_load() -> None:
     from memsifter.serving.config import load_serve_config
 
     root = Path(__file__).resolve().parents[1] / "configs" / "serve"
-    default = load_serve_config()
-    assert default.proxy.backend == "coarse-only" and default.db_url.startswith("sqlite:///")
+    default = load_serve_config()  # what `memsifter serve` (the main job) runs on
+    assert default.proxy.backend == "transformers"
+    assert default.proxy.model == "smollm2-135m-instruct"
+    assert default.db_url.startswith("sqlite:///")
     assert default.api_keys[0].key_env == "MEMSIFTER_DEMO_KEY"
+    assert load_serve_config(root / "coarse_only.yaml").proxy.backend == "coarse-only"
     for path in sorted(root.glob("*.yaml")):
         assert load_serve_config(path).paging.low_watermark <= 0.9
 
