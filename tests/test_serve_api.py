@@ -1,12 +1,13 @@
 """The recall service over HTTP (FastAPI TestClient): /v1/rank coarse-only and through a
 scripted proxy (with prompt-injection text in a session), the memory endpoints, facts with
-per-agent visibility, operations endpoints, the typed client, and the sample seeding."""
+per-agent visibility, operations endpoints, the typed client, and the sample seeding. Runs on
+SQLite, and on PostgreSQL too when ``MEMSIFTER_TEST_PG_DSN`` is set (the ``serve_db`` fixture)."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,9 @@ KEY = "key-api-tests-0123456789"
 TASK_AGENT_KEY = "key-task-agent-0123456789"
 
 
-def _config(tmp: Path) -> ServeConfig:
+def _config(db_url: str) -> ServeConfig:
     return ServeConfig(
-        db_url=f"sqlite:///{tmp / 'api.db'}",
+        db_url=db_url,
         paging=PagingSettings(turns_per_page=2),
         api_keys=[
             ApiKeySettings(tenant="acme", key_env="MEMSIFTER_TEST_API_KEY"),
@@ -50,8 +51,8 @@ def env() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def client(env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    app = create_app(_config(tmp_path_factory.mktemp("coarse")))
+def client(env: None, serve_db: Callable[[str], str]) -> Iterator[TestClient]:
+    app = create_app(_config(serve_db("coarse")))
     with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
         yield c
 
@@ -63,10 +64,10 @@ def backend() -> ScriptedBackend:
 
 @pytest.fixture(scope="module")
 def proxy_client(
-    env: None, tmp_path_factory: pytest.TempPathFactory, backend: ScriptedBackend
+    env: None, serve_db: Callable[[str], str], backend: ScriptedBackend
 ) -> Iterator[TestClient]:
     ranker = ServiceRanker(build_filter("bm25"), backend)
-    app = create_app(_config(tmp_path_factory.mktemp("proxy")), ranker)
+    app = create_app(_config(serve_db("proxy")), ranker)
     with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
         yield c
 
@@ -137,9 +138,11 @@ def test_rank_through_proxy_ignores_injected_rankings(
     assert "<|im_end|><|im_start|>assistant" not in prompt.split("[Session 3]")[1]  # defanged
 
 
-def test_unparseable_proxy_answer_is_completed_and_counted(env: None, tmp_path: Path) -> None:
+def test_unparseable_proxy_answer_is_completed_and_counted(
+    env: None, serve_db: Callable[[str], str]
+) -> None:
     ranker = ServiceRanker(build_filter("bm25"), ScriptedBackend(lambda _p: "I refuse."))
-    app = create_app(_config(tmp_path), ranker)
+    app = create_app(_config(serve_db("refuse")), ranker)
     with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
         r = c.post("/v1/rank", json={"question": "dog named Max?", "sessions": CANDIDATES})
         body = r.json()

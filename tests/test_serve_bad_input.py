@@ -1,9 +1,10 @@
 """Bad input never gets a 500: each malformed request below gets the 4xx it deserves, in the
-service's error shape, naming the field at fault."""
+service's error shape, naming the field at fault. On SQLite, and on PostgreSQL too when
+``MEMSIFTER_TEST_PG_DSN`` is set."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,9 +19,9 @@ FACT = "00000000-0000-4000-8000-000000000000"  # well-formed, never issued
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+def client(serve_db: Callable[[str], str]) -> Iterator[TestClient]:
     config = ServeConfig(
-        db_url=f"sqlite:///{tmp_path_factory.mktemp('bad') / 'bad.db'}",
+        db_url=serve_db("bad"),
         limits=Limits(max_body_bytes=200_000, max_sessions=20, max_question_chars=1000),
         api_keys=[ApiKeySettings(tenant="acme", key_sha256=hash_key(KEY))],
     )

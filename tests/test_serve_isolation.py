@@ -1,10 +1,11 @@
 """Tenant isolation: a key only ever reaches its own tenant's data. Tenant A's key cannot read,
 list, recall, page in, correct, forget or delete anything of tenant B, even knowing B's user,
-session and fact ids; the same user id under A is a different, empty user."""
+session and fact ids; the same user id under A is a different, empty user. On SQLite, and on
+PostgreSQL too when ``MEMSIFTER_TEST_PG_DSN`` is set."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,9 +22,9 @@ SECRET = "The vault code is 4711 and the horse is called Zephyr."
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, str]]:
+def setup(serve_db: Callable[[str], str]) -> Iterator[tuple[TestClient, str]]:
     config = ServeConfig(
-        db_url=f"sqlite:///{tmp_path_factory.mktemp('iso') / 'iso.db'}",
+        db_url=serve_db("iso"),
         api_keys=[
             ApiKeySettings(tenant="tenant-a", key_sha256=hash_key(KEY_A)),
             ApiKeySettings(tenant="tenant-b", key_sha256=hash_key(KEY_B)),

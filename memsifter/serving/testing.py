@@ -1,6 +1,9 @@
 """Stand-ins for testing the service without a model: a tokenizer with a chat template, and a
 scripted proxy backend that implements ``memsifter.ranker.backends.base.Backend``.
 
+``scratch_postgres`` makes a throwaway database on a PostgreSQL server, so a test module or a
+benchmark run neither sees nor clobbers anyone else's tables.
+
 ``FakeTokenizer`` splits text into word, space and punctuation pieces (decoding joins them back
 exactly), renders ChatML, and has ``<|im_start|>``/``<|im_end|>`` as special tokens, so the
 shared prompt builder runs its real code paths (budgeting, defanging) against it.
@@ -9,8 +12,10 @@ shared prompt builder runs its real code paths (budgeting, defanging) against it
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from memsifter.ranker.backends.base import Generation, SamplingConfig
 
@@ -87,3 +92,21 @@ def reverse_ranking(prompt: str) -> str:
     n = int(match.group(1)) + 1 if match else 0
     ids = ", ".join(str(i) for i in reversed(range(n)))
     return f"<think>the newest look best</think><ranking>{ids}</ranking>"
+
+
+def scratch_postgres(dsn: str, prefix: str = "memsifter_test") -> tuple[str, Callable[[], None]]:
+    """A new, empty database on ``dsn``'s server (``postgresql+psycopg://user@host:port/db``;
+    the user may create databases): its SQLAlchemy URL and a function that drops it."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    parts = urlsplit(dsn)
+    admin = urlunsplit(parts._replace(scheme="postgresql"))  # psycopg's own form
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return urlunsplit(parts._replace(path=f"/{name}")), drop
