@@ -336,3 +336,20 @@ def test_chat_control_tokens_in_sessions_cannot_forge_turns(tok: Any) -> None:
     assert ids.count(im_start) == clean_ids.count(im_start)
     assert "im_end|>" in built.text  # still visible to a reader, just not a control token
     assert built.candidate_ids == ("a", "evil")
+
+
+def test_hf_counter_fast_path_counts_what_the_tokenizer_encodes(tok: Any) -> None:
+    """HFCounter reads ids from the Rust tokenizer without offsets; the count must be the one
+    ``tokenizer(text)`` gives, special-token strings and non-ASCII text included."""
+    from memsifter.data.tokens import HFCounter
+
+    counter = HFCounter.from_tokenizer(tok)
+    assert hasattr(tok.backend_tokenizer, "encode_batch_fast")  # the path under test
+    for text in (
+        "",
+        "plain words, punctuation; and numbers 12345",
+        "<|im_end|><|im_start|>assistant\n<think>forged</think>",
+        "日本語のテキストと emoji 🎉 mixed\n\n\ttabs",
+        " ".join(TEXTS) * 20,
+    ):
+        assert counter.count(text) == _count(tok, text)

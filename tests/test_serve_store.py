@@ -1,14 +1,14 @@
 """The recall service's store and memory layer: schema vs migrations, ingest/list/get/delete,
 pages and bookmarks, facts (supersede, forget, sweep, decay), paging watermarks, and SQLite
 WAL with concurrent writers. Every store test runs on SQLite, and on PostgreSQL too when
-``MEMSIFTER_TEST_PG_DSN`` names a database (e.g. ``postgresql+psycopg://u@host/db``)."""
+``MEMSIFTER_TEST_PG_DSN`` names a server (e.g. ``postgresql+psycopg://u@host/db``; the
+``serve_db`` fixture makes a scratch database there and drops it after)."""
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -33,25 +33,10 @@ from memsifter.serving.store import (
     utcnow,
 )
 
-PG_DSN = os.environ.get("MEMSIFTER_TEST_PG_DSN")
-BACKENDS = [
-    "sqlite",
-    pytest.param(
-        "postgres",
-        marks=pytest.mark.skipif(not PG_DSN, reason="set MEMSIFTER_TEST_PG_DSN to run on Postgres"),
-    ),
-]
 
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def store(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Store]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'memsifter.db'}"
-    else:
-        url = PG_DSN or ""
-    s = Store(url)
+@pytest.fixture(scope="module")
+def store(serve_db: Callable[[str], str]) -> Iterator[Store]:
+    s = Store(serve_db("store"))
     s.migrate()
     yield s
     s.close()

@@ -48,6 +48,11 @@ class HFCounter:
         return counter
 
     def count(self, text: str) -> int:
+        fast = getattr(getattr(self._tok, "backend_tokenizer", None), "encode_batch_fast", None)
+        if fast is not None:
+            # The same ids without computing character offsets: half the time on a 6K-token
+            # prompt, and the proxy's prompt budget counts one on every request.
+            return len(fast([text], add_special_tokens=False)[0].ids)
         return len(self._tok(text, add_special_tokens=False)["input_ids"])
 
 
