@@ -135,11 +135,15 @@ def test_ingest_list_get_delete(store: Store, tenant: str, memory: MemoryService
     assert store.user_version(tenant, "u1") == (version or 0) + 1
     # Pages and their bookmarks went with the session.
     delta = store.load_pages(tenant, "u1")
-    assert delta is not None and delta.version == store.user_version(tenant, "u1")
-    assert len(delta.live) == len(delta.pages) == 3
+    assert delta is not None and delta.state.version == store.user_version(tenant, "u1")
+    assert len(delta.pages) == 3 and delta.live is None  # a full load
     assert all(p.stored.session_id != "s-dog" for p in delta.pages)
     assert all(p.bookmark_terms for p in delta.pages)
-    assert store.load_pages(tenant, "u1", known=delta.live).pages == []  # nothing new
+    pks = {p.pk for p in delta.pages}
+    assert store.load_pages(tenant, "u1", since=delta.state.version, known=pks).pages == []
+    # A replica that still holds the deleted pages learns they are gone.
+    behind = store.load_pages(tenant, "u1", since=delta.state.version, known=pks | {10**9})
+    assert behind is not None and behind.live == frozenset(pks)
     assert store.load_pages(tenant, "nobody") is None
 
 
@@ -154,7 +158,16 @@ def test_incremental_index_matches_a_fresh_one(
     changed = _session("s-run", 1, ["I switched to the Porto marathon with Clara."])
     memory.ingest_sessions(who, "u5", [changed], replace=True)
     store.delete_session(tenant, "u5", "s-wed")
-    questions = ["which marathon?", "golden retriever Max", "Porto Clara", "zzz unknown"]
+    # Replace the newest session and delete it, then ingest another: SQLite hands the freed
+    # pks to the new rows, which the replica must not mistake for the pages it holds.
+    memory.ingest_sessions(
+        who, "u5", [_session("s-wed", 2, ["Clara moved the wedding."])], replace=True
+    )
+    followed_ids = [h.page.page.id for h in memory.recall(who, "u5", "wedding", top_k=10).hits]
+    assert "s-wed#0" in followed_ids
+    store.delete_session(tenant, "u5", "s-wed")
+    memory.ingest_sessions(who, "u5", [_session("s-cat", 4, ["I also got a cat named Luna."])])
+    questions = ["which marathon?", "golden retriever Max", "Porto Clara", "cat Luna", "zzz"]
     followed = [memory.recall(who, "u5", q, top_k=10) for q in questions]
     fresh_memory = MemoryService(
         memory.config, store, ServiceRanker(build_filter("bm25")), memory.extractor
@@ -165,13 +178,36 @@ def test_incremental_index_matches_a_fresh_one(
         assert [h.score for h in a.hits] == pytest.approx([h.score for h in b.hits])
         assert [h.keywords for h in a.hits] == [h.keywords for h in b.hits]
     ids = {h.page.page.id for h in followed[0].hits}
-    assert ids == {"s-dog#0", "s-dog#2", "s-run#0"}  # s-wed deleted, s-run replaced
+    assert ids == {"s-dog#0", "s-dog#2", "s-run#0", "s-cat#0"}  # s-wed deleted, s-run replaced
+    assert "Luna" in followed[3].hits[0].page.page.render()
     assert followed[0].hits[0].page.page.id == "s-run#0"
     # And both match BM25 built from scratch over the same pages.
     pages = ranker._indexes[(tenant, "u5")].view.sessions
     scratch = build_filter("bm25").score(questions[0], pages)
     assert [h.page.page.id for h in followed[0].hits] == list(scratch.ids)
     assert [h.coarse_score for h in followed[0].hits] == pytest.approx(list(scratch.scores))
+
+
+def test_a_user_deleted_and_created_again_is_never_served_from_the_old_index(
+    store: Store, tenant: str, memory: MemoryService, ranker: ServiceRanker
+) -> None:
+    """Another replica forgets the user and ingests a new history under the same id, reaching
+    the same version number: this replica must notice (the user's epoch) and drop its index."""
+    who = Principal(tenant)
+    memory.ingest_sessions(who, "u6", SESSIONS)
+    assert (
+        memory.recall(who, "u6", "golden retriever Max", top_k=1).hits[0].page.session_id == "s-dog"
+    )
+    old = ranker._indexes[(tenant, "u6")]
+    other = MemoryService(
+        memory.config, store, ServiceRanker(build_filter("bm25")), memory.extractor
+    )
+    assert store.delete_user(tenant, "u6")
+    other.ingest_sessions(who, "u6", [_session("s-new", 9, ["A golden sunset by the sea."])])
+    assert store.user_version(tenant, "u6") == old.version  # the number alone cannot tell
+    hits = memory.recall(who, "u6", "golden retriever Max", top_k=5).hits
+    assert [h.page.session_id for h in hits] == ["s-new"]
+    assert ranker._indexes[(tenant, "u6")] is not old
 
 
 def test_longest_ids_fit_every_column(store: Store, tenant: str, memory: MemoryService) -> None:

@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 
@@ -139,13 +140,16 @@ class UserIndex:
     """One user's pages on this replica: the snapshot, the incremental BM25 index (when the
     coarse filter is BM25) and the bookmark terms, caught up by ``apply(delta)``."""
 
-    def __init__(self, bm25: IncrementalBM25 | None) -> None:
+    def __init__(self, epoch: str, bm25: IncrementalBM25 | None) -> None:
+        self.epoch = epoch  # the user's incarnation this index belongs to
         self.view = _pages_view(-1, ())
         self.bm25 = bm25
         self._lock = threading.Lock()
         self._pages: dict[int, IndexedPage] = {}  # pk -> page
         self._marks: dict[str, dict[str, float]] = {}  # term -> page id -> summed weight
         self._view_slots = np.zeros(0, dtype=np.int64)  # view position -> BM25 slot
+        self._last_order: tuple[bool, datetime, int, int] | None = None  # the newest page's
+        self.refreshing = threading.Lock()  # one catch-up with the store at a time
 
     @property
     def version(self) -> int:
@@ -156,10 +160,17 @@ class UserIndex:
         return frozenset(self._pages)
 
     def apply(self, delta: PageDelta) -> None:
+        """Catch up with ``delta`` (from ``Store.load_pages``, since this index's version)."""
         with self._lock:
-            if delta.version <= self.view.version:
+            if delta.state.version <= self.view.version:
                 return  # a concurrent request caught up first
-            gone = [pk for pk in self._pages if pk not in delta.live]
+            if delta.live is not None:
+                gone = [pk for pk in self._pages if pk not in delta.live]
+            else:
+                gone = []
+            # A page whose pk is back was deleted and its pk reused (SQLite does): the new row
+            # replaces the old one.
+            gone += [p.pk for p in delta.pages if p.pk in self._pages and p.pk not in gone]
             for pk in gone:
                 page = self._pages.pop(pk)
                 pid = page.stored.page.id
@@ -171,9 +182,11 @@ class UserIndex:
                         marks.pop(pid, None)
                         if not marks:
                             del self._marks[term]
+            added = []
             for page in delta.pages:
-                if page.pk not in delta.live or page.pk in self._pages:
+                if page.pk in self._pages or (delta.live is not None and page.pk not in delta.live):
                     continue
+                added.append(page)
                 self._pages[page.pk] = page
                 pid = page.stored.page.id
                 if self.bm25 is not None:
@@ -181,11 +194,42 @@ class UserIndex:
                 for term, weight in page.bookmark_terms:
                     marks = self._marks.setdefault(term, {})
                     marks[pid] = marks.get(pid, 0.0) + weight
-            ordered = sorted(self._pages.values(), key=lambda p: p.order)
-            view = _pages_view(delta.version, tuple(p.stored for p in ordered))
-            if self.bm25 is not None:
-                self._view_slots = self.bm25.slots(view.ids.tolist())
-            self.view = view
+            added.sort(key=lambda p: p.order)
+            last = self._last_order
+            version = delta.state.version
+            if not gone and (last is None or not added or added[0].order > last):
+                self.view = self._appended(version, added)
+            else:  # a delete, or pages older than the newest: rebuild the snapshot
+                ordered = sorted(self._pages.values(), key=lambda p: p.order)
+                view = _pages_view(version, tuple(p.stored for p in ordered))
+                if self.bm25 is not None:
+                    self._view_slots = self.bm25.slots(view.ids.tolist())
+                self.view = view
+            if added and (last is None or added[-1].order > last):
+                self._last_order = added[-1].order
+            elif gone:
+                self._last_order = max((p.order for p in self._pages.values()), default=None)
+
+    def _appended(self, version: int, added: list[IndexedPage]) -> UserPages:
+        """The common ingest, newer pages only and nothing deleted: the snapshot grows at its
+        end with C-level copies, instead of a sort and dict rebuild over the whole history."""
+        old = self.view
+        pages = tuple(p.stored for p in added)
+        new_ids = [p.page.id for p in pages]
+        by_id = dict(old.by_id)
+        by_id.update(zip(new_ids, pages, strict=True))
+        positions = dict(old.positions)
+        positions.update((pid, len(old.pages) + i) for i, pid in enumerate(new_ids))
+        if self.bm25 is not None:  # no remove ran, so no compaction moved a slot
+            self._view_slots = np.concatenate([self._view_slots, self.bm25.slots(new_ids)])
+        return UserPages(
+            version,
+            old.pages + pages,
+            old.sessions + tuple(p.page for p in pages),
+            by_id,
+            positions,
+            np.concatenate([old.ids, np.array(new_ids, dtype=object)]),
+        )
 
     def coarse_scores(
         self, question: str, view: UserPages, ids: Sequence[str] | None
@@ -292,24 +336,30 @@ class ServiceRanker:
     def user_index(self, store: Store, tenant: str, user: str) -> UserIndex | None:
         """The user's index, caught up with the store when their version moved on."""
         key = (tenant, user)
-        version = store.user_version(tenant, user)
-        if version is None:
+        state = store.user_state(tenant, user)
+        if state is None:
             self.forget_user(tenant, user)
             return None
         with self._index_lock:
             index = self._indexes.get(key)
-            if index is None:
-                index = self._indexes[key] = UserIndex(self._new_bm25())
+            if index is None or index.epoch != state.epoch:  # new, or deleted and created again
+                index = self._indexes[key] = UserIndex(state.epoch, self._new_bm25())
             self._indexes.move_to_end(key)
             while len(self._indexes) > self._index_cache_users:
                 self._indexes.popitem(last=False)
-        if index.version == version:
+        if index.version >= state.version:
             return index
-        delta = store.load_pages(tenant, user, known=index.pks)
-        if delta is None:
-            self.forget_user(tenant, user)
-            return None
-        index.apply(delta)
+        with index.refreshing:  # concurrent requests after an ingest wait for one catch-up
+            if index.version >= state.version:
+                return index
+            since = index.version if index.version >= 0 else None
+            delta = store.load_pages(tenant, user, since=since, known=index.pks)
+            if delta is None or delta.state.epoch != index.epoch:
+                # Deleted (and maybe created again) since user_state: the next request starts
+                # from the new incarnation; this one answers as for an unknown user.
+                self.forget_user(tenant, user)
+                return None if delta is None else self.user_index(store, tenant, user)
+            index.apply(delta)
         if index.bm25 is None and index.view.sessions:
             self.coarse.index(index.view.sessions)
         if self.proxy is not None:

@@ -126,6 +126,9 @@ class UserRow(Base):
     user_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     # Bumped whenever this user's pages change: every replica's in-memory index keys on it.
     version: Mapped[int] = mapped_column(Integer, default=0)
+    # New at every creation: a user deleted and created again restarts at version 0, and a
+    # replica must not take the new user's version 3 for the old user's.
+    epoch: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
@@ -165,6 +168,9 @@ class PageRow(Base):
     turn_start: Mapped[int] = mapped_column(Integer)
     turn_end: Mapped[int] = mapped_column(Integer)
     n_tokens: Mapped[int] = mapped_column(Integer)
+    # The user's version that added this page: replicas load pages newer than theirs by it,
+    # not by pk, which SQLite reuses after a delete.
+    added_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     __table_args__ = (
         UniqueConstraint("tenant_id", "user_id", "page_id", name="uq_pages_user_page"),
     )
@@ -308,10 +314,17 @@ class IndexedPage:
 
 
 @dataclass(frozen=True)
-class PageDelta:
+class UserState:
+    epoch: str  # "" for users created before epochs existed
     version: int
-    live: frozenset[int]  # pks of every page the user has at ``version``
-    pages: list[IndexedPage]  # the pages whose pk the caller did not know
+
+
+@dataclass(frozen=True)
+class PageDelta:
+    state: UserState
+    pages: list[IndexedPage]  # every page, or (with ``since``) those added after it
+    # With ``since``: None when no page the caller holds is gone, else every live pk.
+    live: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -476,16 +489,22 @@ class Store:
 
     def _ensure_user(self, s: Session, tenant: str, user: str) -> None:
         self._insert_ignore(
-            s, UserRow, tenant_id=tenant, user_id=user, version=0, created_at=utcnow()
+            s,
+            UserRow,
+            tenant_id=tenant,
+            user_id=user,
+            version=0,
+            epoch=uuid.uuid4().hex,
+            created_at=utcnow(),
         )
 
     @staticmethod
-    def _bump(s: Session, tenant: str, user: str) -> None:
-        s.execute(
-            update(UserRow)
-            .where(UserRow.tenant_id == tenant, UserRow.user_id == user)
-            .values(version=UserRow.version + 1)
-        )
+    def _bump(s: Session, tenant: str, user: str) -> int:
+        """The user's next version; the row stays locked (or the SQLite writer held) until the
+        transaction ends, so no other writer can take the same one."""
+        where = (UserRow.tenant_id == tenant, UserRow.user_id == user)
+        s.execute(update(UserRow).where(*where).values(version=UserRow.version + 1))
+        return int(s.scalar(select(UserRow.version).where(*where)) or 0)
 
     # -- tenants and keys
 
@@ -565,6 +584,7 @@ class Store:
                         SessionRow.session_id.in_(existing),
                     )
                 )
+            version = self._bump(s, tenant, user)
             now = utcnow()
             for r in records:
                 session = r.session
@@ -590,6 +610,7 @@ class Store:
                         turn_start=p.turn_start,
                         turn_end=p.turn_end,
                         n_tokens=p.n_tokens,
+                        added_version=version,
                     )
                     s.add(page)
                     s.flush()
@@ -605,7 +626,6 @@ class Store:
                         for b in p.bookmarks
                         for term in b.terms
                     )
-            self._bump(s, tenant, user)
 
     def list_sessions(
         self, tenant: str, user: str, *, limit: int = 100, offset: int = 0
@@ -686,27 +706,47 @@ class Store:
                 select(UserRow.version).where(UserRow.tenant_id == tenant, UserRow.user_id == user)
             )
 
-    def load_pages(self, tenant: str, user: str, known: Collection[int] = ()) -> PageDelta | None:
-        """The user's version, the pks of every page they have now, and those pages (with their
-        bookmarks) whose pk is not in ``known``: what a replica's index needs to catch up
-        without reloading what it holds. None for an unknown user."""
+    def user_state(self, tenant: str, user: str) -> UserState | None:
         with self._read() as s:
-            version = s.scalar(
-                select(UserRow.version).where(UserRow.tenant_id == tenant, UserRow.user_id == user)
-            )
-            if version is None:
+            row = s.execute(
+                select(UserRow.epoch, UserRow.version).where(
+                    UserRow.tenant_id == tenant, UserRow.user_id == user
+                )
+            ).first()
+            return UserState(row.epoch or "", int(row.version)) if row is not None else None
+
+    def load_pages(
+        self,
+        tenant: str,
+        user: str,
+        *,
+        since: int | None = None,
+        known: Collection[int] = (),
+    ) -> PageDelta | None:
+        """What a replica's index needs to catch up, read in one transaction. ``since=None``:
+        every page. Otherwise the pages added after version ``since``, and, only when the
+        user's page count shows that some of ``known`` (the pks the replica holds) are gone,
+        the pks of every page the user has now. None for an unknown user."""
+        with self._read() as s:
+            state = s.execute(
+                select(UserRow.epoch, UserRow.version).where(
+                    UserRow.tenant_id == tenant, UserRow.user_id == user
+                )
+            ).first()
+            if state is None:
                 return None
             where = (PageRow.tenant_id == tenant, PageRow.user_id == user)
-            live = frozenset(s.scalars(select(PageRow.pk).where(*where)))
-            wanted = sorted(live - set(known))
-            rows: list[Any] = []
             query = select(SessionRow, PageRow).join(PageRow, PageRow.session_pk == SessionRow.pk)
-            if len(wanted) == len(live):
+            if since is None:
                 rows = list(s.execute(query.where(*where)).all())
-            else:  # chunks keep the IN list within every driver's parameter limit
-                for i in range(0, len(wanted), 500):
-                    chunk = wanted[i : i + 500]
-                    rows += s.execute(query.where(PageRow.pk.in_(chunk))).all()
+            else:
+                newer = func.coalesce(PageRow.added_version, 0) > since
+                rows = list(s.execute(query.where(*where, newer)).all())
+            live: frozenset[int] | None = None
+            if since is not None:
+                count = s.scalar(select(func.count()).select_from(PageRow).where(*where)) or 0
+                if count != len(set(known) | {prow.pk for _, prow in rows}):
+                    live = frozenset(s.scalars(select(PageRow.pk).where(*where)))
             marks: dict[int, list[tuple[str, str, float]]] = {}
             pks = [prow.pk for _, prow in rows]
             for i in range(0, len(pks), 500):
@@ -740,7 +780,7 @@ class Store:
                         bookmark_terms=tuple((t, w) for _, t, w in rows_of_page),
                     )
                 )
-            return PageDelta(version=int(version), live=live, pages=pages)
+            return PageDelta(UserState(state.epoch or "", int(state.version)), pages, live=live)
 
     @staticmethod
     def _keywords(s: Session, page_pks: Sequence[int]) -> dict[int, tuple[str, ...]]:
