@@ -38,7 +38,7 @@ from memsifter.serving.logs import request_id_var, tenant_var
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
-from memsifter.serving.routes import facts, ops, rank, recall, sessions
+from memsifter.serving.routes import admin, facts, ops, rank, recall, sessions
 from memsifter.serving.store import Store
 
 logger = logging.getLogger("memsifter.serving")
@@ -320,7 +320,8 @@ def create_app(
     )
     app.state.services = services
     _install_error_handlers(app)
-    for router in (rank.router, sessions.router, recall.router, facts.router, ops.router):
+    routers = (rank.router, sessions.router, recall.router, facts.router, admin.router, ops.router)
+    for router in routers:
         app.include_router(router)
     app.add_middleware(
         RequestMiddleware, max_body_bytes=config.limits.max_body_bytes, metrics=metrics

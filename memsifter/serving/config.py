@@ -129,6 +129,19 @@ class ApiKeySettings:
 
 
 @dataclass(frozen=True)
+class AdminSettings:
+    """The key admin API (``/v1/admin``: create, list and revoke tenant keys). It is on only
+    when its key is given, by environment variable or by sha256, like the bootstrap keys."""
+
+    key_env: str | None = "MEMSIFTER_ADMIN_KEY"
+    key_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.key_env is not None and self.key_sha256 is not None:
+            raise ValueError("admin: give key_env or key_sha256, not both")
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     db_url: str = "sqlite:///memsifter.db"
     coarse: str = "bm25"  # any memsifter.coarse.build_filter spec
@@ -138,6 +151,7 @@ class ServeConfig:
     bookmarks: BookmarkSettings = field(default_factory=BookmarkSettings)
     facts: FactSettings = field(default_factory=FactSettings)
     api_keys: list[ApiKeySettings] = field(default_factory=list)
+    admin: AdminSettings = field(default_factory=AdminSettings)
     index_cache_users: int = 256  # per-user coarse indexes kept in memory (LRU)
     sample_tenant: str = "demo"  # --seed-sample writes here
     sample_key_env: str = "MEMSIFTER_DEMO_KEY"

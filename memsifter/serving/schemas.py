@@ -356,3 +356,32 @@ class SweepOut(Response):
 class HealthOut(Response):
     status: str
     ranker: str
+
+
+# ------------------------------------------------------------------------------------ key admin
+
+
+class KeyIn(Request):
+    agent: Text | None = Field(default=None, max_length=128, examples=["todo-bot"])
+    fact_types: list[FactType] | None = Field(
+        default=None, description="fact types this key's agent may see; null: all"
+    )
+
+
+class KeyOut(Response):
+    key_id: int
+    tenant_id: str
+    key_sha256_prefix: str
+    agent: str | None
+    fact_types: list[str] | None
+    created_at: datetime
+
+
+class KeyCreatedOut(Response):
+    key: str = Field(description="the new key; stored only as a hash, so shown only now")
+    info: KeyOut
+
+
+class KeyListOut(Response):
+    tenant_id: str
+    keys: list[KeyOut]

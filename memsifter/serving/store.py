@@ -23,6 +23,7 @@ session closed. Datetimes are naive UTC throughout.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -256,6 +257,16 @@ class Principal:
 
     def may_see(self, fact_type: str) -> bool:
         return self.fact_types is None or fact_type in self.fact_types
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    key_id: int
+    tenant_id: str
+    key_sha256_prefix: str  # enough to tell keys apart in a listing, useless to an attacker
+    agent: str | None
+    fact_types: tuple[str, ...] | None
+    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -542,6 +553,45 @@ class Store:
                 )
             )
             return True
+
+    def create_api_key(
+        self, tenant: str, *, agent: str | None = None, fact_types: Sequence[str] | None = None
+    ) -> tuple[ApiKeyInfo, str]:
+        """A new random key for ``tenant`` (created if new): its record and the plaintext,
+        which is not stored and cannot be shown again."""
+        key = "msk-" + secrets.token_urlsafe(24)
+        with self._write() as s:
+            self._insert_ignore(s, TenantRow, id=tenant, created_at=utcnow())
+            row = ApiKeyRow(
+                tenant_id=tenant,
+                key_hash=hash_key(key),
+                agent=agent,
+                fact_types=list(fact_types) if fact_types is not None else None,
+                created_at=utcnow(),
+            )
+            s.add(row)
+            s.flush()
+            return _key_info(row), key
+
+    def list_api_keys(self, tenant: str) -> list[ApiKeyInfo] | None:
+        """The tenant's keys, oldest first; None for an unknown tenant."""
+        with self._read() as s:
+            if s.get(TenantRow, tenant) is None:
+                return None
+            rows = s.scalars(
+                select(ApiKeyRow).where(ApiKeyRow.tenant_id == tenant).order_by(ApiKeyRow.id)
+            ).all()
+            return [_key_info(r) for r in rows]
+
+    def revoke_api_key(self, key_id: int) -> ApiKeyInfo | None:
+        """Delete a key; requests with it fail from the next one on. None if there is none."""
+        with self._write() as s:
+            row = s.get(ApiKeyRow, key_id)
+            if row is None:
+                return None
+            info = _key_info(row)
+            s.delete(row)
+            return info
 
     def authenticate(self, key: str) -> Principal | None:
         with self._read() as s:
@@ -1069,6 +1119,17 @@ def _info(row: SessionRow, n_pages: int) -> SessionInfo:
         n_turns=row.n_turns,
         n_tokens=row.n_tokens,
         n_pages=int(n_pages),
+        created_at=row.created_at,
+    )
+
+
+def _key_info(row: ApiKeyRow) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        key_id=row.id,
+        tenant_id=row.tenant_id,
+        key_sha256_prefix=row.key_hash[:8],
+        agent=row.agent,
+        fact_types=tuple(row.fact_types) if row.fact_types is not None else None,
         created_at=row.created_at,
     )
 
