@@ -38,6 +38,7 @@ from memsifter.serving.logs import request_id_var, tenant_var
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.ratelimit import RateLimitedError, RateLimiter
 from memsifter.serving.routes import admin, facts, ops, rank, recall, sessions
 from memsifter.serving.store import Store
 
@@ -222,7 +223,14 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServeError)
     async def _serve(_request: Request, exc: ServeError) -> JSONResponse:
-        kind = {401: "unauthorized", 403: "forbidden", 404: "not_found", 409: "conflict"}.get(
+        kinds = {
+            401: "unauthorized",
+            403: "forbidden",
+            404: "not_found",
+            409: "conflict",
+            429: "rate_limited",
+        }
+        kind = kinds.get(
             exc.status, "payload_too_large" if exc.status == 413 else "invalid_request"
         )
         if exc.status >= 500:
@@ -231,6 +239,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         response = error_response(exc.status, kind, exc.message, fields)
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
+        if isinstance(exc, RateLimitedError):
+            response.headers["Retry-After"] = RateLimiter.retry_after_header(exc.retry_after_s)
         return response
 
     @app.exception_handler(StarletteHTTPException)
@@ -289,7 +299,9 @@ def create_app(
     metrics = Metrics(ranker.name)
     ranker.on_proxy = metrics.observe_proxy
     memory = MemoryService(config, store, ranker, extractor or build_extractor(config, ranker))
-    services = Services(config, store, ranker, memory, metrics)
+    limits = config.limits
+    limiter = RateLimiter(limits.rate_per_s, limits.burst) if limits.rate_per_s else None
+    services = Services(config, store, ranker, memory, metrics, limiter)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

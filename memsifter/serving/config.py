@@ -59,6 +59,12 @@ class Limits:
     max_top_k: int = 100
     max_budget_tokens: int = 200_000
     max_facts_listed: int = 500
+    rate_per_s: float | None = None  # per tenant and replica; None: no rate limit
+    burst: int = 20  # requests a tenant may send at once before the rate applies
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s is not None and (self.rate_per_s <= 0 or self.burst < 1):
+            raise ValueError("limits.rate_per_s must be > 0 (or null) and limits.burst >= 1")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from memsifter.serving.logs import tenant_var
 from memsifter.serving.memory import MemoryService, session_from_input
 from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.ratelimit import RateLimiter
 from memsifter.serving.schemas import SESSION_ID_PATTERN, USER_ID_PATTERN, SessionIn, TurnIn
 from memsifter.serving.store import Principal, Store
 
@@ -29,6 +30,7 @@ class Services:
     ranker: ServiceRanker
     memory: MemoryService
     metrics: Metrics
+    limiter: RateLimiter | None = None
 
 
 def services(request: Request) -> Services:
@@ -53,6 +55,9 @@ async def principal(
     if who is None:
         raise ServeError("invalid API key", field="header.Authorization", status=401)
     tenant_var.set(who.tenant_id)
+    limiter = request.app.state.services.limiter
+    if limiter is not None:
+        limiter.check(who.tenant_id)
     return who
 
 
