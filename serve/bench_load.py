@@ -416,6 +416,9 @@ def main(
     proxy_concurrency: Annotated[
         int | None, typer.Option(help="concurrent proxy calls (default 1 local, 16 HTTP)")
     ] = None,
+    proxy_candidates: Annotated[int, typer.Option(help="pages shown to the proxy")] = 40,
+    proxy_window: Annotated[int, typer.Option(help="the proxy's window, tokens")] = 8192,
+    proxy_completion: Annotated[int, typer.Option(help="completion tokens reserved")] = 1024,
     stub_latency_ms: Annotated[float, typer.Option(help="stub: model time per call")] = 50.0,
     db: Annotated[str, typer.Option(help="sqlite | postgres")] = "sqlite",
     pg_dsn: Annotated[str, typer.Option()] = DEFAULT_PG_DSN,
@@ -444,6 +447,9 @@ def main(
         base_url=proxy_base_url,
         served_model_name=proxy_served_model_name,
         max_concurrency=proxy_concurrency or (1 if proxy == "transformers" else 16),
+        max_candidates=proxy_candidates,
+        window_tokens=proxy_window,
+        completion_tokens=proxy_completion,
     )
     with workspace(keep) as tmp:
         database = create_database(db, tmp, pg_dsn)

@@ -184,6 +184,8 @@ class ProxyOptions:
     served_model_name: str | None = None
     max_concurrency: int = 1
     max_candidates: int = 40
+    window_tokens: int = 8192
+    completion_tokens: int = 1024
     timeout_s: float = 120.0
 
 
@@ -201,6 +203,8 @@ def write_config(path: Path, db_url: str, proxy: ProxyOptions | None = None) -> 
         f"  served_model_name: {proxy.served_model_name or 'null'}",
         f"  max_concurrency: {proxy.max_concurrency}",
         f"  max_candidates: {proxy.max_candidates}",
+        f"  window_tokens: {proxy.window_tokens}",
+        f"  completion_tokens: {proxy.completion_tokens}",
         f"  timeout_s: {proxy.timeout_s}",
         "facts:",
         "  sweep_interval_s: 0",
