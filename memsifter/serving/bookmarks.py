@@ -4,8 +4,10 @@ analysed terms, so recall can find a page by what it is *about* without re-readi
 The offline default is YAKE (statistical, no model). With ``bookmarks.extractor: llm`` the
 service's proxy backend is asked for keywords instead. Either way a page's keywords become
 ``Bookmark``s whose ``terms`` are the same stemmed terms BM25 uses (``memsifter.text.analyze``),
-so a question matches a bookmark exactly when it shares a term with it. At query time bookmark
-hits are one indexed SQL lookup, fused with the coarse filter by reciprocal rank.
+so a question matches a bookmark exactly when it shares a term with it. The terms are stored
+(indexed) with their page; each replica keeps them in its per-user index
+(``memsifter.serving.ranking.UserIndex``), so at query time bookmark hits are dictionary
+look-ups, fused with the coarse filter by reciprocal rank.
 
 Speaker names are left out of the text handed to the extractor: they occur in every page of a
 conversation, and YAKE would otherwise rank them as each page's top keyword.

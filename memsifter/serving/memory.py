@@ -4,8 +4,9 @@ Routes stay thin and call this; it joins the store, the ranker, bookmarks, facts
 
 * **Ingest.** Sessions (or raw turns, segmented by ``memsifter.data.segment``) are cut into pages
   of ``turns_per_page`` turns (``memsifter.data.units.page_session``); each page is counted,
-  bookmarked, and stored with its session in one transaction; then this replica's coarse index
-  of the user is rebuilt, so the first query after an ingest pays nothing for it.
+  bookmarked, and stored with its session in one transaction; then this replica's index of the
+  user takes in the new pages (``ServiceRanker.user_index``: only what it lacks, never the whole
+  history), so the first query after an ingest pays nothing for it.
 * **Recall.** The user's pages, ranked by ``ServiceRanker`` (coarse fused with bookmark hits,
   then the proxy), top-k back with keywords and scores.
 * **Context.** Pinned facts (at most ``facts_fraction`` of the budget), then the paged-in pages,
