@@ -58,8 +58,12 @@ def main(
     queries = [q for q in ds.queries if q.has_evidence][:n_prompts]
 
     hf = build_backend("transformers", model_dir, batch_size=batch_size, threads=2)
-    builder = PromptBuilder(hf.tokenizer, prompt_budget + completion_tokens, completion_tokens,
-                            coarse=build_filter("bm25"))
+    builder = PromptBuilder(
+        hf.tokenizer,
+        prompt_budget + completion_tokens,
+        completion_tokens,
+        coarse=build_filter("bm25"),
+    )
     prompts = [builder.build_query(q) for q in queries]
     texts = [p.text for p in prompts]
     sampling = SamplingConfig(max_new_tokens=completion_tokens)
@@ -69,31 +73,56 @@ def main(
     hf_s = time.perf_counter() - t0
 
     with launch_vllm_cpu_server(model_dir, served_model_name=model, timeout=300) as url:
-        http = build_backend("openai", model_dir, base_url=url, served_model_name=model,
-                             max_concurrency=64)
+        http = build_backend(
+            "openai", model_dir, base_url=url, served_model_name=model, max_concurrency=64
+        )
         http.generate(texts[:2], SamplingConfig(max_new_tokens=8))  # warm-up
         t0 = time.perf_counter()
         served = [g[0] for g in http.generate(texts, sampling)]
         vllm_s = time.perf_counter() - t0
-        quality = run_retrieval_eval(RetrievalEvalConfig(
-            dataset="locomo", data=data, retrievers=["bm25", "memsifter"], conversations=convs,
-            out=str(HERE.parent / "outputs/bench_proxy_quality"), model=model,
-            backend="openai", base_url=url, coarse="bm25", coarse_budget=prompt_budget,
-            proxy_completion_tokens=completion_tokens, proxy_batch_size=64,
-            max_questions=quality_questions))
+        quality = run_retrieval_eval(
+            RetrievalEvalConfig(
+                dataset="locomo",
+                data=data,
+                retrievers=["bm25", "memsifter"],
+                conversations=convs,
+                out=str(HERE.parent / "outputs/bench_proxy_quality"),
+                model=model,
+                backend="openai",
+                base_url=url,
+                coarse="bm25",
+                coarse_budget=prompt_budget,
+                proxy_completion_tokens=completion_tokens,
+                proxy_batch_size=64,
+                max_questions=quality_questions,
+            )
+        )
 
-    agreement = compare_greedy(hf.model, hf.tokenizer, texts, [g.text for g in local],
-                               [g.text for g in served])
+    agreement = compare_greedy(
+        hf.model, hf.tokenizer, texts, [g.text for g in local], [g.text for g in served]
+    )
     tok_local = sum(g.completion_tokens for g in local)
     tok_served = sum(g.completion_tokens for g in served)
-    parse = {name: sum(parse_ranking(g.text, p.num_candidates).ok
-                       for g, p in zip(gens, prompts, strict=True)) / len(prompts)
-             for name, gens in (("transformers", local), ("vllm", served))}
+    parse = {
+        name: sum(
+            parse_ranking(g.text, p.num_candidates).ok for g, p in zip(gens, prompts, strict=True)
+        )
+        / len(prompts)
+        for name, gens in (("transformers", local), ("vllm", served))
+    }
     rows = {
-        "transformers": {"wall_s": hf_s, "completion_tokens": tok_local,
-                         "tok_per_s": tok_local / hf_s, "parse_rate": parse["transformers"]},
-        "vllm-cpu server": {"wall_s": vllm_s, "completion_tokens": tok_served,
-                            "tok_per_s": tok_served / vllm_s, "parse_rate": parse["vllm"]},
+        "transformers": {
+            "wall_s": hf_s,
+            "completion_tokens": tok_local,
+            "tok_per_s": tok_local / hf_s,
+            "parse_rate": parse["transformers"],
+        },
+        "vllm-cpu server": {
+            "wall_s": vllm_s,
+            "completion_tokens": tok_served,
+            "tok_per_s": tok_served / vllm_s,
+            "parse_rate": parse["vllm"],
+        },
     }
     speedup = rows["vllm-cpu server"]["tok_per_s"] / rows["transformers"]["tok_per_s"]
     prompt_tokens = sum(p.n_tokens for p in prompts) / len(prompts)
@@ -113,8 +142,11 @@ def main(
         "",
         "| backend | wall s | completion tokens | tokens/s | parse rate |",
         "|---|---|---|---|---|",
-        *[f"| {k} | {v['wall_s']:.1f} | {v['completion_tokens']} | {v['tok_per_s']:.1f} | "
-          f"{v['parse_rate']:.3f} |" for k, v in rows.items()],
+        *[
+            f"| {k} | {v['wall_s']:.1f} | {v['completion_tokens']} | {v['tok_per_s']:.1f} | "
+            f"{v['parse_rate']:.3f} |"
+            for k, v in rows.items()
+        ],
         "",
         f"vLLM / transformers throughput: **{speedup:.2f}x** (goal: >= 5x).",
         "",
@@ -123,9 +155,11 @@ def main(
         f"top 2): {len(agreement.divergences) - len(agreement.unexplained)}; unexplained: "
         f"{len(agreement.unexplained)}.",
         "",
-        *[f"- prompt {d.index}: token {d.position}, margin {d.margin:.4f}, "
-          f"{d.tokens[0]!r} vs {d.tokens[1]!r}, explained={d.explained}"
-          for d in agreement.divergences],
+        *[
+            f"- prompt {d.index}: token {d.position}, margin {d.margin:.4f}, "
+            f"{d.tokens[0]!r} vs {d.tokens[1]!r}, explained={d.explained}"
+            for d in agreement.divergences
+        ],
         "",
         f"## Quality: untrained proxy vs BM25 alone ({quality[0].metrics['n_questions']} "
         f"questions, conversations {conversations})",
@@ -137,9 +171,18 @@ def main(
         "",
     ]
     out.write_text("\n".join(lines))
-    (out.with_suffix(".json")).write_text(json.dumps(
-        {"throughput": rows, "speedup": speedup, "agreement": agreement.to_dict(),
-         "quality": [r.metrics for r in quality]}, indent=2, default=str))
+    (out.with_suffix(".json")).write_text(
+        json.dumps(
+            {
+                "throughput": rows,
+                "speedup": speedup,
+                "agreement": agreement.to_dict(),
+                "quality": [r.metrics for r in quality],
+            },
+            indent=2,
+            default=str,
+        )
+    )
     typer.echo(out.read_text())
 
 

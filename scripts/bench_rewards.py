@@ -51,11 +51,9 @@ import math
 import os
 import platform
 import random
-import re
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
@@ -65,6 +63,7 @@ import typer
 from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
 from memsifter.data.types import Query, Session
+from memsifter.data.units import to_units
 from memsifter.qa.answerer import Answerer
 from memsifter.ranker import BuiltPrompt, PromptBuilder, parse_ranking
 from memsifter.ranker.backends import build_backend
@@ -83,7 +82,6 @@ REAL_LOCOMO = Path("/work/shared/data/locomo/locomo10.json")
 FIXTURE = HERE.parent / "data" / "fixtures" / "locomo_mini.json"
 MODEL = "smollm2-135m-instruct"
 PARTIAL = Path(tempfile.gettempdir()) / "bench_rewards.partial.jsonl"  # rows, if the run dies
-_DIA = re.compile(r"D\d+:\d+")
 
 
 def _machine() -> str:
@@ -150,14 +148,11 @@ class Replay:
 
 
 def _turn_units(query: Query) -> tuple[list[Session], tuple[str, ...]]:
-    """The conversation's turns as memory units, and the units holding an evidence turn."""
-    units = []
-    for s in query.haystack:
-        for j, t in enumerate(s.turns):
-            units.append(replace(s, id=f"{s.id}#{t.turn_id or j}", turns=(t,)))
-    evidence = {d for e in query.meta.get("evidence", []) for d in _DIA.findall(str(e))}
-    gold = tuple(u.id for u in units if u.turns[0].turn_id in evidence)
-    return units, gold
+    """The conversation's turns as memory units (pages of one turn), and the units holding an
+    evidence turn (none when the question has only session-level gold)."""
+    units = to_units(query, "page", turns_per_page=1)
+    gold = () if units.meta["session_level_gold"] else units.gold_session_ids
+    return list(units.haystack), gold
 
 
 def _pick(queries: list[Query], n: int) -> list[Query]:
