@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 from datetime import date
 from pathlib import Path
 from typing import Annotated
@@ -25,18 +24,9 @@ from memsifter.evaluation.retrieval import (
     run_retrieval_eval,
     slug,
 )
+from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(
@@ -70,7 +60,8 @@ def main(
         "",
         "Data: `locomo10.json` (1,986 questions; 1,982 with usable evidence "
         "are scored). Gold = sessions named by evidence ids. Metrics by ir-measures.",
-        f"Machine: {_cpu()}, {os.cpu_count()} cores, 24 GiB; {date.today().isoformat()}.",
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores, {memory_gib()} GiB; "
+        f"{date.today().isoformat()}.",
         "Latency is per query with the haystack already indexed (sessions embedded once); these",
         "runs shared the 2 cores with other jobs (OMP_NUM_THREADS=2), so take p95 loosely and see",
         "`scripts/bench_coarse.md` for controlled timings. Dense filters score a session by its",

@@ -51,6 +51,7 @@ import typer
 from memsifter.data import MemoryDataset, Ranking, Session, Turn, load_locomo
 from memsifter.data.haystack import HaystackBuilder, parse_budget
 from memsifter.data.tokens import SessionTokenCache, get_counter
+from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_LOCOMO = Path("/work/shared/data/locomo/locomo10.json")
@@ -325,16 +326,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def machine_info(threads: int) -> dict[str, Any]:
-    cpuinfo = Path("/proc/cpuinfo").read_text()
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")),
-        platform.processor(),
-    )
-    mem_kib = next(
-        int(ln.split()[1])
-        for ln in Path("/proc/meminfo").read_text().splitlines()
-        if ln.startswith("MemTotal")
-    )
+    model = cpu_model()
     versions = {}
     for pkg in ("torch", "bm25s", "numpy", "PyStemmer", "sentence-transformers", "wordllama"):
         try:
@@ -345,7 +337,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "cpu": model,
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
-        "ram_gib": round(mem_kib / 2**20, 1),
+        "ram_gib": memory_gib(),
         "python": platform.python_version(),
         "versions": versions,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from datetime import date
 from pathlib import Path
@@ -26,19 +25,13 @@ from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
 from memsifter.evaluation.agreement import compare_greedy
 from memsifter.evaluation.retrieval import RetrievalEvalConfig, render_table, run_retrieval_eval
+from memsifter.machine import cpu_model, memory_gib
 from memsifter.models import resolve_model
 from memsifter.ranker import PromptBuilder, parse_ranking
 from memsifter.ranker.backends import SamplingConfig, build_backend
 from memsifter.serving.vllm_cpu import launch_vllm_cpu_server
 
 HERE = Path(__file__).resolve().parent
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main(
@@ -130,7 +123,7 @@ def main(
     lines = [
         "# Proxy benchmarks: SmolLM2-135M-Instruct (untrained), CPU",
         "",
-        f"Machine: {_cpu()}, {os.cpu_count()} cores, 24 GiB, OMP_NUM_THREADS=2; "
+        f"Machine: {cpu_model()}, {os.cpu_count()} cores, {memory_gib()} GiB, OMP_NUM_THREADS=2; "
         f"{date.today().isoformat()}. Command: `python scripts/bench_proxy.py --data {data}`.",
         "",
         f"## Throughput: {len(prompts)} proxy prompts, held-out conversations {conversations}",

@@ -49,7 +49,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import random
 import tempfile
 import time
@@ -64,6 +63,7 @@ from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
 from memsifter.data.types import Query, Session
 from memsifter.data.units import to_units
+from memsifter.machine import cpu_model, memory_gib
 from memsifter.qa.answerer import Answerer
 from memsifter.ranker import BuiltPrompt, PromptBuilder, parse_ranking
 from memsifter.ranker.backends import build_backend
@@ -85,19 +85,11 @@ PARTIAL = Path(tempfile.gettempdir()) / "bench_rewards.partial.jsonl"  # rows, i
 
 
 def _machine() -> str:
-    cpu = platform.processor()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    mem = next(
-        int(line.split()[1]) / 2**20
-        for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal")
-    )
+    cpu, mem = cpu_model(), memory_gib()
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     return (
-        f"{cpu}, {os.cpu_count()} cores (shared), {mem:.0f} GiB, no GPU, OMP_NUM_THREADS={threads}"
+        f"{cpu}, {os.cpu_count()} cores (shared), {mem or '?'} GiB, no GPU, "
+        f"OMP_NUM_THREADS={threads}"
     )
 
 

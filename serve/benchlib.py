@@ -28,6 +28,8 @@ from typing import Any
 
 import httpx
 
+from memsifter.machine import cpu_model, memory_gib
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_PG_DSN = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -35,26 +37,6 @@ KEY_ENV = "MEMSIFTER_BENCH_KEY"
 TENANT = "bench"
 
 # ---------------------------------------------------------------------------------- the machine
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def memory_gib() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
 
 
 def machine() -> dict[str, Any]:
