@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path
@@ -55,14 +56,7 @@ TenantId = Annotated[str, Path(pattern=USER_ID_PATTERN, description="the tenant'
 
 
 def key_out(info: ApiKeyInfo) -> KeyOut:
-    return KeyOut(
-        key_id=info.key_id,
-        tenant_id=info.tenant_id,
-        key_sha256_prefix=info.key_sha256_prefix,
-        agent=info.agent,
-        fact_types=list(info.fact_types) if info.fact_types is not None else None,
-        created_at=info.created_at,
-    )
+    return KeyOut.model_validate(asdict(info))  # the same fields; tuples become lists
 
 
 @router.post(
