@@ -131,3 +131,42 @@ def test_build_backend_unknown() -> None:
 
     with pytest.raises(UnknownNameError, match="unknown backend"):
         build_backend("tgi", "m")
+
+
+def test_one_client_and_one_bound_across_concurrent_callers() -> None:
+    """generate() from several threads shares the backend's loop, client and semaphore: the
+    server never sees more than max_concurrency requests at once, and connections are reused
+    across calls (one client), until close()."""
+    import threading
+
+    state = {"now": 0, "peak": 0}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        state["now"] += 1
+        state["peak"] = max(state["peak"], state["now"])
+        await asyncio.sleep(0.01)
+        state["now"] -= 1
+        return _ok(json.loads(request.content))
+
+    be = OpenAIBackend(
+        "http://x:1/v1", model="m", max_concurrency=3, transport=httpx.MockTransport(handler)
+    )
+    results: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(len(be.generate(["a"] * 10, SamplingConfig())))
+        )
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [10] * 4 and state["peak"] == 3  # 3 in all, not 3 per call
+    client = be._client
+    be.generate(["b"], SamplingConfig())
+    assert client is not None and be._client is client
+    be.close()
+    assert client.is_closed and be._client is None
+    assert be.generate(["c"], SamplingConfig())[0][0].text  # a new loop and client on demand
+    be.close()
