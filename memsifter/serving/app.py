@@ -318,9 +318,6 @@ def create_app(
             stop.set()
             if thread is not None:
                 await asyncio.to_thread(thread.join, 5)
-            close = getattr(ranker.backend, "close", None)  # the openai backend's client
-            if close is not None:
-                await asyncio.to_thread(close)
             store.close()
 
     app = FastAPI(

@@ -11,8 +11,6 @@ server sees exactly what the transformers backend sees.
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -71,16 +69,9 @@ class OpenAIBackend:
         self._tokenizer_name = tokenizer or model
         self._tok: Any = None
         self._transport = transport  # tests inject a mock transport here
-        # Built once: an AsyncClient loads the CA bundle into a new context otherwise (~70 ms).
+        # Each generate() runs its own event loop, so its AsyncClient cannot outlive the call;
+        # the TLS context it would load from the CA bundle every time (~70 ms) is built once.
         self._ssl = httpx.create_ssl_context()
-        # generate() runs on one event loop in a thread of the backend's own, with one client
-        # and one semaphore: connections are kept alive across calls, and max_concurrency
-        # bounds every caller's requests together, not each call's separately.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_pid: int | None = None
-        self._loop_lock = threading.Lock()
-        self._client: httpx.AsyncClient | None = None
-        self._sem: asyncio.Semaphore | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -144,85 +135,35 @@ class OpenAIBackend:
                 f"unusable response from {self.base_url}: {e}: {resp.text[:300]!r}"
             ) from e
 
-    def _new_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
+    async def agenerate(
+        self, prompts: Sequence[str], sampling: SamplingConfig
+    ) -> list[list[Generation]]:
+        sem = asyncio.Semaphore(self.max_concurrency)
+        async with httpx.AsyncClient(
             timeout=self.timeout_s,
             headers=self._headers,
             transport=self._transport,
             verify=self._ssl,
-            limits=httpx.Limits(
-                max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
-            ),
-        )
-
-    async def _gather(
-        self,
-        client: httpx.AsyncClient,
-        sem: asyncio.Semaphore,
-        prompts: Sequence[str],
-        sampling: SamplingConfig,
-    ) -> list[list[Generation]]:
-        try:
-            return list(
-                await asyncio.gather(*(self._request(client, sem, p, sampling) for p in prompts))
-            )
-        except httpx.HTTPStatusError as e:
-            raise BackendError(
-                f"{self.base_url}: HTTP {e.response.status_code} for model "
-                f"{self.served_model_name!r}: {e.response.text[:300]}"
-            ) from e
-        except httpx.HTTPError as e:
-            raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
-
-    async def agenerate(
-        self, prompts: Sequence[str], sampling: SamplingConfig
-    ) -> list[list[Generation]]:
-        """For callers on their own event loop: a client of this call's own, since the
-        backend's shared one belongs to its loop."""
-        async with self._new_client() as client:
-            return await self._gather(
-                client, asyncio.Semaphore(self.max_concurrency), prompts, sampling
-            )
-
-    async def _agenerate_shared(
-        self, prompts: Sequence[str], sampling: SamplingConfig
-    ) -> list[list[Generation]]:
-        if self._client is None or self._sem is None:  # only ever touched on the loop's thread
-            self._client, self._sem = self._new_client(), asyncio.Semaphore(self.max_concurrency)
-        return await self._gather(self._client, self._sem, prompts, sampling)
-
-    def _runner(self) -> asyncio.AbstractEventLoop:
-        with self._loop_lock:
-            # A forked child (a DataLoader worker, say) inherits the object but not the thread.
-            if self._loop is None or self._loop_pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                threading.Thread(
-                    target=loop.run_forever, name="openai-backend", daemon=True
-                ).start()
-                self._loop, self._loop_pid = loop, os.getpid()
-                self._client = self._sem = None
-            return self._loop
+        ) as client:
+            try:
+                return list(
+                    await asyncio.gather(
+                        *(self._request(client, sem, p, sampling) for p in prompts)
+                    )
+                )
+            except httpx.HTTPStatusError as e:
+                raise BackendError(
+                    f"{self.base_url}: HTTP {e.response.status_code} for model "
+                    f"{self.served_model_name!r}: {e.response.text[:300]}"
+                ) from e
+            except httpx.HTTPError as e:
+                raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
 
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            future = asyncio.run_coroutine_threadsafe(
-                self._agenerate_shared(prompts, sampling), self._runner()
-            )
-            return future.result()
+            return asyncio.run(self.agenerate(prompts, sampling))
         raise BackendError(
             "OpenAIBackend.generate() called inside an event loop; await agenerate() instead"
         )
-
-    def close(self) -> None:
-        """Close the shared client and stop the backend's loop (a later call starts anew)."""
-        with self._loop_lock:
-            loop, self._loop = self._loop, None
-        if loop is None or self._loop_pid != os.getpid():
-            return
-        client = self._client
-        if client is not None:
-            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result()
-        self._client = self._sem = None
-        loop.call_soon_threadsafe(loop.stop)
