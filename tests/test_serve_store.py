@@ -460,3 +460,32 @@ def test_llm_bookmarks_parse_a_keyword_list() -> None:
     marks = to_bookmarks(keywords)
     assert [b.keyword for b in marks] == ["Golden retriever", "Max", "puppy school"]  # "the": none
     assert marks[0].terms == ("golden", "retriev")
+
+
+def test_the_proxys_page_token_cache_is_bounded() -> None:
+    """The prompt builder's page-token cache lives as long as the server: least recently used
+    pages go first once ``token_cache_pages`` are held; a training run keeps every count."""
+    from memsifter.data.tokens import ApproxCounter, SessionTokenCache
+    from memsifter.serving.testing import ScriptedBackend, reverse_ranking
+
+    calls: list[str] = []
+
+    class Counting(ApproxCounter):
+        def count(self, text: str) -> int:
+            calls.append(text)
+            return super().count(text)
+
+    cache = SessionTokenCache(Counting(), max_size=2)
+    a, b, c = (_session(s, 1, [f"text {s}"]) for s in ("a", "b", "c"))
+    for s in (a, b, a, c):  # a was used after b, so c pushes b out
+        cache(s)
+    assert len(cache) == 2 and len(calls) == 3
+    cache(a)
+    assert len(calls) == 3  # still held
+    cache(b)
+    assert len(calls) == 4  # counted again
+    assert SessionTokenCache(Counting()).max_size is None
+    ranker = ServiceRanker(
+        build_filter("bm25"), ScriptedBackend(reverse_ranking), token_cache_pages=123
+    )
+    assert ranker.proxy is not None and ranker.proxy.builder.session_tokens.max_size == 123

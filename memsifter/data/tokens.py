@@ -4,6 +4,7 @@ when one is configured; otherwise a documented regex approximation is used and s
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -63,15 +64,24 @@ def get_counter(name: str | None = None) -> TokenCounter:
 
 class SessionTokenCache:
     """Per-session token counts keyed by content fingerprint: a haystack of 1M tokens is tokenized
-    once, not once per question."""
+    once, not once per question. ``max_size`` bounds it (least recently used out first) where it
+    lives as long as a server does; None keeps every count (a training or eval run)."""
 
-    def __init__(self, counter: TokenCounter) -> None:
+    def __init__(self, counter: TokenCounter, max_size: int | None = None) -> None:
         self.counter = counter
-        self._cache: dict[str, int] = {}
+        self.max_size = max_size
+        self._cache: OrderedDict[str, int] = OrderedDict()
 
     def __call__(self, session: Session) -> int:
         key = session.fingerprint
         n = self._cache.get(key)
         if n is None:
             n = self._cache[key] = self.counter.count(session.render())
+            if self.max_size is not None and len(self._cache) > self.max_size:
+                self._cache.popitem(last=False)
+        elif self.max_size is not None:
+            self._cache.move_to_end(key)
         return n
+
+    def __len__(self) -> int:
+        return len(self._cache)

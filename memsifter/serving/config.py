@@ -159,6 +159,7 @@ class ServeConfig:
     api_keys: list[ApiKeySettings] = field(default_factory=list)
     admin: AdminSettings = field(default_factory=AdminSettings)
     index_cache_users: int = 256  # per-user coarse indexes kept in memory (LRU)
+    token_cache_pages: int = 500_000  # pages' proxy-token counts kept in memory (LRU, ~150 B each)
     sample_tenant: str = "demo"  # --seed-sample writes here
     sample_key_env: str = "MEMSIFTER_DEMO_KEY"
 

@@ -268,6 +268,7 @@ class ServiceRanker:
         max_concurrency: int = 1,
         rrf_k: int = 60,
         index_cache_users: int = 256,
+        token_cache_pages: int = 500_000,
         name: str | None = None,
     ) -> None:
         cache_size = getattr(coarse, "cache_size", None)
@@ -282,6 +283,9 @@ class ServiceRanker:
             if backend is not None
             else None
         )
+        if self.proxy is not None:
+            # The prompt builder's page-token cache lives as long as the server: bounded.
+            self.proxy.builder.session_tokens.max_size = token_cache_pages
         self.max_candidates = max_candidates
         self.rrf_k = rrf_k
         self.name = name or (COARSE_ONLY if backend is None else f"proxy:{backend.name}")
@@ -324,6 +328,7 @@ class ServiceRanker:
             max_concurrency=p.max_concurrency,
             rrf_k=config.bookmarks.rrf_k,
             index_cache_users=config.index_cache_users,
+            token_cache_pages=config.token_cache_pages,
             name=config.ranker_name,
         )
 
