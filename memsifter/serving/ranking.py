@@ -164,13 +164,11 @@ class UserIndex:
         with self._lock:
             if delta.state.version <= self.view.version:
                 return  # a concurrent request caught up first
-            if delta.live is not None:
-                gone = [pk for pk in self._pages if pk not in delta.live]
-            else:
-                gone = []
+            live = delta.live
+            gone = {pk for pk in self._pages if pk not in live} if live is not None else set()
             # A page whose pk is back was deleted and its pk reused (SQLite does): the new row
             # replaces the old one.
-            gone += [p.pk for p in delta.pages if p.pk in self._pages and p.pk not in gone]
+            gone |= {p.pk for p in delta.pages if p.pk in self._pages}
             for pk in gone:
                 page = self._pages.pop(pk)
                 pid = page.stored.page.id
@@ -183,9 +181,7 @@ class UserIndex:
                         if not marks:
                             del self._marks[term]
             added = []
-            for page in delta.pages:
-                if page.pk in self._pages or (delta.live is not None and page.pk not in delta.live):
-                    continue
+            for page in delta.pages:  # read in the same transaction as live: all live
                 added.append(page)
                 self._pages[page.pk] = page
                 pid = page.stored.page.id
@@ -199,16 +195,14 @@ class UserIndex:
             version = delta.state.version
             if not gone and (last is None or not added or added[0].order > last):
                 self.view = self._appended(version, added)
+                self._last_order = added[-1].order if added else last
             else:  # a delete, or pages older than the newest: rebuild the snapshot
                 ordered = sorted(self._pages.values(), key=lambda p: p.order)
                 view = _pages_view(version, tuple(p.stored for p in ordered))
                 if self.bm25 is not None:
                     self._view_slots = self.bm25.slots(view.ids.tolist())
                 self.view = view
-            if added and (last is None or added[-1].order > last):
-                self._last_order = added[-1].order
-            elif gone:
-                self._last_order = max((p.order for p in self._pages.values()), default=None)
+                self._last_order = ordered[-1].order if ordered else None
 
     def _appended(self, version: int, added: list[IndexedPage]) -> UserPages:
         """The common ingest, newer pages only and nothing deleted: the snapshot grows at its
