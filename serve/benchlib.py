@@ -185,9 +185,10 @@ def write_config(path: Path, db_url: str, proxy: ProxyOptions | None = None) -> 
         f"  served_model_name: {proxy.served_model_name or 'null'}",
         f"  max_concurrency: {proxy.max_concurrency}",
         f"  max_candidates: {proxy.max_candidates}",
-        f"  window_tokens: {proxy.window_tokens}",
-        f"  completion_tokens: {proxy.completion_tokens}",
         f"  timeout_s: {proxy.timeout_s}",
+        "  prompt:",  # the proxy's PromptSpec (a model with its own may only repeat it)
+        f"    window_tokens: {proxy.window_tokens}",
+        f"    completion_tokens: {proxy.completion_tokens}",
         "facts:",
         "  sweep_interval_s: 0",
         "api_keys:",

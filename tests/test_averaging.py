@@ -87,7 +87,7 @@ def test_bf16_inputs_accumulate_in_fp32(tiny_qwen3: Path, tmp_path: Path) -> Non
         weights[NORM] = torch.full_like(weights[NORM], value)
         save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
 
-    out = average_checkpoints(ckpts, tmp_path / "merged")
+    out = average_checkpoints(ckpts, tmp_path / "merged", dtype="bf16")  # asked for explicitly
     merged = _weights(tmp_path / "merged")
     assert out.dtype == "bfloat16"
     assert json.loads((tmp_path / "merged" / "config.json").read_text())["dtype"] == "bfloat16"
@@ -103,12 +103,37 @@ def test_bf16_inputs_accumulate_in_fp32(tiny_qwen3: Path, tmp_path: Path) -> Non
         expected = torch.stack([w[key].float() for w in inputs]).mean(dim=0).to(torch.bfloat16)
         torch.testing.assert_close(value, expected, msg=key)
 
-    as_fp32 = average_checkpoints(ckpts, tmp_path / "merged32", dtype="fp32")
+    as_fp32 = average_checkpoints(ckpts, tmp_path / "merged32")  # the default
     assert as_fp32.dtype == "float32"
     torch.testing.assert_close(
         _weights(tmp_path / "merged32")[EMBED],
         torch.stack([w[EMBED].float() for w in inputs]).mean(dim=0),
     )
+
+
+def test_default_output_keeps_differences_below_bf16_resolution(
+    tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """Two bf16 checkpoints one bf16 step apart (an epoch's small updates): their mean lies
+    between two bf16 values, so only a non-bf16 output keeps it. The default writes fp32."""
+    ckpts = [_perturbed(tiny_qwen3, tmp_path / f"c{i}", i, torch.bfloat16) for i in range(2)]
+    low = torch.tensor(0.02, dtype=torch.bfloat16)
+    high = torch.nextafter(low, torch.tensor(1.0, dtype=torch.bfloat16))
+    assert 0 < high.float() - low.float() < 2e-4  # bf16's step near 0.02 is 2**-13
+    for path, value in zip(ckpts, (low, high), strict=True):
+        weights = load_file(str(path / "model.safetensors"))
+        weights[NORM] = torch.full_like(weights[NORM], value)
+        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    mean = (low.float() + high.float()) / 2
+    assert mean.to(torch.bfloat16) in (low, high)  # a bf16 output rounds the mean away
+
+    report = average_checkpoints(ckpts, tmp_path / "merged")
+    merged = _weights(tmp_path / "merged")
+    assert report.dtype == "float32"
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["dtype"] == "float32"
+    assert all(v.dtype == torch.float32 for v in merged.values())
+    assert torch.all(merged[NORM] == mean)
+    assert torch.all(merged[NORM] != low.float()) and torch.all(merged[NORM] != high.float())
 
 
 def test_lora_adapters_are_merged_then_averaged(tiny_qwen3: Path, tmp_path: Path) -> None:
@@ -247,3 +272,12 @@ def test_cli_merge_output_loads_and_generates(three: list[Path], tmp_path: Path)
     res = CliRunner().invoke(app, ["merge", str(three[0]), "--out", str(out)])
     assert res.exit_code == 2
     assert "not an empty folder" in res.output
+
+
+def test_cli_merge_defaults_to_fp32(tiny_qwen3: Path, tmp_path: Path) -> None:
+    ckpts = [_perturbed(tiny_qwen3, tmp_path / f"c{i}", i, torch.bfloat16) for i in range(2)]
+    out = tmp_path / "merged"
+    res = CliRunner().invoke(app, ["merge", *map(str, ckpts), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "float32" in res.output
+    assert json.loads((out / "averaging.json").read_text())["dtype"] == "float32"

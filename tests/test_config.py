@@ -40,3 +40,22 @@ def test_optional_and_float_coercion(tmp_path: Path) -> None:
     p.write_text("conversations: null\nmax_questions: 3\n")
     cfg = load_config(RetrievalEvalConfig, p)
     assert cfg.conversations is None and cfg.max_questions == 3
+
+
+def test_prompt_spec_loads_with_named_errors(tmp_path: Path) -> None:
+    """The PromptSpec is a frozen dataclass with a mapping field, loaded by the same loader."""
+    from memsifter.ranker.spec import PromptSpec
+
+    p = tmp_path / "spec.yaml"
+    p.write_text("window_tokens: 1024\ncompletion_tokens: 48\nchat_template_kwargs: {a: 1}\n")
+    spec = load_config(PromptSpec, p)
+    assert spec.budget_tokens == 976 and spec.chat_template_kwargs == {"a": 1}
+    p.write_text("chat_template_kwargs: [a]\n")
+    with pytest.raises(DataError, match="field=chat_template_kwargs"):
+        load_config(PromptSpec, p)
+    p.write_text("window_tokens: big\n")
+    with pytest.raises(DataError, match="field=window_tokens"):
+        load_config(PromptSpec, p)
+    p.write_text("order: newest\n")  # the dataclass's own check, named with the file
+    with pytest.raises(DataError, match=r"order must be one of.*spec\.yaml|spec\.yaml.*order"):
+        load_config(PromptSpec, p)

@@ -1,5 +1,6 @@
-"""Curriculum sampling: the priority formula, per-source top-priority selection with a seeded
-tie-break, the explicit random fallback, the rankings file (format and errors), and the report."""
+"""Curriculum sampling: the priority formula (on the absolute and on the attainable NDCG scale),
+per-source top-priority selection with a seeded tie-break, the explicit random fallback, the
+rankings file (format and errors), and the report."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from memsifter.errors import DataError
+from memsifter.rewards.retrieval import retrieval_reward
 from memsifter.training.curriculum import (
     CurriculumConfig,
     Example,
+    attainable,
     priority,
     read_rankings,
     score_examples,
@@ -52,10 +55,12 @@ def test_scores_use_the_shared_ndcg() -> None:
     assert scored[1].priority == pytest.approx(1 - abs(_ndcg_at(3) - 0.2))
 
 
-def test_selection_takes_top_priority_per_source() -> None:
+@pytest.mark.parametrize("scale", ["attainable", "absolute"])
+def test_selection_takes_top_priority_per_source(scale: str) -> None:
+    # 20 candidates, one gold: gold last scores NDCG@10 = 0, so both scales are the same here.
     ranks = [0, 1, 2, 3, 5, 7, 9, 15, None]
     exs = [_example(f"a{r}", r, "a") for r in ranks] + [_example(f"b{r}", r, "b") for r in ranks]
-    keep, report = select(exs, {"a": 3, "b": 5}, CurriculumConfig(), seed=0)
+    keep, report = select(exs, {"a": 3, "b": 5}, CurriculumConfig(scale=scale), seed=0)
     kept = [exs[i] for i in keep]
     assert keep == sorted(keep)
     for source, count in (("a", 3), ("b", 5)):
@@ -76,8 +81,10 @@ def test_selection_takes_top_priority_per_source() -> None:
     assert by["a"].n_pool == 8 and by["a"].n_selected == 3 and sum(by["a"].hist_after) == 3
     assert sum(report.hist_before) == 16 and sum(report.hist_after) == 8
     # The formula over every row picks the gold-less example (priority 0.8) over rank 3 (0.77).
-    loose, _ = select(exs, {"a": 5, "b": 0}, CurriculumConfig(require_gold=False), seed=0)
-    strict, _ = select(exs, {"a": 5, "b": 0}, CurriculumConfig(), seed=0)
+    loose, _ = select(
+        exs, {"a": 5, "b": 0}, CurriculumConfig(require_gold=False, scale=scale), seed=0
+    )
+    strict, _ = select(exs, {"a": 5, "b": 0}, CurriculumConfig(scale=scale), seed=0)
     assert "aNone" in {exs[i].qid for i in loose} and "a3" not in {exs[i].qid for i in loose}
     assert "a3" in {exs[i].qid for i in strict} and "aNone" not in {exs[i].qid for i in strict}
 
@@ -111,6 +118,70 @@ def test_random_fallback_deterministic_per_seed() -> None:
 def test_unknown_strategy_is_an_error() -> None:
     with pytest.raises(ValueError, match="strategy"):
         CurriculumConfig(strategy="anchor")
+    with pytest.raises(ValueError, match="curriculum.scale must be one of"):
+        CurriculumConfig(scale="relative")
+    assert CurriculumConfig().scale == "attainable"
+
+
+# --- the attainable scale ----------------------------------------------------------------------
+
+
+def test_attainable_hand_values() -> None:
+    # n = 4, one gold: gold first is 1, gold last is the floor 1/log2(5) and rescales to 0.
+    floor = 1 / math.log2(5)
+    assert attainable(1.0, 4, [2], 10) == 1.0
+    assert attainable(floor, 4, [2], 10) == pytest.approx(0.0)
+    mid = _ndcg_at(1)
+    assert attainable(mid, 4, [2], 10) == pytest.approx((mid - floor) / (1 - floor))
+    # Below the floor (a ranking that leaves gold out) clamps to 0.
+    assert attainable(0.0, 4, [2], 10) == 0.0
+    # Long lists: gold last is beyond k, the floor is 0 and the scale is the raw NDCG.
+    assert attainable(_ndcg_at(3), 20, [7], 10) == pytest.approx(_ndcg_at(3))
+    # Nothing to get wrong (every candidate gold, or one candidate): always 1.
+    assert attainable(1.0, 2, [0, 1], 10) == 1.0 and attainable(1.0, 1, [0], 10) == 1.0
+    # Two gold of 5: the worst ranking puts both last.
+    worst = retrieval_reward([0, 2, 4, 1, 3], [1, 3], 10)
+    assert attainable(worst, 5, [1, 3], 10) == pytest.approx(0.0)
+    assert attainable(retrieval_reward([1, 3, 0, 2, 4], [1, 3], 10), 5, [3, 1], 10) == 1.0
+
+
+@pytest.mark.parametrize("n", [2, 4, 7, 11, 30])
+def test_gold_last_scores_zero_and_gold_first_one(n: int) -> None:
+    last, first = _example("last", n - 1, n=n), _example("first", 0, n=n)
+    a_last, a_first = score_examples([last, first], scale="attainable")
+    assert a_last.priority == pytest.approx(priority(0.0))  # d = 0: 1 - tau
+    assert a_first.priority == pytest.approx(priority(1.0))
+    # The report's NDCG is raw NDCG either way.
+    b_last, b_first = score_examples([last, first], scale="absolute")
+    assert (a_last.ndcg, a_first.ndcg) == (b_last.ndcg, b_first.ndcg)
+    assert b_first.ndcg == 1.0
+    assert b_last.priority == pytest.approx(priority(b_last.ndcg))
+    if n <= 10:  # gold last is still inside the cutoff: raw NDCG cannot reach 0
+        assert b_last.ndcg >= 1 / math.log2(11) and b_last.priority != a_last.priority
+    # A prompt without gold in it scores 0 on both scales.
+    (none,) = score_examples([_example("none", None, n=n)], scale="attainable")
+    assert none.ndcg == 0.0 and none.priority == pytest.approx(priority(0.0))
+
+
+def test_short_lists_no_longer_simply_pick_the_worst_ranked() -> None:
+    """With 4 candidates every raw NDCG@10 is >= 0.43 > tau, so the paper's formula prefers the
+    prompts whose gold the coarse filter ranks last; on the attainable scale "near the bottom of
+    what the prompt allows" (gold third of four) is preferred, and gold last is no longer first."""
+    # Three prompts each with the gold candidate at coarse rank 0, 1, 2 and 3 of 4.
+    exs = [Example(f"r{r}-{i}", "a", (r,), (0, 1, 2, 3)) for i in range(3) for r in range(4)]
+
+    def qids(keep: list[int]) -> set[str]:
+        return {exs[i].qid.split("-")[0] for i in keep}
+
+    absolute, _ = select(exs, {"a": 3}, CurriculumConfig(scale="absolute"), seed=0)
+    assert qids(absolute) == {"r3"}  # the worst-ranked prompts, and nothing else
+    scaled, rep = select(exs, {"a": 3}, CurriculumConfig(), seed=0)
+    assert qids(scaled) == {"r2"}  # d = 0.12, the closest to tau = 0.2
+    six, _ = select(exs, {"a": 6}, CurriculumConfig(), seed=0)
+    assert qids(six) == {"r2", "r1"}  # then d = 0.35 (priority 0.85) before gold last (0.8)
+    # The report keeps raw NDCG: the selection's mean is that of gold third of four.
+    (sel,) = rep.sources
+    assert sel.ndcg_mean_after == pytest.approx(_ndcg_at(2))
 
 
 def test_rankings_replace_the_coarse_order(tmp_path: Path) -> None:

@@ -120,6 +120,16 @@ def test_trainer_drops_flat_groups_and_refills(tiny_qwen3: Path, tmp_path: Path)
     assert moved
 
 
+def test_loss_normaliser_counts_informative_groups_only() -> None:
+    from memsifter.training.dynamic_sampling import informative_tokens
+
+    # Two informative groups of 2 rows first (5 + 2 tokens), then a zero-std padding group.
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0], [0, 0, 0], [1, 1, 1], [1, 1, 1]])
+    assert int(informative_tokens(mask, 4)) == 7
+    assert int(informative_tokens(mask, 6)) == 13
+    assert int(informative_tokens(mask, 0)) == 1  # padding only: a zero loss over 1, not 0
+
+
 def test_refuses_groups_split_across_processes() -> None:
     from memsifter.training.dynamic_sampling import check_whole_groups
 

@@ -109,3 +109,36 @@ def test_eval_qa_cli_with_tiny_answerer(
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["n_questions"] == 3 and 0.0 <= m["f1"] <= 1.0 and 0.0 <= m["em"] <= 1.0
+
+
+def test_memsifter_retriever_ranks_the_models_units(
+    oracle, tmp_path: Path, tiny_qwen3: Path, locomo_mini_path: Path
+) -> None:
+    """The proxy's prompt comes from the model's prompt_spec.json; with unit: page the answerer
+    gets the top pages. A model without a spec and no explicit settings is refused."""
+    import shutil
+
+    from memsifter.ranker.proxy import PromptSpecError
+    from memsifter.ranker.spec import PromptSpec, write_spec
+
+    def cfg(model: Path, **kw) -> QAEvalConfig:
+        return QAEvalConfig(
+            data=str(locomo_mini_path),
+            retriever="memsifter",
+            model=str(model),
+            top_k=2,
+            max_questions=2,
+            include_no_evidence=False,
+            out=str(tmp_path / "qa"),
+            **kw,
+        )
+
+    with pytest.raises(PromptSpecError, match="has no prompt_spec.json"):
+        run_qa_eval(cfg(tiny_qwen3))
+    assert run_qa_eval(cfg(tiny_qwen3, coarse_budget=1500))["n_questions"] == 2
+    model = tmp_path / "ckpt"
+    shutil.copytree(tiny_qwen3, model)
+    write_spec(PromptSpec(window_tokens=900, completion_tokens=8, unit="page"), model)
+    run_qa_eval(cfg(model))
+    rows = [json.loads(line) for line in (tmp_path / "qa/predictions.jsonl").open()]
+    assert all(len(r["retrieved"]) == 2 and "#" in r["retrieved"][0] for r in rows)

@@ -1,6 +1,7 @@
 """build_messages and PromptBuilder on the tiny Qwen3 tokenizer: ids and dates, languages, the
-token budget (coarse cut, truncation, errors), thinking vs instruct templates, and why session
-text that looks like an answer cannot become one."""
+token budget (coarse cut, truncation, errors), candidate order (chronological, or the coarse
+filter's with ``order="coarse"``), thinking vs instruct templates and extra chat-template
+arguments, and why session text that looks like an answer cannot become one."""
 
 from __future__ import annotations
 
@@ -228,6 +229,60 @@ def test_bad_candidate_lists(sessions: list[Session], tok: Any) -> None:
         builder.build(QUESTION, [sessions[0], sessions[0]])
 
 
+# --- PromptBuilder: order="coarse" ---------------------------------------------------------------
+
+
+def test_coarse_order_when_everything_fits(sessions: list[Session], tok: Any) -> None:
+    order = ["s2", "s0", "s4", "s1", "s3"]
+    coarse = FixedOrder(order)
+    built = PromptBuilder(tok, 8000, 500, coarse=coarse, order="coarse").build(QUESTION, sessions)
+    assert coarse.calls == 1  # nothing to cut, but the coarse filter orders what is shown
+    assert built.candidate_ids == tuple(order) and built.dropped_ids == ()
+    assert built.coarse_order == (0, 1, 2, 3, 4)
+    by_id = {s.id: s for s in sessions}
+    assert built.messages == build_messages(QUESTION, [by_id[i] for i in order])
+    assert built.n_tokens == _count(tok, built.text) <= built.budget_tokens
+    # The same sessions, chronological: same candidates, other positions.
+    chrono = PromptBuilder(tok, 8000, 500, coarse=FixedOrder(order)).build(QUESTION, sessions)
+    assert set(chrono.candidate_ids) == set(order) and chrono.candidate_ids != tuple(order)
+
+
+def test_coarse_order_after_a_cut(sessions: list[Session], tok: Any) -> None:
+    full = PromptBuilder(tok, 8000, 500).build(QUESTION, sessions).n_tokens
+    order = ["s2", "s0", "s4", "s1", "s3"]
+    seen_cut = False
+    for short_by in (1, 40, 120, 200):
+        coarse = FixedOrder(order)
+        builder = PromptBuilder(tok, full - short_by + 64, 64, coarse=coarse, order="coarse")
+        built = builder.build(QUESTION, sessions)
+        assert built.dropped_ids and built.n_tokens == _count(tok, built.text)
+        assert built.n_tokens <= built.budget_tokens
+        # The coarse filter's best, shown best first: position i is its i-th choice.
+        assert built.candidate_ids == tuple(order[: built.num_candidates])
+        assert built.coarse_order == tuple(range(built.num_candidates))
+        assert built.dropped_ids == tuple(order[built.num_candidates :])
+        # The same cut as the chronological builder makes, only the order differs.
+        chrono = PromptBuilder(tok, full - short_by + 64, 64, coarse=FixedOrder(order))
+        assert set(chrono.build(QUESTION, sessions).candidate_ids) == set(built.candidate_ids)
+        seen_cut |= len(built.dropped_ids) > 1
+    assert seen_cut
+    # An unfinished completion is completed in the shown order, which is the coarse order.
+    parsed = parse_ranking("<ranking>", built.num_candidates)
+    assert built.session_ids(parsed.complete(built.coarse_order)) == built.candidate_ids
+
+
+def test_coarse_order_single_session_and_bad_settings(tok: Any) -> None:
+    one = [_session("only", TEXTS[0], day=1)]
+    built = PromptBuilder(tok, 8000, 500, coarse=FixedOrder([]), order="coarse").build(
+        QUESTION, one
+    )
+    assert built.candidate_ids == ("only",)
+    with pytest.raises(ValueError, match="needs a coarse filter"):
+        PromptBuilder(tok, 8000, 500, order="coarse")
+    with pytest.raises(ValueError, match="order must be chronological or coarse"):
+        PromptBuilder(tok, 8000, 500, coarse=FixedOrder([]), order="random")  # type: ignore[arg-type]
+
+
 # --- PromptBuilder: truncation --------------------------------------------------------------------
 
 
@@ -287,6 +342,26 @@ def test_instruct_template_is_asked_for_think(sessions: list[Session], instruct_
     assert built.text.endswith("<|im_start|>assistant\n")
     assert "Begin your reply with <think>" in built.text
     assert PromptBuilder(instruct_tok, 8000, 500, thinking=True).native_thinking
+
+
+def test_chat_template_kwargs_reach_the_template(sessions: list[Session], tok: Any) -> None:
+    from transformers import AutoTokenizer
+
+    custom = AutoTokenizer.from_pretrained(tok.name_or_path)
+    custom.chat_template = (
+        "{%- if persona is defined %}{{- 'persona: ' + persona + '\\n' }}{%- endif %}"
+        + PLAIN_CHATML
+    )
+    plain = PromptBuilder(custom, 8000, 500).build(QUESTION, sessions)
+    built = PromptBuilder(custom, 8000, 500, chat_template_kwargs={"persona": "archivist"}).build(
+        QUESTION, sessions
+    )
+    assert built.text == "persona: archivist\n" + plain.text
+    assert built.n_tokens == _count(custom, built.text)  # counted as rendered
+    # Qwen3's switch still follows ask_think, alongside the extra arguments.
+    qwen = PromptBuilder(tok, 8000, 500, ask_think=False, chat_template_kwargs={"x": 1})
+    assert qwen.build(QUESTION, sessions).text.endswith("<think>\n\n</think>\n\n")
+    assert qwen.chat_template_kwargs == {"x": 1}
 
 
 def test_build_query(sessions: list[Session], tok: Any) -> None:

@@ -16,6 +16,7 @@ from memsifter.data import load_locomo
 from memsifter.data.types import Session, Turn
 from memsifter.ranker.backends.base import Generation, SamplingConfig
 from memsifter.ranker.proxy import Proxy, ProxyConfig, RankRequest
+from memsifter.ranker.spec import PromptSpec
 
 
 class ScriptedBackend:
@@ -34,6 +35,10 @@ class ScriptedBackend:
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
         self.prompts += prompts
         return [[Generation(self.outputs.pop(0), 10, 5, "stop", 0.01)] for _ in prompts]
+
+
+def _spec(window: int, completion: int, **kw: Any) -> PromptSpec:
+    return PromptSpec(window_tokens=window, completion_tokens=completion, **kw)
 
 
 def _sessions() -> list[Session]:
@@ -62,7 +67,7 @@ def tok(tiny_qwen3: Path) -> Any:
 
 def test_clean_ranking_maps_positions_to_ids(tok: Any) -> None:
     be = ScriptedBackend(tok, ["<think>dog</think><ranking>1, 3, 0, 2</ranking>"])
-    proxy = Proxy(be, BM25Filter(), ProxyConfig(window_tokens=4000, completion_tokens=200))
+    proxy = Proxy(be, _spec(4000, 200), BM25Filter())
     r = proxy.rank("what is my dog called?", _sessions())
     assert r.ranking.ids == ("s1", "s3", "s0", "s2")
     assert r.parsed.clean and not r.completed
@@ -70,7 +75,7 @@ def test_clean_ranking_maps_positions_to_ids(tok: Any) -> None:
 
 def test_partial_and_failed_rankings_complete_from_coarse(tok: Any) -> None:
     be = ScriptedBackend(tok, ["<think>x</think><ranking>2</ranking>", "no tags at all"])
-    proxy = Proxy(be, BM25Filter(), ProxyConfig(window_tokens=4000, completion_tokens=200))
+    proxy = Proxy(be, _spec(4000, 200), BM25Filter())
     partial, failed = proxy.rank_many(
         [RankRequest("pottery clay?", _sessions()), RankRequest("dog named max?", _sessions())]
     )
@@ -83,11 +88,7 @@ def test_partial_and_failed_rankings_complete_from_coarse(tok: Any) -> None:
 
 def test_no_completion_when_disabled(tok: Any) -> None:
     be = ScriptedBackend(tok, ["garbage"])
-    proxy = Proxy(
-        be,
-        BM25Filter(),
-        ProxyConfig(window_tokens=4000, completion_tokens=200, complete_with_coarse=False),
-    )
+    proxy = Proxy(be, _spec(4000, 200), BM25Filter(), ProxyConfig(complete_with_coarse=False))
     r = proxy.rank("dog?", _sessions())
     assert r.ranking.ids == () and r.parsed.error is not None
 
@@ -98,7 +99,7 @@ def test_sessions_cut_by_coarse_are_appended_after_proxy_order(tok: Any) -> None
         for i in range(6)
     ]
     be = ScriptedBackend(tok, ["<think>.</think><ranking>0</ranking>"])
-    proxy = Proxy(be, BM25Filter(), ProxyConfig(window_tokens=1400, completion_tokens=100))
+    proxy = Proxy(be, _spec(1400, 100), BM25Filter())
     r = proxy.rank("topic4 topic2", long)
     assert r.prompt.dropped_ids, "the small window must force a coarse cut"
     assert sorted(r.ranking.ids) == sorted(s.id for s in long)
@@ -148,7 +149,7 @@ def test_eval_retrieval_with_tiny_proxy(
 def test_locomo_haystack_prompt_fits(tok: Any, locomo_mini_path: Path) -> None:
     q = next(q for q in load_locomo(locomo_mini_path).queries if q.has_evidence)
     be = ScriptedBackend(tok, ["<ranking>0</ranking>"])
-    proxy = Proxy(be, BM25Filter(), ProxyConfig(window_tokens=1600, completion_tokens=100))
+    proxy = Proxy(be, _spec(1600, 100), BM25Filter())
     r = proxy.rank(q.question, q.haystack)
     assert r.prompt.n_tokens <= 1500
     assert len(r.ranking.ids) == len(q.haystack)

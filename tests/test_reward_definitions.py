@@ -186,3 +186,29 @@ def test_shaping_at_beta_zero_is_alpha_r_ans(
     s = ShapingSchedule(alpha, beta0, 50, schedule)  # type: ignore[arg-type]
     assert s.combine(r_ans, r_ret, 50 + extra) == alpha * r_ans
     assert s.combine(r_ans, r_ret, 0) == alpha * r_ans + beta0 * r_ret
+
+
+def test_decay_fraction_is_sized_to_the_run() -> None:
+    frac = ShapingSchedule(beta0=1.0, decay_steps=None, decay_fraction=0.25)
+    assert not frac.resolved
+    with pytest.raises(ValueError, match="for_run"):
+        frac.beta(0)  # the run's length is unknown: no guessing
+    run = frac.for_run(100)
+    assert run.resolved and run.decay_steps == 25 and run.decay_fraction is None
+    assert run.beta(0) == 1.0 and run.beta(24) > 0.0 and run.beta(25) == 0.0
+    assert frac.for_run(400).decay_steps == 100
+    # ceil, without float noise: 0.3 * 10 is 3.0000000000000004 in floats.
+    assert ShapingSchedule(decay_steps=None, decay_fraction=0.3).for_run(10).decay_steps == 3
+    assert ShapingSchedule(decay_steps=None, decay_fraction=0.01).for_run(10).decay_steps == 1
+    assert ShapingSchedule(decay_steps=None, decay_fraction=1.0).for_run(7).decay_steps == 7
+    fixed = ShapingSchedule(decay_steps=50)
+    assert fixed.for_run(1000) is fixed  # decay_steps keeps working, whatever the run
+    with pytest.raises(ValueError, match="both set"):
+        ShapingSchedule(decay_steps=10, decay_fraction=0.5)
+    with pytest.raises(ValueError, match="set decay_steps or decay_fraction"):
+        ShapingSchedule(decay_steps=None)
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="decay_fraction must be in"):
+            ShapingSchedule(decay_steps=None, decay_fraction=bad)
+    with pytest.raises(ValueError, match="total_steps"):
+        frac.for_run(0)

@@ -28,6 +28,7 @@ from memsifter.rewards import (
     RewardError,
     RewardRequest,
     RewardService,
+    answer_ranking,
     load_reward_config,
     naive_rewards,
 )
@@ -72,7 +73,9 @@ def test_calls_s0_once_and_shared_prefixes() -> None:
     batch = service.score([_request(completions)])
     backend = service.answerer.backend
     tiers = (1, 2, 3, 5, 8)
-    prefixes = {tuple(r[:k]) for r in rankings for k in tiers}
+    question = "What is the fact of c?"
+    shown = [answer_ranking(r, question, 8) for r in rankings]  # the short one is completed
+    prefixes = {tuple(r[:k]) for r in shown for k in tiers}
     s = batch.stats
     assert s.completions == 6 and s.parsed == 5
     assert s.naive_calls == 5 * (len(tiers) + 1)
@@ -84,11 +87,13 @@ def test_calls_s0_once_and_shared_prefixes() -> None:
     assert sum("(no memory)" in p for p in backend.seen) == 1  # s_0 once per prompt
     # The unparseable completion costs nothing and gets the format reward.
     last = batch.rewards[0][-1]
-    assert not last.parsed and last.reward == 0.0 and last.error == "missing_ranking"
-    # Identical completions, identical rewards; the short ranking's top-8 is its top-2.
+    assert not last.parsed and last.reward == -1.0 and last.error == "missing_ranking"
+    # Identical completions, identical rewards; the short ranking keeps its own ids in the
+    # record but is shown completed, so its top-8 is not its top-2.
     r = batch.rewards[0]
     assert r[0] == r[1]
-    assert r[4].tier_scores[8] == r[4].tier_scores[2]
+    assert r[4].ranking == (1, 0) and r[4].omitted == 6
+    assert r[4].tier_scores[8] != r[4].tier_scores[2]
 
     # Asked again (a later epoch), everything comes from the cache.
     again = service.score([_request(completions)])
@@ -197,7 +202,7 @@ def test_service_equals_naive_loop_bit_for_bit(seed: int) -> None:
         beta0=0.7,
         decay_steps=10,
         schedule=rng.choice(["linear", "cosine"]),
-        format_reward=-0.25,
+        format_reward=-1.25,
         task_metrics={"locomo": "locomo", "exact": "em"},
         answerer=AnswererConfig(memory_order=rng.choice(["rank", "chronological"])),
     )
@@ -211,7 +216,7 @@ def test_service_equals_naive_loop_bit_for_bit(seed: int) -> None:
     assert batch.stats.naive_calls == naive_calls == sum(fake.seen.values())
     assert batch.stats.answer_calls <= naive_calls
     assert batch.stats.completions - batch.stats.parsed == sum(
-        c == -0.25 for g in expected for c in g
+        c == -1.25 for g in expected for c in g
     )
 
 
@@ -230,7 +235,7 @@ def test_format_reward_is_configurable_and_counted() -> None:
 
 
 def test_reward_components() -> None:
-    cfg = RewardConfig(alpha=2.0, beta0=0.5, decay_steps=100)
+    cfg = RewardConfig(alpha=2.0, beta0=0.5, decay_steps=100, format_reward=-2.0)
     batch = _service(cfg).score([_request([ranking_text([0, 1, 2])], n=3)], step=0)
     c = batch.rewards[0][0]
     assert c.tier_scores[0] == 0.0  # no memory, no facts

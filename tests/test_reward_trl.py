@@ -93,7 +93,7 @@ def test_groups_by_prompt_and_keeps_order() -> None:
     )
     a, b = iter(direct.rewards[0]), iter(direct.rewards[1])
     assert rewards == [next(a if tag == "a" else b).reward for tag, _ in layout]
-    assert rewards[0] == rewards[4] and rewards[3] == 0.0
+    assert rewards[0] == rewards[4] and rewards[3] == -1.0  # the format reward
     # s_0 once per prompt: 2 s_0 prompts among the calls.
     assert sum("(no memory)" in p for p in service.answerer.backend.seen) == 2
 
@@ -134,7 +134,7 @@ def test_log_hooks_step_and_conversational_completions() -> None:
     assert metrics["reward/format_failures"] == 1.0
     assert metrics["reward/naive_calls"] == 5 + 5  # tiers 1, 2, 3, 5 (+ s_0)
     assert extra["reward/r_ans"][1] is None and rewards[0] == extra["reward/r_ans"][0]
-    assert rewards[1] == 0.0
+    assert rewards[1] == -1.0
 
     # Without hooks or trainer_state it still works; the step comes from fn.step.
     fn.step = 0
@@ -204,3 +204,64 @@ def test_reward_columns_follow_prompt_order() -> None:
     assert [s.id for s in sessions_from_column(row["candidates"])] == list(prompt.candidate_ids)
     assert row["answer"] == "2023" and row["gold_ids"] == ["c/s2"]
     assert row["data_source"] == "locomo"
+
+
+def test_set_total_steps_sizes_the_warm_up(tmp_path: Any) -> None:
+    from memsifter.errors import DataError as _DataError
+    from memsifter.rewards import load_reward_config
+
+    layout = [("a", ranking_text([1, 0, 2]))]
+    prompts, completions, columns = _trl_batch(layout)
+    cfg = RewardConfig(beta0=0.5, decay_steps=None, decay_fraction=0.5)
+    fn = make_reward_function(_service(cfg))
+    with pytest.raises(ValueError, match="set_total_steps"):
+        fn(prompts=prompts, completions=completions, **columns)
+    fn.set_total_steps(20)  # beta reaches 0 at step 10
+    assert fn.service.shaping.decay_steps == 10 and fn.service.total_steps == 20
+
+    def at(step: int) -> None:
+        state = SimpleNamespace(global_step=step)
+        fn(prompts=prompts, completions=completions, trainer_state=state, **columns)
+
+    for step, beta in ((0, 0.5), (5, 0.25), (10, 0.0)):
+        at(step)
+        assert fn.last_metrics["beta"] == beta
+    fn.step_offset = 8  # a later epoch: the run's clock, not the trainer's
+    at(1)
+    assert fn.last_metrics["beta"] == pytest.approx(0.05)
+    # decay_steps configs need no total and ignore one.
+    fixed = make_reward_function(_service(RewardConfig(decay_steps=10)))
+    fixed.set_total_steps(1000)
+    assert fixed.service.shaping.decay_steps == 10
+
+    path = tmp_path / "r.yaml"
+    path.write_text("decay_fraction: 0.3\n")  # decay_steps keeps its default 200: both set
+    with pytest.raises(_DataError, match="decay_steps.*decay_fraction.*both set"):
+        load_reward_config(path)
+    path.write_text("decay_steps: null\ndecay_fraction: 0.3\n")
+    assert load_reward_config(path).shaping.for_run(10).decay_steps == 3
+    path.write_text("decay_steps: null\n")
+    with pytest.raises(_DataError, match="decay_fraction"):
+        load_reward_config(path)
+
+
+def test_alpha_zero_logs_r_ans_as_absent() -> None:
+    layout = [("a", ranking_text([1, 0, 2])), ("a", "oops"), ("b", ranking_text([0]))]
+    prompts, completions, columns = _trl_batch(layout)
+    metrics: dict[str, float] = {}
+    extra: dict[str, list] = {}
+    service = _service(RewardConfig(alpha=0.0, format_reward=0.0))
+    fn = make_reward_function(service)
+    rewards = fn(
+        prompts=prompts,
+        completions=completions,
+        log_metric=metrics.__setitem__,
+        log_extra=extra.__setitem__,
+        **columns,
+    )
+    assert service.answerer.backend.batches == []  # the working LLM was never called
+    assert "reward/r_ans" not in metrics and not any(k.startswith("reward/s_") for k in metrics)
+    assert extra["reward/r_ans"] == [None, None, None]
+    assert metrics["reward/r_ans_skipped"] == 2.0 and metrics["reward/answer_calls"] == 0.0
+    assert metrics["reward/r_ret"] > 0.0
+    assert rewards[1] == 0.0 and rewards[0] == 0.5 * extra["reward/r_ret"][0]

@@ -103,7 +103,7 @@ def test_trainer_dry_run_parses(strategy: str) -> None:
     _parses_as_memsifter_train(train_args)
 
 
-def _parses_as_memsifter_train(train_args: list[str]) -> None:
+def _parses_as_memsifter_train(train_args: list[str], until: str | None = None) -> None:
     import typer.main
 
     from memsifter.cli import app
@@ -113,6 +113,7 @@ def _parses_as_memsifter_train(train_args: list[str]) -> None:
     ctx = train.make_context("train", list(train_args[1:]))
     assert ctx.params["vllm_server_host"] in (None, "10.0.0.3")
     assert ctx.params["answerer_url"] == "http://10.0.0.4:8001/v1"
+    assert ctx.params["until"] == until  # the whole run unless asked to stop after SFT
 
 
 def test_trainer_single_node_and_colocate() -> None:
@@ -126,6 +127,14 @@ def test_trainer_single_node_and_colocate() -> None:
     assert argv[argv.index("--config_file") + 1].endswith("deepspeed_zero3.yaml")
     assert argv[-2:] == ["--output-dir", "/x"]
     _parses_as_memsifter_train(argv[argv.index("train") :])
+
+
+def test_trainer_forwards_until_sft() -> None:
+    env = {**TRAINER_ENV, "VLLM_MODE": "colocate"}
+    del env["VLLM_HOST"]
+    argv = _command(_run("--role", "trainer", "--dry-run", "--", "--until", "sft", **env))
+    assert argv[-2:] == ["--until", "sft"]
+    _parses_as_memsifter_train(argv[argv.index("train") :], until="sft")
 
 
 def test_rollout_dry_run_parses_as_trl_vllm_serve() -> None:

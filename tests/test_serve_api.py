@@ -15,6 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from memsifter.coarse import build_filter
+from memsifter.errors import MemSifterError
+from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.app import create_app
 from memsifter.serving.client import MemSifterClient, ServiceError
 from memsifter.serving.config import ApiKeySettings, PagingSettings, ServeConfig
@@ -66,7 +68,7 @@ def backend() -> ScriptedBackend:
 def proxy_client(
     env: None, serve_db: Callable[[str], str], backend: ScriptedBackend
 ) -> Iterator[TestClient]:
-    ranker = ServiceRanker(build_filter("bm25"), backend)
+    ranker = ServiceRanker(build_filter("bm25"), backend, PromptSpec())
     app = create_app(_config(serve_db("proxy")), ranker)
     with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
         yield c
@@ -141,7 +143,9 @@ def test_rank_through_proxy_ignores_injected_rankings(
 def test_unparseable_proxy_answer_is_completed_and_counted(
     env: None, serve_db: Callable[[str], str]
 ) -> None:
-    ranker = ServiceRanker(build_filter("bm25"), ScriptedBackend(lambda _p: "I refuse."))
+    ranker = ServiceRanker(
+        build_filter("bm25"), ScriptedBackend(lambda _p: "I refuse."), PromptSpec()
+    )
     app = create_app(_config(serve_db("refuse")), ranker)
     with TestClient(app, headers={"Authorization": f"Bearer {KEY}"}) as c:
         r = c.post("/v1/rank", json={"question": "dog named Max?", "sessions": CANDIDATES})
@@ -332,7 +336,17 @@ def test_shipped_serve_configs_load() -> None:
     assert default.db_url.startswith("sqlite:///")
     assert default.api_keys[0].key_env == "MEMSIFTER_DEMO_KEY"
     assert load_serve_config(root / "coarse_only.yaml").proxy.backend == "coarse-only"
+    from memsifter.models import PROXIES_DIR, SHIPPED_PROXIES
+
+    shipped = all(
+        (PROXIES_DIR / name / "adapter_config.json").is_file() for name in SHIPPED_PROXIES
+    )
     for path in sorted(root.glob("*.yaml")):
+        if path.name == "trained_proxy.yaml" and not shipped:
+            # The trained adapter is not in this checkout: the config says so, clearly.
+            with pytest.raises(MemSifterError, match="is not in this install"):
+                load_serve_config(path)
+            continue
         assert load_serve_config(path).paging.low_watermark <= 0.9
 
 

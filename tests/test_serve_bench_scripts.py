@@ -22,6 +22,7 @@ from memsifter.coarse import build_filter
 from memsifter.data.types import Session, Turn
 from memsifter.ranker.parse import parse_ranking
 from memsifter.ranker.prompt import PromptBuilder
+from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.app import create_app
 from memsifter.serving.config import ApiKeySettings, ServeConfig
 from memsifter.serving.ranking import ServiceRanker
@@ -154,7 +155,7 @@ def test_recall_reports_the_model_call_apart_from_the_proxy_stage(
         db_url=f"sqlite:///{tmp_path / 'm.db'}",
         api_keys=[ApiKeySettings(tenant="t", key_env="MEMSIFTER_BENCH_TEST_KEY")],
     )
-    ranker = ServiceRanker(build_filter("bm25"), ScriptedBackend(reverse_ranking))
+    ranker = ServiceRanker(build_filter("bm25"), ScriptedBackend(reverse_ranking), PromptSpec())
     headers = {"Authorization": "Bearer key-bench-0123456789"}
     with TestClient(create_app(config, ranker), headers=headers) as client:
         turns = [{"speaker": "user", "text": "My dog Max loves the park."}]

@@ -16,6 +16,7 @@ import pytest
 
 from memsifter.coarse import build_filter
 from memsifter.data.types import Session, Turn
+from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.bookmarks import YakeExtractor
 from memsifter.serving.config import PagingSettings, ServeConfig
 from memsifter.serving.errors import ConflictError, NotFoundError
@@ -486,6 +487,6 @@ def test_the_proxys_page_token_cache_is_bounded() -> None:
     assert len(calls) == 4  # counted again
     assert SessionTokenCache(Counting()).max_size is None
     ranker = ServiceRanker(
-        build_filter("bm25"), ScriptedBackend(reverse_ranking), token_cache_pages=123
+        build_filter("bm25"), ScriptedBackend(reverse_ranking), PromptSpec(), token_cache_pages=123
     )
     assert ranker.proxy is not None and ranker.proxy.builder.session_tokens.max_size == 123

@@ -16,7 +16,12 @@ from memsifter.training.config import (  # noqa: E402
     check_hardware,
     load_train_config,
 )
-from memsifter.training.grpo import build_grpo_config, grpo_config_kwargs  # noqa: E402
+from memsifter.training.grpo import (  # noqa: E402
+    build_grpo_config,
+    grpo_config_kwargs,
+    lora_config,
+)
+from memsifter.training.rl_data import load_rl_data_config  # noqa: E402
 from memsifter.training.sft import sft_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,13 +103,46 @@ def test_bad_settings_are_named(tmp_path: Path) -> None:
         check_hardware(load_train_config(p), cuda=False)
 
 
-def test_sft_targets_parse_and_put_gold_first() -> None:
+@pytest.mark.parametrize("think", [True, False])
+def test_sft_targets_parse_and_put_gold_first(think: bool) -> None:
     coarse = [3, 0, 2, 1]
     for target, first in (("coarse", 3), ("gold", 2)):
-        text = sft_target(coarse, [2], target)
+        text = sft_target(coarse, [2], target, think=think)
         parsed = parse_ranking(text, 4)
         assert parsed.ok and parsed.strict if hasattr(parsed, "strict") else parsed.ok
         assert parsed.ids[0] == first and sorted(parsed.ids) == [0, 1, 2, 3]
+        assert text.startswith("<think>") is think
+
+
+# Each shipped training config and the data recipe that builds its `data` folder.
+RECIPES = {
+    "smollm2_cpu.yaml": "locomo_smollm2_cpu.yaml",
+    "qwen3_4b.yaml": "qwen3_4b.yaml",
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_completion_budget_matches_the_data_recipe(name: str) -> None:
+    """The loop refuses grpo.max_completion_length above the data's PromptSpec budget; the
+    shipped pairs must pass that check, and name their data folder after the recipe's output."""
+    cfg = load_train_config(ROOT / "configs" / "train" / name)
+    recipe = ROOT / "configs" / "data" / RECIPES[name]
+    spec = load_rl_data_config(recipe).prompt
+    assert f"--out {cfg.data}" in recipe.read_text()  # the recipe's documented build command
+    assert cfg.grpo.max_completion_length <= spec.completion_tokens
+    assert "chat_template_kwargs" not in cfg.grpo.extra  # refused by the loop
+    assert cfg.model.name == spec.model
+    if cfg.epochs.validation_max_new_tokens is not None:
+        assert cfg.epochs.validation_max_new_tokens <= spec.completion_tokens
+
+
+def test_smollm2_cpu_trains_lora_on_the_top_layers() -> None:
+    cfg = load_train_config(ROOT / "configs/train/smollm2_cpu.yaml")
+    lo = cfg.model.lora
+    assert lo is not None and lo.top_layers == 10 and isinstance(lo.target_modules, list)
+    peft = lora_config(cfg, 30)  # SmolLM2-135M has 30 decoder layers
+    assert peft.layers_to_transform == list(range(20, 30))
+    assert cfg.sft.enabled and cfg.sft.target == "gold"
 
 
 def test_train_cli_dry_run() -> None:

@@ -1,7 +1,9 @@
 """The whole training run on a tiny random Qwen3 (proxy and working LLM): RL data -> cold-start
-SFT -> two GRPO epochs with dynamic sampling -> validation of every checkpoint -> averaging ->
-the next epoch starts from the average; then a rerun resumes instead of retraining, and a run
-killed after a checkpoint resumes from it."""
+SFT (stopped there with ``until="sft"``, then resumed) -> two GRPO epochs with dynamic sampling
+-> validation of every checkpoint -> averaging -> the next epoch starts from the average; every
+model folder carries the data's ``prompt_spec.json``; the reward's warm-up is sized to the run
+(``total_steps``); then a rerun resumes instead of retraining, and a run killed after a
+checkpoint resumes from it. Settings that contradict the data's PromptSpec are refused."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ pytest.importorskip("trl")
 
 from safetensors.torch import load_file  # noqa: E402
 
+from memsifter.errors import DataError  # noqa: E402
+from memsifter.ranker.spec import SPEC_FILE, PromptSpec, read_spec  # noqa: E402
 from memsifter.training.config import (  # noqa: E402
     DynamicSamplingSettings,
     EpochSettings,
@@ -29,8 +33,9 @@ from memsifter.training.rl_data import RLDataConfig, SourceConfig, prepare_rl_da
 
 
 def _reward_yaml(path: Path, model: Path) -> Path:
+    # The warm-up is the whole run: its length comes from total_steps (2 epochs x 2 steps).
     path.write_text(
-        "max_k: 3\nbeta0: 0.5\ndecay_steps: 4\n"
+        "max_k: 3\nbeta0: 0.5\ndecay_steps: null\ndecay_fraction: 1.0\n"
         f"answerer:\n  model: {model}\n  window_tokens: 512\n  max_new_tokens: 8\n"
         "  batch_size: 4\n",
         encoding="utf-8",
@@ -38,12 +43,12 @@ def _reward_yaml(path: Path, model: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def run(tiny_qwen3: Path, locomo_mini_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    from memsifter.training.loop import run_training
+SPEC = dict(window_tokens=640, completion_tokens=32, unit="page", turns_per_page=2)
 
-    torch.manual_seed(0)
-    tmp = tmp_path_factory.mktemp("train")
+
+@pytest.fixture(scope="module")
+def rl_data(tiny_qwen3: Path, locomo_mini_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("rl")
     recipe = RLDataConfig(
         sources=[
             SourceConfig(
@@ -51,27 +56,31 @@ def run(tiny_qwen3: Path, locomo_mini_path: Path, tmp_path_factory: pytest.TempP
                 path=str(locomo_mini_path),
                 count=4,
                 train_conversations=[0, 1],
-                heldout_conversations=[2],
+                validation_conversations=[2],
+                test_conversations=[],
             )
         ],
-        model=str(tiny_qwen3),
-        window_tokens=640,
-        completion_tokens=32,
-        unit="page",
-        turns_per_page=2,
+        prompt=PromptSpec(model=str(tiny_qwen3), **SPEC),  # type: ignore[arg-type]
     )
     prepare_rl_data(recipe, tmp / "rl")
-    cfg = TrainConfig(
-        output_dir=str(tmp / "out"),
-        data=str(tmp / "rl"),
-        reward=str(_reward_yaml(tmp / "reward.yaml", tiny_qwen3)),
+    return tmp / "rl"
+
+
+def _config(tiny_qwen3: Path, data: Path, out: Path, **grpo: object) -> TrainConfig:
+    return TrainConfig(
+        output_dir=str(out),
+        data=str(data),
+        reward=str(_reward_yaml(out.parent / f"{out.name}-reward.yaml", tiny_qwen3)),
         model=ModelSettings(name=str(tiny_qwen3)),
         sft=SFTSettings(enabled=True, epochs=1, per_device_train_batch_size=2),
         grpo=GRPOSettings(
-            num_generations=2,
-            max_completion_length=12,
-            per_device_train_batch_size=4,
-            learning_rate=1e-3,
+            **{  # type: ignore[arg-type]
+                "num_generations": 2,
+                "max_completion_length": 12,
+                "per_device_train_batch_size": 4,
+                "learning_rate": 1e-3,
+                **grpo,
+            }
         ),
         dynamic_sampling=DynamicSamplingSettings(enabled=True, max_extra_rounds=1),
         epochs=EpochSettings(
@@ -85,14 +94,58 @@ def run(tiny_qwen3: Path, locomo_mini_path: Path, tmp_path_factory: pytest.TempP
         tracking=TrackingSettings(backend="none"),
         threads=1,
     )
+
+
+@pytest.fixture(scope="module")
+def run(tiny_qwen3: Path, rl_data: Path, tmp_path_factory: pytest.TempPathFactory):
+    from memsifter.training.loop import run_training
+
+    torch.manual_seed(0)
+    tmp = tmp_path_factory.mktemp("train")
+    cfg = _config(tiny_qwen3, rl_data, tmp / "out")
+    # First only the cold start (`memsifter train --until sft`), then the rest resumes from it.
+    sft_logs: list[str] = []
+    stopped = run_training(cfg, log=sft_logs.append, until="sft")
+    epochs_after_sft = sorted(p.name for p in (tmp / "out").glob("epoch-*"))
     logs: list[str] = []
     summary = run_training(cfg, log=logs.append)
-    return cfg, summary, logs
+    return cfg, summary, logs, (stopped, sft_logs, epochs_after_sft)
+
+
+@pytest.mark.slow
+def test_until_sft_stops_after_the_cold_start(run) -> None:
+    cfg, _, logs, (stopped, sft_logs, epochs_after_sft) = run
+    out = Path(cfg.output_dir)
+    assert stopped == {"model": str(out / "sft" / "final"), "stage": "sft"}
+    assert epochs_after_sft == []  # no GRPO yet
+    assert any("cold-start SFT" in line for line in sft_logs)
+    assert any("stopped after SFT" in line for line in sft_logs)
+    assert not any("GRPO from" in line for line in sft_logs)
+    # The full run picked up the SFT model instead of training it again.
+    assert not any("cold-start" in line for line in logs)
+    assert "sft/final" in next(line for line in logs if "GRPO from" in line)
+
+
+@pytest.mark.slow
+def test_every_model_folder_carries_the_prompt_spec(run, rl_data: Path) -> None:
+    cfg, summary, _, _ = run
+    out = Path(cfg.output_dir)
+    spec = read_spec(rl_data)
+    assert spec.completion_tokens == SPEC["completion_tokens"] and spec.unit == "page"
+    folders = [out / "sft" / "final"]
+    for epoch in (0, 1):
+        edir = out / f"epoch-{epoch}"
+        folders += [*sorted(edir.glob("checkpoint-*")), edir / "averaged"]
+    assert len(folders) == 7
+    for folder in folders:
+        assert (folder / SPEC_FILE).is_file(), folder
+        assert read_spec(folder) == spec
+    assert read_spec(summary["model"]) == spec
 
 
 @pytest.mark.slow
 def test_epochs_validate_average_and_chain(run) -> None:
-    cfg, summary, logs = run
+    cfg, summary, logs, _ = run
     out = Path(cfg.output_dir)
     assert (out / "sft" / "final" / "config.json").exists()
     for epoch in (0, 1):
@@ -117,7 +170,8 @@ def test_epochs_validate_average_and_chain(run) -> None:
     history = json.loads((out / "epoch-0" / "trainer_state.json").read_text())["log_history"]
     logged = {k for row in history for k in row}
     assert {"reward/beta", "reward/parse_rate", "dynamic_sampling/effective_groups"} <= logged
-    # The warm-up decays over the run, not per epoch: beta0 0.5 over 4 steps, 2 steps an epoch.
+    # The warm-up decays over the run, not per epoch: beta0 0.5 over the run's 4 steps (2 an
+    # epoch), sized by total_steps from decay_fraction 1.0.
     betas = []
     for epoch in (0, 1):
         rows = json.loads((out / f"epoch-{epoch}" / "trainer_state.json").read_text())
@@ -129,7 +183,7 @@ def test_epochs_validate_average_and_chain(run) -> None:
 def test_rerun_resumes_instead_of_retraining(run) -> None:
     from memsifter.training.loop import run_training
 
-    cfg, summary, _ = run
+    cfg, summary, _, _ = run
     out = Path(cfg.output_dir)
     logs: list[str] = []
     again = run_training(cfg, log=logs.append)
@@ -150,3 +204,135 @@ def test_rerun_resumes_instead_of_retraining(run) -> None:
     assert (edir / "checkpoint-2").exists() and resumed["model"] == summary["model"]
     history = json.loads((edir / "trainer_state.json").read_text())
     assert history["global_step"] == 2
+    # The checkpoint saved after resuming carries the spec too.
+    assert read_spec(edir / "checkpoint-2") == read_spec(cfg.data)
+
+
+@pytest.mark.slow
+def test_lora_run_ships_adapters_with_the_spec(
+    tiny_qwen3: Path, rl_data: Path, tmp_path: Path
+) -> None:
+    """LoRA on the top layer only: SFT keeps its adapter and hands GRPO a merged model; GRPO
+    checkpoints are adapters, validated merged; every folder carries the spec."""
+    from memsifter.training.config import LoraSettings
+    from memsifter.training.loop import run_training
+
+    torch.manual_seed(0)
+    cfg = _config(tiny_qwen3, rl_data, tmp_path / "out")
+    cfg.model.lora = LoraSettings(
+        r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"], top_layers=1
+    )
+    cfg.epochs = EpochSettings(
+        epochs=1, max_steps=2, save_steps=1, top_k=1, validation_max_questions=1
+    )
+    summary = run_training(cfg, log=lambda _: None)
+    out, spec = Path(cfg.output_dir), read_spec(rl_data)
+    assert (out / "sft" / "adapter" / "adapter_config.json").is_file()
+    assert not (out / "sft" / "final" / "adapter_config.json").exists()
+    edir = out / "epoch-0"
+    for name in ("checkpoint-1", "checkpoint-2"):
+        adapter = json.loads((edir / name / "adapter_config.json").read_text())
+        assert adapter["layers_to_transform"] == [1]  # the tiny model's top layer of 2
+        assert read_spec(edir / name) == spec
+        assert read_spec(edir / "merged-for-eval" / name) == spec
+    for folder in (out / "sft" / "final", edir / "averaged", Path(summary["model"])):
+        assert read_spec(folder) == spec
+
+
+# --- refused settings and total_steps (no training) -----------------------------------------------
+
+
+def test_completion_longer_than_the_spec_is_refused(
+    tiny_qwen3: Path, rl_data: Path, tmp_path: Path
+) -> None:
+    from memsifter.training.loop import run_training
+
+    cfg = _config(tiny_qwen3, rl_data, tmp_path / "out", max_completion_length=33)
+    with pytest.raises(DataError, match=r"max_completion_length \(33\) exceeds") as e:
+        run_training(cfg, log=lambda _: None)
+    assert "completion budget (32)" in str(e.value)
+    assert not (tmp_path / "out" / "sft").exists()
+
+
+def test_trainer_chat_template_kwargs_are_refused(
+    tiny_qwen3: Path, rl_data: Path, tmp_path: Path
+) -> None:
+    from memsifter.training.loop import run_training
+
+    cfg = _config(tiny_qwen3, rl_data, tmp_path / "out", extra={"chat_template_kwargs": {"x": 1}})
+    with pytest.raises(DataError, match="prompt.chat_template_kwargs in the data recipe"):
+        run_training(cfg, log=lambda _: None)
+
+
+def test_data_without_prompt_spec_is_refused(
+    tiny_qwen3: Path, rl_data: Path, tmp_path: Path
+) -> None:
+    from memsifter.training.loop import run_training
+
+    data = tmp_path / "rl"
+    shutil.copytree(rl_data, data)
+    (data / SPEC_FILE).unlink()
+    with pytest.raises(DataError, match=f"has no {SPEC_FILE}"):
+        run_training(_config(tiny_qwen3, data, tmp_path / "out"), log=lambda _: None)
+
+
+def test_until_is_checked(tiny_qwen3: Path, rl_data: Path, tmp_path: Path) -> None:
+    from memsifter.training.loop import run_training
+
+    cfg = _config(tiny_qwen3, rl_data, tmp_path / "out")
+    with pytest.raises(ValueError, match="until must be sft"):
+        run_training(cfg, log=lambda _: None, until="grpo")
+    cfg.sft.enabled = False
+    with pytest.raises(ValueError, match="sft.enabled is false"):
+        run_training(cfg, log=lambda _: None, until="sft")
+
+
+def test_train_cli_until_sft_needs_sft(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from memsifter.cli import app
+
+    path = tmp_path / "t.yaml"
+    path.write_text(f"output_dir: {tmp_path / 'out'}\nsft:\n  enabled: false\n")
+    res = CliRunner().invoke(app, ["train", str(path), "--until", "sft"])
+    assert res.exit_code == 2 and "sft.enabled is false" in res.output
+
+
+def test_total_steps() -> None:
+    from memsifter.training.loop import total_steps
+
+    cfg = TrainConfig(
+        grpo=GRPOSettings(num_generations=4, per_device_train_batch_size=8),
+        epochs=EpochSettings(epochs=3, max_steps=30),
+    )
+    assert total_steps(cfg, 1000) == 90  # max_steps wins, per epoch
+    cfg.epochs.max_steps = -1  # one pass: 100 prompts x 4 completions / 8 per step = 50
+    assert total_steps(cfg, 100) == 3 * 50
+    assert total_steps(cfg, 101) == 3 * 51  # a partial step still counts
+    cfg.grpo.gradient_accumulation_steps = 2
+    assert total_steps(cfg, 100) == 3 * 25
+    cfg.grpo.num_iterations = 2  # TRL takes num_iterations steps on every generation batch
+    assert total_steps(cfg, 100) == 3 * 50
+    assert total_steps(cfg, 0) == 3  # never 0: the warm-up needs a length
+
+
+def test_validation_feeds_the_prompt_text_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    import memsifter.ranker.backends as backends
+    from memsifter.ranker.backends.base import Generation
+    from memsifter.training.validation import generate_completions
+
+    seen: list[str] = []
+
+    class _Backend:
+        def generate(self, texts, sampling):  # noqa: ANN001, ANN202
+            seen.extend(texts)
+            return [[Generation("<ranking>0</ranking>", 1, 1, "stop", 0.0)] for _ in texts]
+
+    monkeypatch.setattr(backends, "build_backend", lambda *a, **k: _Backend())
+    rows = [{"prompt": "<|im_start|>user\nrendered<|im_end|>\n<|im_start|>assistant\n"}]
+    assert generate_completions("m", rows, max_new_tokens=4) == ["<ranking>0</ranking>"]
+    assert seen == [rows[0]["prompt"]]  # not templated again
+    with pytest.raises(ValueError, match="rendered prompt text"):
+        generate_completions(
+            "m", [{"prompt": [{"role": "user", "content": "x"}]}], max_new_tokens=4
+        )

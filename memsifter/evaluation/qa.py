@@ -46,41 +46,50 @@ class QAEvalConfig:
     max_questions: int | None = None
     include_no_evidence: bool = True  # QA scores every question; retrieval metrics cannot
     out: str = "outputs/qa"
-    # the proxy, when retriever == "memsifter" (same fields as eval retrieval)
+    # the proxy, when retriever == "memsifter" (same fields as eval retrieval): its prompt is the
+    # model's own prompt_spec.json, or for a model without one the explicit settings below
     model: str = "smollm2-135m-instruct"
     backend: str = "transformers"
     base_url: str | None = None
-    coarse: str = "bm25"
-    coarse_budget: int = 6144
-    proxy_completion_tokens: int = 512
+    prompt: dict[str, Any] | str | None = None  # PromptSpec fields, or a prompt_spec.json path
+    coarse: str | None = None  # spec.coarse (None: not given)
+    coarse_budget: int | None = None  # spec.budget_tokens
+    proxy_completion_tokens: int | None = None  # spec.completion_tokens
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _retrieve(cfg: QAEvalConfig, queries: list[Query]) -> list[list[Session]]:
+def _retrieve(cfg: QAEvalConfig, queries: list[Query]) -> tuple[list[Query], list[list[Session]]]:
+    """The queries as ranked (the proxy's unit: sessions or pages) and each one's top k."""
     if cfg.retriever == "none":
-        return [[] for _ in queries]
+        return queries, [[] for _ in queries]
     if cfg.retriever == "full":
         # Most recent first, so the answerer's window cut drops the oldest sessions.
-        return [
+        return queries, [
             sorted(q.haystack, key=lambda s: (s.date is not None, s.date), reverse=True)
             for q in queries
         ]
     if cfg.retriever == "memsifter":
-        from memsifter.evaluation.retrieval import RetrievalEvalConfig, build_proxy
+        from memsifter.evaluation.retrieval import (
+            RetrievalEvalConfig,
+            build_proxy,
+            proxy_spec,
+            proxy_units,
+        )
         from memsifter.ranker.proxy import RankRequest
 
-        proxy = build_proxy(
-            RetrievalEvalConfig(
-                model=cfg.model,
-                backend=cfg.backend,
-                base_url=cfg.base_url,
-                coarse=cfg.coarse,
-                coarse_budget=cfg.coarse_budget,
-                proxy_completion_tokens=cfg.proxy_completion_tokens,
-                proxy_batch_size=cfg.batch_size,
-            )
+        rcfg = RetrievalEvalConfig(
+            model=cfg.model,
+            backend=cfg.backend,
+            base_url=cfg.base_url,
+            prompt=cfg.prompt,
+            coarse=cfg.coarse,
+            coarse_budget=cfg.coarse_budget,
+            proxy_completion_tokens=cfg.proxy_completion_tokens,
+            proxy_batch_size=cfg.batch_size,
         )
-        ranked = proxy.rank_many(
+        spec = proxy_spec(rcfg)
+        queries = proxy_units(queries, spec)
+        ranked = build_proxy(rcfg, spec).rank_many(
             [RankRequest(q.question, q.haystack, q.question_date) for q in queries]
         )
         ids = [r.ranking.ids for r in ranked]
@@ -91,7 +100,7 @@ def _retrieve(cfg: QAEvalConfig, queries: list[Query]) -> list[list[Session]]:
     for q, ranked_ids in zip(queries, ids, strict=True):
         by_id = {s.id: s for s in q.haystack}
         out.append([by_id[i] for i in ranked_ids[: cfg.top_k]])
-    return out
+    return queries, out
 
 
 def run_qa_eval(cfg: QAEvalConfig, console: Any = None) -> dict[str, Any]:
@@ -104,7 +113,7 @@ def run_qa_eval(cfg: QAEvalConfig, console: Any = None) -> dict[str, Any]:
     if not queries:
         raise MemSifterError("no questions to evaluate (check --conversations/--max-questions)")
     t0 = time.perf_counter()
-    contexts = _retrieve(cfg, queries)
+    queries, contexts = _retrieve(cfg, queries)
     retrieve_s = time.perf_counter() - t0
 
     options = {"base_url": cfg.answerer_base_url} if cfg.answerer_backend == "openai" else {}
@@ -116,7 +125,8 @@ def run_qa_eval(cfg: QAEvalConfig, console: Any = None) -> dict[str, Any]:
     )
     prompts = []
     for q, ctx in zip(queries, contexts, strict=True):
-        when = {s.id: i for i, s in enumerate(q.haystack)}  # the haystack is chronological
+        # The haystack (sessions, or the proxy's pages) is chronological.
+        when = {s.id: i for i, s in enumerate(q.haystack)}
         prompts.append(
             answerer.render(q.question, ctx, q.question_date, times=[when[s.id] for s in ctx])
         )

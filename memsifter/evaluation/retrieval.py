@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.markup import escape
@@ -29,7 +29,11 @@ from memsifter.data.haystack import HaystackBuilder, HaystackStats, parse_budget
 from memsifter.data.locomo import CATEGORY_NAMES
 from memsifter.data.tokens import get_counter
 from memsifter.data.types import Query
+from memsifter.data.units import to_units
 from memsifter.evaluation.metrics import evaluate_rankings, recall_curve
+
+if TYPE_CHECKING:
+    from memsifter.ranker.spec import PromptSpec
 
 
 @dataclass
@@ -47,14 +51,19 @@ class RetrievalEvalConfig:
     max_questions: int | None = None  # first N scoreable questions (smoke runs)
     recall_max_k: int = 20
     # --- the proxy (retriever "memsifter"): coarse -> proxy ---
-    model: str = "smollm2-135m-instruct"  # hub id, folder or built-in name
+    model: str = "smollm2-135m-instruct"  # hub id, folder, built-in name or adapter folder
     backend: str = "transformers"  # transformers | openai | vllm
     base_url: str | None = None  # openai backend: http://host:port/v1
-    coarse: str = "bm25"  # coarse filter in front of the proxy, and its completion order
-    coarse_budget: int = 6144  # prompt tokens for the proxy (its window minus completion)
-    proxy_completion_tokens: int = 512
     proxy_batch_size: int = 4
-    proxy_language: str = "en"
+    # The proxy's prompt is its PromptSpec: the prompt_spec.json in the model's folder, or for a
+    # model without one these explicit settings (PromptSpec fields, or a prompt_spec.json path).
+    # A model with its own spec takes none that contradict it. The four below are the older
+    # flags' names for spec fields (None: not given).
+    prompt: dict[str, Any] | str | None = None
+    coarse: str | None = None  # spec.coarse: the filter that cuts (and completes) the prompt
+    coarse_budget: int | None = None  # spec.budget_tokens: window minus completion
+    proxy_completion_tokens: int | None = None  # spec.completion_tokens
+    proxy_language: str | None = None  # spec.language
 
 
 @dataclass
@@ -153,26 +162,50 @@ def evaluate_filter(
     return RetrieverResult(filt.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k))
 
 
-def build_proxy(cfg: RetrievalEvalConfig):
+def proxy_spec(cfg: RetrievalEvalConfig) -> PromptSpec:
+    """The proxy's prompt: the model's own spec, or the explicit one the config gives."""
+    from memsifter.ranker.proxy import merge_settings, resolve_spec
+
+    given = merge_settings(
+        ("prompt", cfg.prompt),
+        (
+            "flags",
+            {
+                "coarse": cfg.coarse,
+                "budget_tokens": cfg.coarse_budget,
+                "completion_tokens": cfg.proxy_completion_tokens,
+                "language": cfg.proxy_language,
+            },
+        ),
+    )
+    return resolve_spec(
+        cfg.model,
+        given,
+        hint="--prompt-spec FILE, or --coarse-budget / --completion-tokens / --coarse; in a "
+        "config, prompt: {window_tokens, completion_tokens, ...}",
+    )
+
+
+def build_proxy(cfg: RetrievalEvalConfig, spec: PromptSpec | None = None):
     from memsifter.ranker.backends import build_backend
     from memsifter.ranker.proxy import Proxy, ProxyConfig
 
+    spec = spec or proxy_spec(cfg)  # before the model loads: a refusal costs nothing
     options = {"base_url": cfg.base_url} if cfg.backend == "openai" and cfg.base_url else {}
     if cfg.backend == "openai" and not cfg.base_url:
         from memsifter.errors import MemSifterError
 
         raise MemSifterError("--backend openai needs --base-url http://host:port/v1")
     backend = build_backend(cfg.backend, cfg.model, **options)
-    return Proxy(
-        backend,
-        build_filter(cfg.coarse),
-        ProxyConfig(
-            window_tokens=cfg.coarse_budget + cfg.proxy_completion_tokens,
-            completion_tokens=cfg.proxy_completion_tokens,
-            batch_size=cfg.proxy_batch_size,
-            language=cfg.proxy_language,
-        ),
-    )
+    return Proxy(backend, spec, config=ProxyConfig(batch_size=cfg.proxy_batch_size))
+
+
+def proxy_units(queries: list[Query], spec: PromptSpec) -> list[Query]:
+    """The queries in the candidates the proxy was trained on: sessions, or with ``unit: page``
+    pages of ``turns_per_page`` turns (gold: the pages holding the evidence)."""
+    if spec.unit == "session":
+        return queries
+    return [to_units(q, spec.unit, spec.turns_per_page) for q in queries]  # type: ignore[arg-type]
 
 
 def evaluate_proxy(
@@ -209,7 +242,8 @@ def evaluate_proxy(
         "model": proxy.backend.model_name,
         "backend": proxy.backend.name,
         "coarse": proxy.coarse.name,
-        "prompt_budget_tokens": cfg.coarse_budget,
+        "prompt_budget_tokens": proxy.spec.budget_tokens,
+        "prompt_spec": proxy.spec.to_dict(),
         "parse_rate": sum(r.parsed.ok for r in results) / n,
         "clean_rate": sum(r.parsed.clean for r in results) / n,
         "completed_rate": sum(r.completed for r in results) / n,
@@ -230,8 +264,12 @@ def _count(values) -> dict[Any, int]:
 
 
 def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[RetrieverResult]:
+    pspec = proxy_spec(cfg) if "memsifter" in cfg.retrievers else None
     dataset = load_dataset(cfg.dataset, cfg.data).filter_conversations(cfg.conversations)
     queries, hay_stats = prepare_queries(dataset, cfg)
+    if pspec is not None:
+        # Every retriever ranks what the proxy ranks, so the table compares like with like.
+        queries = proxy_units(queries, pspec)
     if console is not None:
         console.print(dataset.report.summary())
     context = {
@@ -241,6 +279,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
         "seed": cfg.seed,
         "token_counter": get_counter(cfg.tokenizer).name,
         "conversations": cfg.conversations or "all",
+        "unit": "session" if pspec is None else pspec.unit,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
         "n_questions_total": dataset.report.n_questions,
         "n_questions_without_evidence": dataset.report.n_no_evidence,
@@ -258,7 +297,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
         for spec in cfg.retrievers:
             t0 = time.perf_counter()
             if spec == "memsifter":
-                proxy = build_proxy(cfg)
+                proxy = build_proxy(cfg, pspec)
                 load_s = time.perf_counter() - t0
                 res = evaluate_proxy(proxy, queries, cfg, progress)
             else:

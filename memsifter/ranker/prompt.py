@@ -13,10 +13,12 @@ with its date, the question with its date, and the answer format
   Choosing what to drop needs a coarse filter, so without one an overflow is an error (a lone
   session is still truncated: there is nothing to choose). The rendered prompt is counted with
   the tokenizer and is guaranteed to be within budget, or ``PromptBudgetError`` names the sizes.
-* **Order.** Candidates are shown in chronological order (stable; input order when any session
-  lacks a date), never in coarse rank order: ids must not leak the coarse filter's opinion, or
-  the proxy learns to copy it. ``BuiltPrompt.coarse_order`` keeps that ranking, as positions,
-  for ``ParsedRanking.complete``.
+* **Order.** By default candidates are shown in chronological order (stable; input order when
+  any session lacks a date), the paper's rule: ids must not leak the coarse filter's opinion, or
+  the proxy learns to copy it. ``order="coarse"`` shows them in the coarse filter's order, best
+  first, as a prior to correct (a CPU-scale option of :class:`~memsifter.ranker.spec.PromptSpec`,
+  which says which one a model was trained with). ``BuiltPrompt.coarse_order`` keeps the coarse
+  ranking, as positions, for ``ParsedRanking.complete``, whenever the coarse filter ranked.
 * **Thinking.** With a template that has Qwen3's ``enable_thinking`` switch the template is
   rendered with it on and the model opens ``<think>`` by itself; other (instruct) templates
   get the same instructions, which tell the model to begin its reply with ``<think>``.
@@ -219,8 +221,14 @@ class PromptBuilder:
         language: Language = "en",
         thinking: bool | None = None,
         ask_think: bool = True,
+        order: Literal["chronological", "coarse"] = "chronological",
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         _text(language)
+        if order not in ("chronological", "coarse"):
+            raise ValueError(f"order must be chronological or coarse, got {order!r}")
+        if order == "coarse" and coarse is None:
+            raise ValueError("order='coarse' needs a coarse filter to order the candidates")
         if completion_tokens < 0 or window_tokens <= completion_tokens:
             raise PromptBudgetError(
                 f"window_tokens ({window_tokens}) must exceed completion_tokens "
@@ -233,6 +241,8 @@ class PromptBuilder:
         self.coarse = coarse
         self.language = language
         self.ask_think = ask_think
+        self.order = order
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         template = getattr(tokenizer, "chat_template", None) or ""
         self.native_thinking = "enable_thinking" in template if thinking is None else thinking
         self.counter = HFCounter.from_tokenizer(tokenizer)
@@ -265,7 +275,9 @@ class PromptBuilder:
         return replace(session, turns=turns)
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        kwargs = {"enable_thinking": self.ask_think} if self.native_thinking else {}
+        kwargs = dict(self.chat_template_kwargs)
+        if self.native_thinking:
+            kwargs["enable_thinking"] = self.ask_think
         return self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **kwargs
         )
@@ -294,7 +306,14 @@ class PromptBuilder:
 
         estimate = fixed + sum(self.session_tokens(s) for s in sessions)
         if estimate <= budget + self._SLACK_PER_SESSION * len(sessions):
-            built = self._assemble(question, _chronological(sessions, ids), question_date)
+            if self.order == "coarse" and len(sessions) > 1:
+                # Everything fits, but the coarse filter still orders what is shown.
+                ranked = self.coarse.score(question, sessions)  # type: ignore[union-attr]
+                by_id = {s.id: s for s in sessions}
+                ordered = [by_id[sid] for sid in ranked.ids]
+                built = self._assemble(question, ordered, question_date, ranking=ranked)
+            else:
+                built = self._assemble(question, _chronological(sessions, ids), question_date)
             if built.n_tokens <= budget:
                 return built
 
@@ -313,7 +332,11 @@ class PromptBuilder:
             if not selection.sessions:
                 return self._truncated_top(question, sessions, selection, question_date, fixed)
             kept = {s.id for s in selection.sessions}
-            ordered = _chronological([s for s in sessions if s.id in kept], ids)
+            if self.order == "coarse" and selection.ranking is not None:
+                by_id = {s.id: s for s in sessions}
+                ordered = [by_id[sid] for sid in selection.ranking.ids if sid in kept]
+            else:
+                ordered = _chronological([s for s in sessions if s.id in kept], ids)
             built = self._assemble(question, ordered, question_date, selection)
             if built.n_tokens <= budget:
                 return built
@@ -338,6 +361,7 @@ class PromptBuilder:
         blocks: Sequence[str] | None = None,
         truncated_ids: tuple[str, ...] = (),
         dropped_ids: tuple[str, ...] | None = None,
+        ranking: Any = None,
     ) -> BuiltPrompt:
         if blocks is None:
             blocks = [_block(i, s, self.language) for i, s in enumerate(ordered)]
@@ -346,7 +370,8 @@ class PromptBuilder:
         )
         text = self.render(messages)
         position = {s.id: i for i, s in enumerate(ordered)}
-        ranking = selection.ranking if selection is not None else None
+        if ranking is None:
+            ranking = selection.ranking if selection is not None else None
         coarse_order = (
             tuple(position[sid] for sid in ranking.ids if sid in position) if ranking else None
         )

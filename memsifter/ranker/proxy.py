@@ -3,6 +3,13 @@
 Eval and the recall endpoint call ``Proxy.rank_many``; the GRPO trainer uses the same prompt
 builder and parser directly (TRL does the generation there).
 
+**The prompt is a** :class:`~memsifter.ranker.spec.PromptSpec`. ``Proxy`` renders with
+``spec.builder(backend.tokenizer, coarse)``, the one renderer the RL data is built with, and caps
+generation at ``spec.completion_tokens``. :func:`resolve_spec` is how every caller (eval, the
+recall service) gets that spec: the ``prompt_spec.json`` in the model's folder, used as is, or
+for a model without one (an untrained base) the settings the caller states explicitly. A model
+with neither is refused, and so are explicit settings that contradict the model's own spec.
+
 When the model's ranking is partial or unparseable, ``complete_with_coarse`` (the default for
 inference) appends the missing candidates in the coarse filter's order; the result says so
 (``parsed.completed_from``, ``parsed.error``), and rewards never take this path: for them a
@@ -11,21 +18,146 @@ parse failure stays a failure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from memsifter.data.types import Ranking, Session
+from memsifter.errors import MemSifterError
 from memsifter.ranker.backends.base import Backend, Generation, SamplingConfig
 from memsifter.ranker.parse import ParsedRanking, parse_ranking
-from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
+from memsifter.ranker.prompt import BuiltPrompt
+from memsifter.ranker.spec import SPEC_FILE, PromptSpec
+
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
+# Settable besides the spec's own fields: the prompt budget, window - completion (the
+# ``--coarse-budget`` of eval), checked against the spec like any field.
+PROMPT_KEYS = (*_SPEC_FIELDS, "budget_tokens")
+
+
+class PromptSpecError(MemSifterError, ValueError):
+    """No prompt spec for a model, or explicit prompt settings that contradict its own."""
+
+
+PromptSettings = Mapping[str, Any] | PromptSpec | str | Path | None
+
+
+def _as_settings(given: PromptSettings, where: str) -> dict[str, Any]:
+    """Explicit prompt settings as a mapping of the keys actually given. A string or path is a
+    ``prompt_spec.json`` file or a folder holding one (an RL data folder, a checkpoint)."""
+    if given is None:
+        return {}
+    if isinstance(given, PromptSpec):
+        return given.to_dict()
+    if isinstance(given, str | Path):
+        path = Path(given).expanduser()
+        if path.is_dir():
+            path = path / SPEC_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise PromptSpecError(f"{where}: cannot read the prompt spec {path}: {e}") from e
+        if not isinstance(data, dict):
+            raise PromptSpecError(f"{where}: {path} must hold an object")
+        return _as_settings(data, str(path))
+    settings = {k: v for k, v in dict(given).items() if v is not None}
+    unknown = sorted(set(settings) - set(PROMPT_KEYS))
+    if unknown:
+        raise PromptSpecError(
+            f"{where}: unknown prompt setting(s) {unknown}; valid: {', '.join(PROMPT_KEYS)}"
+        )
+    return settings
+
+
+def _value(spec: PromptSpec, key: str) -> Any:
+    return spec.budget_tokens if key == "budget_tokens" else getattr(spec, key)
+
+
+def _differences(spec: PromptSpec, settings: Mapping[str, Any]) -> list[str]:
+    # ``model`` only names whose tokenizer renders; a checkpoint's folder is a different name for
+    # the same tokenizer, so it is not compared.
+    return [
+        f"{k}: {v!r} (the model's spec: {_value(spec, k)!r})"
+        for k, v in settings.items()
+        if k != "model" and _value(spec, k) != v
+    ]
+
+
+def merge_settings(*sources: tuple[str, PromptSettings]) -> dict[str, Any]:
+    """Explicit settings from several places (a ``prompt:`` block, legacy flags), merged; the
+    same key given twice with different values is refused, naming both places."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    clashes = []
+    for where, given in sources:
+        for k, v in _as_settings(given, where).items():
+            if k in merged and merged[k] != v:
+                clashes.append(f"{k}: {merged[k]!r} ({origin[k]}) vs {v!r} ({where})")
+            merged.setdefault(k, v)
+            origin.setdefault(k, where)
+    if clashes:
+        raise PromptSpecError("conflicting prompt settings: " + "; ".join(clashes))
+    return merged
+
+
+def resolve_spec(
+    model: str,
+    given: PromptSettings = None,
+    *,
+    hint: str = "a `prompt:` block in the config",
+) -> PromptSpec:
+    """The prompt ``model`` is to be shown.
+
+    * Its folder has ``prompt_spec.json`` (a trained checkpoint, an adapter, the shipped proxy):
+      that spec, as is. ``given`` may repeat its values but not contradict them: a difference is
+      an error listing every differing field.
+    * It has none (an untrained base, a hub id): ``given`` is the spec; fields it leaves out take
+      :class:`PromptSpec`'s defaults, ``budget_tokens`` sets the window as budget + completion.
+      No ``given`` either: refused, naming the model; ``hint`` says where to give one.
+    """
+    from memsifter.models import model_spec
+
+    settings = _as_settings(given, "prompt")
+    own = model_spec(model)
+    if own is not None:
+        diff = _differences(own, settings)
+        if diff:
+            raise PromptSpecError(
+                f"model {model!r} carries its own {SPEC_FILE}, and the explicit prompt settings "
+                f"contradict it: {'; '.join(diff)}. Drop them (the model is served the prompt it "
+                "was trained on) or change them to match"
+            )
+        return own
+    if not settings:
+        raise PromptSpecError(
+            f"model {model!r} has no {SPEC_FILE} (an untrained model?), so nothing says which "
+            f"prompt to show it: give a prompt spec explicitly ({hint})"
+        )
+    fields = {k: v for k, v in settings.items() if k != "budget_tokens"}
+    fields.setdefault("model", model)
+    if "budget_tokens" in settings:
+        completion = fields.get("completion_tokens", PromptSpec.completion_tokens)
+        window = settings["budget_tokens"] + completion
+        if "window_tokens" in fields and fields["window_tokens"] != window:
+            raise PromptSpecError(
+                f"prompt budget_tokens {settings['budget_tokens']} + completion_tokens "
+                f"{completion} != window_tokens {fields['window_tokens']}"
+            )
+        fields["window_tokens"] = window
+    try:
+        return PromptSpec(**fields)
+    except (TypeError, ValueError) as e:
+        raise PromptSpecError(f"invalid prompt spec for model {model!r}: {e}") from e
 
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    window_tokens: int = 8192  # the proxy's context window
-    completion_tokens: int = 1024  # reserved for <think>…</think><ranking>…</ranking>
+    """How the proxy runs; what it is shown is its :class:`PromptSpec`."""
+
     temperature: float = 0.0
-    language: str = "en"
     complete_with_coarse: bool = True
     batch_size: int = 8  # prompts per backend call
 
@@ -50,22 +182,35 @@ class RankRequest:
 
 
 class Proxy:
-    def __init__(self, backend: Backend, coarse, config: ProxyConfig = ProxyConfig()) -> None:
+    """``spec`` decides the prompt (see the module doc); ``coarse`` defaults to
+    ``build_filter(spec.coarse)`` (the recall service passes a thread-safe one)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        spec: PromptSpec,
+        coarse: Any = None,
+        config: ProxyConfig = ProxyConfig(),
+    ) -> None:
+        if not isinstance(spec, PromptSpec):
+            raise TypeError(
+                "Proxy(backend, spec, coarse=None, config=ProxyConfig()): spec must be a "
+                f"PromptSpec (see resolve_spec), got {type(spec).__name__}"
+            )
         self.backend = backend
-        self.coarse = coarse
+        self.spec = spec
         self.config = config
-        self.builder = PromptBuilder(
-            backend.tokenizer,
-            config.window_tokens,
-            config.completion_tokens,
-            coarse=coarse,
-            language=config.language,
-        )  # type: ignore[arg-type]
+        self.builder = spec.builder(backend.tokenizer, coarse)
+        self.coarse = self.builder.coarse
         self.name = f"memsifter[{backend.model_name}]"
 
     def _fallback(self, req: RankRequest, prompt: BuiltPrompt) -> tuple[int, ...]:
         if prompt.coarse_order is not None:
+            # The coarse ranking the builder made; with spec.order == "coarse" it is the shown
+            # order itself, so completion never re-scores what the prompt already ranked.
             return prompt.coarse_order
+        if prompt.num_candidates == 1:  # a lone (maybe truncated) candidate: nothing to rank
+            return (0,)
         # Everything fit, so the coarse filter never ranked: rank the candidates now.
         pos = {sid: i for i, sid in enumerate(prompt.candidate_ids)}
         by_id = {s.id: s for s in req.sessions}
@@ -75,7 +220,7 @@ class Proxy:
     def rank_many(self, requests: Sequence[RankRequest]) -> list[ProxyRanking]:
         prompts = [self.builder.build(r.question, r.sessions, r.question_date) for r in requests]
         sampling = SamplingConfig(
-            max_new_tokens=self.config.completion_tokens, temperature=self.config.temperature
+            max_new_tokens=self.spec.completion_tokens, temperature=self.config.temperature
         )
         out: list[ProxyRanking] = []
         for start in range(0, len(prompts), self.config.batch_size):

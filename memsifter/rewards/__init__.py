@@ -1,10 +1,11 @@
 """Outcome-driven rewards for the proxy: how much its ranking helps the working LLM answer.
 
 The paper's definitions, one module each: Fibonacci tiers and their weights (``tiers``), the
-answer reward R_ans (``marginal_utility``), the retrieval reward R_ret (``retrieval``) and warm-up
-shaping (``shaping``). ``service`` computes them for GRPO groups with as few working-LLM calls as
-exactness allows, ``trl`` wraps it as a TRL reward function, ``columns`` is the dataset-column
-contract between the two, and ``config`` the typed configuration.
+answer reward R_ans (``marginal_utility``), the retrieval reward R_ret (``retrieval``), warm-up
+shaping (``shaping``) and how a short ranking is scored (``omission``). ``service`` computes them
+for GRPO groups with as few working-LLM calls as exactness allows, ``trl`` wraps it as a TRL
+reward function, ``columns`` is the dataset-column contract between the two, and ``config`` the
+typed configuration.
 """
 
 from memsifter.rewards.columns import (
@@ -21,6 +22,7 @@ from memsifter.rewards.config import (
     load_reward_config,
 )
 from memsifter.rewards.marginal_utility import marginal_utility
+from memsifter.rewards.omission import answer_ranking, omission_order, retrieval_ranking
 from memsifter.rewards.retrieval import retrieval_reward, retrieval_rewards
 from memsifter.rewards.service import (
     CompletionReward,
@@ -52,9 +54,12 @@ __all__ = [
     "fibonacci_tiers",
     "load_reward_config",
     "make_reward_function",
+    "answer_ranking",
     "marginal_utility",
     "naive_rewards",
+    "omission_order",
     "position_value",
+    "retrieval_ranking",
     "retrieval_reward",
     "retrieval_rewards",
     "reward_columns",

@@ -9,6 +9,17 @@ call between every completion whose top-k prefix renders the same prompt, and ca
 across steps; that is only the same as calling once per completion when the answer is a function
 of the prompt, which sampling is not. A non-zero temperature is refused here rather than
 silently ignored.
+
+Two rules keep the reward from paying for the wrong thing:
+
+* ``format_reward`` may not exceed the lowest reward a parsed ranking can get. R_ans lies in
+  [-1, 1] (task scores are in [0, 1] and the tier weights sum to 1) and beta * R_ret >= 0, so the
+  floor is -alpha, or 0 for a retrieval-only stage (alpha = 0). A higher format reward would let
+  an unparseable completion beat an honest ranking whose answers got worse.
+* ``exclude_categories`` leaves rows out of R_ans (R_ans counts as 0, no working-LLM call; R_ret
+  and the format reward still apply). The default excludes LoCoMo category 5 (adversarial): the
+  answerer is told to reply "No information available" to these, which scores 1 with no memory,
+  so any evidence shown can only lower s_k and R_ans would punish finding it.
 """
 
 from __future__ import annotations
@@ -84,13 +95,24 @@ class RetryConfig:
 class RewardConfig:
     max_k: int = 8  # deepest Fibonacci tier (capped by the number of candidates)
     retrieval_k: int = DEFAULT_RETRIEVAL_K  # NDCG cutoff of R_ret
-    alpha: float = 1.0  # weight of R_ans
+    alpha: float = 1.0  # weight of R_ans; 0: a retrieval-only stage (no working-LLM calls)
     beta0: float = 0.5  # initial weight of R_ret
-    decay_steps: int = 200  # beta reaches 0 at this optimiser step
+    # The warm-up's length, one of the two (the other null): beta reaches 0 at optimiser step
+    # decay_steps, or at decay_fraction (in (0, 1]) of the run's total optimiser steps, resolved
+    # when the training loop calls RewardFunction.set_total_steps.
+    decay_steps: int | None = 200
+    decay_fraction: float | None = None
     schedule: str = "linear"  # linear | cosine
-    format_reward: float = 0.0  # the reward of a completion without a usable ranking
+    # The reward of a completion without a usable ranking; at most the lowest reward a parsed
+    # ranking can get (-alpha; 0 when alpha is 0). See the module docstring.
+    format_reward: float = -1.0
     task_metrics: dict[str, str] = field(
         default_factory=lambda: {"locomo": "locomo", "longmemeval": "judge"}
+    )
+    # data_source -> categories left out of R_ans (R_ans = 0, no working-LLM call; R_ret and the
+    # format reward still apply). LoCoMo 5 is adversarial; see the module docstring.
+    exclude_categories: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: {"locomo": ("5",)}
     )
     default_task_metric: str | None = "f1"  # for a data_source not in task_metrics; null: error
     cache_size: int = 200_000  # answers kept across steps (LRU, keyed by prompt hash)
@@ -115,10 +137,48 @@ class RewardConfig:
                 )
         if self.retry.attempts < 1:
             raise ValueError(f"retry.attempts must be >= 1, got {self.retry.attempts}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        floor = self.lowest_reward
+        if self.format_reward > floor:
+            raise ValueError(
+                f"format_reward must be <= {floor}, the lowest reward a parsed ranking can get "
+                f"(alpha={self.alpha}, R_ans in [-1, 1], beta * R_ret >= 0); got "
+                f"{self.format_reward}, which would let an unparseable completion beat an honest "
+                f"ranking. Set format_reward: {floor} (or lower)"
+            )
+        excluded: dict[str, tuple[str, ...]] = {}
+        for source, categories in dict(self.exclude_categories).items():
+            if isinstance(categories, str) or not isinstance(categories, list | tuple):
+                raise ValueError(
+                    f"exclude_categories.{source} must be a list of categories, got {categories!r}"
+                )
+            excluded[str(source)] = tuple(str(c) for c in categories)
+        object.__setattr__(self, "exclude_categories", excluded)
+        _ = self.shaping  # validates decay_steps / decay_fraction
+
+    @property
+    def lowest_reward(self) -> float:
+        """The lowest reward a parsed ranking can get: -alpha, or 0 when alpha is 0."""
+        return -self.alpha if self.alpha > 0 else 0.0
 
     @property
     def shaping(self) -> ShapingSchedule:
-        return ShapingSchedule(self.alpha, self.beta0, self.decay_steps, self.schedule)  # type: ignore[arg-type]
+        """The warm-up schedule; unresolved (see :meth:`ShapingSchedule.for_run`) when the config
+        gives ``decay_fraction``."""
+        return ShapingSchedule(
+            self.alpha,
+            self.beta0,
+            self.decay_steps,
+            self.schedule,  # type: ignore[arg-type]
+            self.decay_fraction,
+        )
+
+    def answer_excluded(self, data_source: str | None, category: str | int | None) -> bool:
+        """Whether rows of this source and category are left out of R_ans."""
+        if category is None or data_source not in self.exclude_categories:
+            return False
+        return str(category) in self.exclude_categories[data_source]  # type: ignore[index]
 
     def task_metric(self, data_source: str | None) -> str:
         """The task score for rows from ``data_source``."""

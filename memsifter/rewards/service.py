@@ -8,8 +8,9 @@ question and the ranked sessions it is shown, and the answerer decodes greedily,
 * **Shared prefixes share a call.** Completions whose top-k agree (they very often agree at k = 1
   and 2) render the same tier prompt. Every needed prompt is keyed by the sha256 of its exact
   text (:meth:`memsifter.qa.answerer.Answerer.render`), so any two requests that would send the
-  same bytes send them once, whatever the reason: same prefix, a short ranking whose top-8 is
-  its top-3, or top-5 and top-8 both cut to the same sessions by the answerer's window.
+  same bytes send them once, whatever the reason: same prefix (short rankings are completed in
+  one fixed order per question, so they share too), or top-5 and top-8 both cut to the same
+  sessions by the answerer's window.
 * **One batch.** The unique prompts of the whole reward call go to the backend in one
   ``generate`` (batched by transformers / vLLM, concurrent with the backend's bound over HTTP).
 * **Cache across steps.** Answers are kept (LRU, ``cache_size``) by prompt hash, since the working
@@ -20,6 +21,14 @@ question and the ranked sessions it is shown, and the answerer decodes greedily,
 
 A completion without a usable ranking (``parse_ranking(...).ok`` is false) gets the configured
 ``format_reward`` and costs no call; the ranking is never completed from the coarse order here.
+A parsed ranking that names fewer candidates than the prompt showed is completed *for scoring*
+(:mod:`memsifter.rewards.omission`): for R_ans with the omitted candidates in a fixed order
+seeded by the question, for R_ret with them in the order worst for the ranking, so omission never
+pays. ``CompletionReward.ranking`` keeps the model's own ids.
+
+R_ans is not computed (``r_ans`` is None, it counts as 0 in the reward, and no working-LLM call
+is made) for rows the config's ``exclude_categories`` names (LoCoMo's adversarial category 5 by
+default), and for every row when ``alpha`` is 0 (a retrieval-only stage).
 
 Sharing is exact only if an answer depends on nothing but its prompt. Greedy decoding is
 required by the config; beyond that, batched generation can change the last bits of the logits
@@ -49,7 +58,9 @@ from memsifter.ranker.backends.openai_http import BackendError
 from memsifter.ranker.parse import ParsedRanking, parse_ranking
 from memsifter.rewards.config import RewardConfig
 from memsifter.rewards.marginal_utility import marginal_utility
+from memsifter.rewards.omission import answer_ranking, omission_order, retrieval_ranking
 from memsifter.rewards.retrieval import retrieval_reward, retrieval_rewards
+from memsifter.rewards.shaping import ShapingSchedule
 from memsifter.rewards.tiers import fibonacci_tiers
 
 T = TypeVar("T")
@@ -99,11 +110,14 @@ class RewardRequest:
 class CompletionReward:
     reward: float
     parsed: bool
-    ranking: tuple[int, ...] = ()  # positions as parsed; empty when not parsed
-    r_ans: float | None = None  # None when not parsed
+    ranking: tuple[int, ...] = ()  # positions as parsed (the model's own); empty when not parsed
+    # None when not parsed, and when R_ans is not computed (alpha = 0 or an excluded category;
+    # it then counts as 0 in the reward)
+    r_ans: float | None = None
     r_ret: float | None = None
     tier_scores: dict[int, float] = field(default_factory=dict)  # k -> s_k, 0 -> s_0
     error: str | None = None  # the parse error kind
+    omitted: int = 0  # candidates the ranking left out (completed for scoring only)
 
 
 @dataclass
@@ -116,6 +130,7 @@ class RewardStats:
     prompts: int = 0
     completions: int = 0
     parsed: int = 0
+    r_ans_skipped: int = 0  # parsed completions without R_ans (alpha = 0, excluded category)
     naive_calls: int = 0
     prompt_refs: int = 0  # tier and s_0 prompts asked for, before any sharing
     unique_prompts: int = 0  # after sharing by prompt hash within the call
@@ -139,6 +154,7 @@ class RewardStats:
             "prompts",
             "completions",
             "parsed",
+            "r_ans_skipped",
             "naive_calls",
             "prompt_refs",
             "unique_prompts",
@@ -180,7 +196,8 @@ class RewardService:
                 f"config says answerer.memory_order={self.config.answerer.memory_order!r}"
             )
         self.judge = judge
-        self.shaping = self.config.shaping
+        self.shaping: ShapingSchedule = self.config.shaping
+        self.total_steps: int | None = None
         self._cache: OrderedDict[str, str] = OrderedDict()
         self.totals = RewardStats()
 
@@ -221,6 +238,14 @@ class RewardService:
             )
         return cls(answerer, config, judge)
 
+    def set_total_steps(self, total_steps: int) -> ShapingSchedule:
+        """Size the warm-up to a run of ``total_steps`` optimiser steps (all epochs together, on
+        the clock ``score``'s ``step`` uses). Needed when the config gives ``decay_fraction``;
+        harmless with ``decay_steps``. Returns the resolved schedule."""
+        self.shaping = self.config.shaping.for_run(total_steps)
+        self.total_steps = total_steps
+        return self.shaping
+
     # -- the call ---------------------------------------------------------------------------
 
     def score(self, requests: Sequence[RewardRequest], step: int = 0) -> RewardBatch:
@@ -231,18 +256,26 @@ class RewardService:
         texts: dict[str, str] = {}  # prompt hash -> prompt, first-seen order
         plans: list[_Plan] = []
         for req in requests:
-            plan = _Plan(req, cfg.task_metric(req.data_source), req.tiers(cfg.max_k))
+            answers = needs_answers(cfg, req)
+            plan = _Plan(
+                req, cfg.task_metric(req.data_source) if answers else None, req.tiers(cfg.max_k)
+            )
             plan.parsed = [parse_ranking(c, len(req.candidates)) for c in req.completions]
             ok = [p for p in plan.parsed if p.ok]
             stats.completions += len(plan.parsed)
             stats.parsed += len(ok)
-            stats.naive_calls += len(ok) * (len(plan.tiers) + 1)
-            if ok:
+            if not answers:
+                stats.r_ans_skipped += len(ok)
+            elif ok:
+                stats.naive_calls += len(ok) * (len(plan.tiers) + 1)
                 stats.prompt_refs += 1 + len(ok) * len(plan.tiers)
                 plan.key(self.answerer, ())
+                order = omission_order(req.question, len(req.candidates))
                 for p in ok:
+                    full = answer_ranking(p.ids, req.question, len(req.candidates), order)
+                    plan.shown[p.ids] = full
                     for k in plan.tiers:
-                        plan.key(self.answerer, p.ids[:k])
+                        plan.key(self.answerer, full[:k])
             texts.update(plan.texts)
             plans.append(plan)
         stats.unique_prompts = len(texts)
@@ -294,7 +327,12 @@ class RewardService:
                 if plan.metric == "judge":
                     judged.append((i, h, (req.question, req.answer, answers[h])))
                 else:
-                    scores[h] = task_score(answers[h], req.answer, plan.metric, req.category)
+                    scores[h] = task_score(
+                        answers[h],
+                        req.answer,
+                        plan.metric,  # type: ignore[arg-type]  # set whenever texts are
+                        req.category,
+                    )
             out.append(scores)
         if judged:
             judge = self.judge
@@ -314,10 +352,16 @@ class RewardService:
         self, plan: _Plan, scores: dict[str, float], step: int
     ) -> list[CompletionReward]:
         cfg = self.config
+        req = plan.request
+        n = len(req.candidates)
+        gold = req.gold_positions()
         ok = [p for p in plan.parsed if p.ok]
         r_rets = iter(
-            retrieval_rewards([p.ids for p in ok], plan.request.gold_positions(), cfg.retrieval_k)
+            retrieval_rewards(
+                [retrieval_ranking(p.ids, n, gold) for p in ok], gold, cfg.retrieval_k
+            )
         )
+        answers = plan.metric is not None
         out: list[CompletionReward] = []
         for parsed in plan.parsed:
             if not parsed.ok:
@@ -329,19 +373,24 @@ class RewardService:
                     )
                 )
                 continue
-            tier_scores = {0: scores[plan.keys[()]]}
-            for k in plan.tiers:
-                tier_scores[k] = scores[plan.keys[parsed.ids[:k]]]
-            r_ans = marginal_utility(tier_scores)
+            tier_scores: dict[int, float] = {}
+            r_ans: float | None = None
+            if answers:
+                full = plan.shown[parsed.ids]
+                tier_scores[0] = scores[plan.keys[()]]
+                for k in plan.tiers:
+                    tier_scores[k] = scores[plan.keys[full[:k]]]
+                r_ans = marginal_utility(tier_scores)
             r_ret = next(r_rets)
             out.append(
                 CompletionReward(
-                    reward=self.shaping.combine(r_ans, r_ret, step),
+                    reward=self.shaping.combine(0.0 if r_ans is None else r_ans, r_ret, step),
                     parsed=True,
                     ranking=parsed.ids,
                     r_ans=r_ans,
                     r_ret=r_ret,
                     tier_scores=tier_scores,
+                    omitted=n - len(parsed.ids),
                 )
             )
         return out
@@ -370,14 +419,23 @@ class RewardService:
             ) from e
 
 
+def needs_answers(config: RewardConfig, request: RewardRequest) -> bool:
+    """Whether R_ans is computed for ``request``: not when alpha is 0, nor for a category the
+    config's ``exclude_categories`` names."""
+    return config.alpha != 0 and not config.answer_excluded(request.data_source, request.category)
+
+
 @dataclass
 class _Plan:
-    """The prompts one request needs: prefix (positions) -> prompt hash."""
+    """The prompts one request needs: prefix (positions) -> prompt hash. ``metric`` is None when
+    the request needs no answers (see :func:`needs_answers`)."""
 
     request: RewardRequest
-    metric: str
+    metric: str | None
     tiers: tuple[int, ...]
     parsed: list[ParsedRanking] = field(default_factory=list)
+    # parsed ids -> the ranking the working LLM is shown (completed, see rewards.omission)
+    shown: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
     keys: dict[tuple[int, ...], str] = field(default_factory=dict)  # prefix -> prompt hash
     texts: dict[str, str] = field(default_factory=dict)
 
@@ -407,33 +465,40 @@ def naive_rewards(
     config: RewardConfig | None = None,
     step: int = 0,
     judge: LLMJudge | None = None,
+    total_steps: int | None = None,
 ) -> tuple[list[list[float]], int]:
     """The reference the service must equal bit for bit: every parsed completion scored on its
     own, with its own s_0 and one answerer call per tier, nothing shared or cached. Returns the
     rewards and the number of working-LLM calls made. Slow by design; for checks only."""
     cfg = config or RewardConfig()
-    shaping = cfg.shaping
+    shaping = cfg.shaping if total_steps is None else cfg.shaping.for_run(total_steps)
     calls = 0
     out: list[list[float]] = []
     for req in requests:
-        metric = cfg.task_metric(req.data_source)
+        n = len(req.candidates)
         tiers = req.tiers(cfg.max_k)
         group: list[float] = []
         for completion in req.completions:
-            parsed = parse_ranking(completion, len(req.candidates))
+            parsed = parse_ranking(completion, n)
             if not parsed.ok:
                 group.append(cfg.format_reward)
                 continue
-            prompts = [render_prefix(answerer, req, parsed.ids[:k]) for k in (0, *tiers)]
-            predictions = answerer.answer_texts(prompts)
-            calls += len(prompts)
-            scores = [
-                task_score(p, req.answer, metric, req.category, question=req.question, judge=judge)
-                for p in predictions
-            ]
-            tier_scores = dict(zip((0, *tiers), scores, strict=True))
-            r_ans = marginal_utility(tier_scores)
-            r_ret = retrieval_reward(parsed.ids, req.gold_positions(), cfg.retrieval_k)
+            r_ans = 0.0
+            if needs_answers(cfg, req):
+                metric = cfg.task_metric(req.data_source)
+                full = answer_ranking(parsed.ids, req.question, n)
+                prompts = [render_prefix(answerer, req, full[:k]) for k in (0, *tiers)]
+                predictions = answerer.answer_texts(prompts)
+                calls += len(prompts)
+                scores = [
+                    task_score(
+                        p, req.answer, metric, req.category, question=req.question, judge=judge
+                    )
+                    for p in predictions
+                ]
+                r_ans = marginal_utility(dict(zip((0, *tiers), scores, strict=True)))
+            gold = req.gold_positions()
+            r_ret = retrieval_reward(retrieval_ranking(parsed.ids, n, gold), gold, cfg.retrieval_k)
             group.append(shaping.combine(r_ans, r_ret, step))
         out.append(group)
     return out, calls

@@ -21,13 +21,19 @@ scored in parts (s_0 is then computed once per part). Without ``trainer_state`` 
 ``RewardFunction.step`` (set it yourself); without ``log_metric`` the metrics are still kept in
 ``RewardFunction.last_metrics``, so the function works outside TRL and in tests.
 
+A warm-up sized by ``decay_fraction`` needs the run's length: call
+``RewardFunction.set_total_steps(total)`` (the run's optimiser steps over all epochs, the same
+clock as ``step_offset + global_step``) before the first call; until then scoring raises.
+
 Dataset columns read (contract with the GRPO dataset builder, written by
 :func:`memsifter.rewards.columns.reward_columns`): ``question``, ``answer``, ``candidates``
 (required), ``question_date``, ``gold_ids``, ``category``, ``data_source`` (optional). See
 :mod:`memsifter.rewards.columns` for their types.
 
-Metrics logged (prefix ``reward/`` by default): ``r_ans``, ``r_ret`` (means over parsed
-completions), ``beta``, ``s_0``, ``s_1``, ``s_2``, ... (the mean score curve; s_0 over prompts),
+Metrics logged (prefix ``reward/`` by default): ``r_ans`` (mean over parsed completions that have
+one; absent when none has, as with ``alpha: 0``), ``r_ret`` (mean over parsed completions),
+``r_ans_skipped`` (parsed completions without R_ans: ``alpha: 0`` or an excluded category),
+``beta``, ``s_0``, ``s_1``, ``s_2``, ... (the mean score curve; s_0 over prompts),
 ``parse_rate``, ``format_failures``, ``answer_calls``, ``naive_calls``, ``call_ratio``,
 ``cache_hits``, ``judge_calls``, ``answer_s``. Per completion (``log_extra``): ``r_ans``, ``r_ret``.
 """
@@ -73,6 +79,12 @@ class RewardFunction:
         self.last_batch: RewardBatch | None = None
         # TRL names the reward in its logs after ``__name__`` (class name as a fallback).
         self.__name__ = "memsifter_reward"
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Size the warm-up to the run: ``total_steps`` optimiser steps over all epochs (the clock
+        of ``step_offset + global_step``). Required when the reward config gives
+        ``decay_fraction``; harmless with ``decay_steps``."""
+        self.service.set_total_steps(total_steps)
 
     def __call__(
         self,
@@ -155,6 +167,7 @@ class RewardFunction:
             "beta": s.beta,
             "parse_rate": s.parse_rate,
             "format_failures": float(s.completions - s.parsed),
+            "r_ans_skipped": float(s.r_ans_skipped),
             "answer_calls": float(s.answer_calls),
             "naive_calls": float(s.naive_calls),
             "call_ratio": s.call_ratio,
@@ -163,8 +176,10 @@ class RewardFunction:
             "answer_s": s.answer_s,
         }
         parsed = [c for group in batch.rewards for c in group if c.parsed]
+        answered = [c.r_ans for c in parsed if c.r_ans is not None]
+        if answered:
+            out["r_ans"] = sum(answered) / len(answered)
         if parsed:
-            out["r_ans"] = sum(c.r_ans for c in parsed) / len(parsed)  # type: ignore[misc]
             out["r_ret"] = sum(c.r_ret for c in parsed) / len(parsed)  # type: ignore[misc]
             curve: dict[int, list[float]] = defaultdict(list)
             for group in batch.rewards:

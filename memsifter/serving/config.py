@@ -9,11 +9,18 @@ variable holding it (``key_env``) or as its sha256 (``key_sha256``); the store k
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from memsifter.config import load_config
+
+if TYPE_CHECKING:
+    from memsifter.ranker.spec import PromptSpec
+
+logger = logging.getLogger(__name__)
 
 PROXY_BACKENDS = ("coarse-only", "transformers", "openai")
 FACT_TYPES = ("entity", "preference", "event", "task")
@@ -23,14 +30,20 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve" / "de
 
 @dataclass(frozen=True)
 class ProxySettings:
+    """The proxy model and how it is called. What it is *shown* is its prompt spec
+    (:class:`~memsifter.ranker.spec.PromptSpec`): the ``prompt_spec.json`` in the model's folder
+    (a trained checkpoint or adapter, ``memsifter-smollm2-135m-locomo``), or for a model without
+    one (an untrained base) the ``prompt:`` block here; see :meth:`prompt_spec`."""
+
     backend: str = "coarse-only"  # coarse-only | transformers | openai
     model: str = "smollm2-135m-instruct"  # hub id, local folder or built-in offline name
     base_url: str | None = None  # openai: the vLLM (or any OpenAI-compatible) server
     served_model_name: str | None = None
-    window_tokens: int = 8192
-    completion_tokens: int = 1024
+    # PromptSpec fields (window_tokens, completion_tokens, language, ask_think, unit,
+    # turns_per_page, coarse, order, chat_template_kwargs), or the path of a prompt_spec.json.
+    # Needed only for a model without its own spec; with one it may only repeat it.
+    prompt: dict[str, Any] | str | None = None
     temperature: float = 0.0
-    language: str = "en"
     max_candidates: int = 40  # fused coarse+bookmark top-N shown to the proxy
     # A local transformers model is not thread-safe and saturates the CPU alone; an HTTP server
     # batches concurrent requests itself.
@@ -44,6 +57,13 @@ class ProxySettings:
             raise ValueError("proxy.base_url is required with the openai backend")
         if self.max_candidates < 1 or self.max_concurrency < 1:
             raise ValueError("proxy.max_candidates and proxy.max_concurrency must be >= 1")
+
+    def prompt_spec(self) -> PromptSpec:
+        """The model's own spec, or the explicit ``prompt:`` one (refused when it has neither,
+        or when ``prompt:`` contradicts the model's own)."""
+        from memsifter.ranker.proxy import resolve_spec
+
+        return resolve_spec(self.model, self.prompt, hint="a `proxy.prompt:` block in the config")
 
 
 @dataclass(frozen=True)
@@ -166,6 +186,26 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.bookmarks.extractor == "llm" and self.proxy.backend == "coarse-only":
             raise ValueError("bookmarks.extractor: llm needs a proxy backend, not coarse-only")
+        if self.proxy.backend != "coarse-only":
+            self.check_prompt(self.proxy.prompt_spec())
+
+    def check_prompt(self, spec: PromptSpec) -> None:
+        """The service cuts what it stores into pages of ``paging.turns_per_page`` turns and
+        shows the proxy those: a proxy trained on pages must get pages of its own size."""
+        if spec.unit == "page" and spec.turns_per_page != self.paging.turns_per_page:
+            raise ValueError(
+                f"paging.turns_per_page is {self.paging.turns_per_page}, but the proxy "
+                f"{self.proxy.model!r} is shown pages of {spec.turns_per_page} turns (its prompt "
+                f"spec); set paging.turns_per_page: {spec.turns_per_page}"
+            )
+        if spec.unit != "page":
+            logger.warning(
+                "the proxy %r's prompt spec has unit %s (whole sessions as candidates); the "
+                "service shows it pages of %d turns",
+                self.proxy.model,
+                spec.unit,
+                self.paging.turns_per_page,
+            )
 
     @property
     def ranker_name(self) -> str:

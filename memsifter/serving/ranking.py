@@ -14,6 +14,8 @@ coarse stage alone when the service runs ``coarse-only``.
   rank (``1/(k + rank)``, k = 60).
 * **Proxy.** The fused top ``max_candidates`` go through ``memsifter.ranker.proxy.Proxy``: the
   one prompt builder and the one parser, so session text cannot steer how the answer is read.
+  The prompt is the model's :class:`~memsifter.ranker.spec.PromptSpec` (``proxy.prompt_spec()``),
+  rendered by ``spec.builder`` exactly as the RL data was.
   The proxy's order comes first, then the rest in fused order. A backend failure is a 503, not a
   silent fall back to coarse-only: every response says which ranker produced it.
 """
@@ -38,6 +40,7 @@ from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError, PromptBudgetError
 from memsifter.ranker.backends.base import Backend
 from memsifter.ranker.proxy import Proxy, ProxyConfig
+from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.bookmarks import query_terms
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ServeError, UnavailableError
@@ -256,8 +259,10 @@ class ServiceRanker:
         self,
         coarse: CoarseFilter,
         backend: Backend | None = None,
+        spec: PromptSpec | None = None,
         proxy_config: ProxyConfig | None = None,
         *,
+        proxy_coarse: CoarseFilter | None = None,
         max_candidates: int = 40,
         max_concurrency: int = 1,
         rrf_k: int = 60,
@@ -272,11 +277,14 @@ class ServiceRanker:
             setattr(coarse, "cache_size", max(cache_size, index_cache_users + 64))  # noqa: B010
         self.coarse = LockedCoarse(coarse)
         self.backend = backend
-        self.proxy = (
-            Proxy(backend, self.coarse, proxy_config or ProxyConfig())
-            if backend is not None
-            else None
-        )
+        self.proxy: Proxy | None = None
+        if backend is not None:
+            if spec is None:
+                raise ValueError("a proxy backend needs the PromptSpec it was trained on")
+            # The proxy's own coarse filter (spec.coarse) cuts and orders its prompt; it is the
+            # service's one unless the spec names another.
+            prompt_coarse = self.coarse if proxy_coarse is None else LockedCoarse(proxy_coarse)
+            self.proxy = Proxy(backend, spec, prompt_coarse, proxy_config or ProxyConfig())
         if self.proxy is not None:
             # The prompt builder's page-token cache lives as long as the server: bounded.
             self.proxy.builder.session_tokens.max_size = token_cache_pages
@@ -293,6 +301,9 @@ class ServiceRanker:
     def from_config(cls, config: ServeConfig) -> ServiceRanker:
         p = config.proxy
         backend: Backend | None = None
+        spec: PromptSpec | None = None
+        if p.backend != "coarse-only":
+            spec = p.prompt_spec()  # ServeConfig checked it against paging at load
         if p.backend == "transformers":
             from memsifter.ranker.backends import build_backend
 
@@ -308,16 +319,14 @@ class ServiceRanker:
                 max_concurrency=p.max_concurrency,
                 timeout_s=p.timeout_s,
             )
-        proxy_config = ProxyConfig(
-            window_tokens=p.window_tokens,
-            completion_tokens=p.completion_tokens,
-            temperature=p.temperature,
-            language=p.language,
-        )
         return cls(
             build_filter(config.coarse),
             backend,
-            proxy_config,
+            spec,
+            ProxyConfig(temperature=p.temperature),
+            proxy_coarse=build_filter(spec.coarse)
+            if spec is not None and spec.coarse != config.coarse
+            else None,
             max_candidates=p.max_candidates,
             max_concurrency=p.max_concurrency,
             rrf_k=config.bookmarks.rrf_k,
@@ -437,7 +446,10 @@ class ServiceRanker:
                 tuple(ids[order].tolist()), self.name, None, report, timings, **scores
             )
 
-        shown = [sessions[i] for i in order[: self.max_candidates].tolist()]
+        # In the caller's (chronological) order, as the RL data hands its haystack to the prompt
+        # builder: the builder breaks ties (pages of one date; equal coarse scores) by input
+        # order, so passing them in fused order would show the model a different prompt.
+        shown = [sessions[i] for i in sorted(order[: self.max_candidates].tolist())]
         proxy_start = time.perf_counter()
         try:
             with self._slots:

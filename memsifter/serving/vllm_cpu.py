@@ -135,6 +135,11 @@ def launch_vllm_cpu_server(
     model = Path(model_dir).expanduser().resolve()
     if not model.is_dir():
         raise VllmServerError(f"model folder {model} does not exist")
+    from memsifter.models import is_adapter, plain_model_folder
+
+    if is_adapter(model):  # vLLM wants a plain folder: the adapter merged (once, cached)
+        served_model_name = served_model_name or model.name
+        model = Path(plain_model_folder(str(model)))
     name = served_model_name or model.name
     if setup:
         setup_vllm_venv()

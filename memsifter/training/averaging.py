@@ -8,9 +8,12 @@ three models. A LoRA adapter has no full weights to stream: it is merged into it
 output, then streamed like any other checkpoint. Only one model is ever instantiated at a time.
 
 Sums are accumulated in fp32 whatever the checkpoints' dtype: the mean of bf16 weights computed in
-bf16 rounds every partial sum to 8 mantissa bits. The output is an ordinary ``save_pretrained``
-folder (config, safetensors, generation config, the first checkpoint's tokenizer) plus
-``averaging.json`` recording what went in.
+bf16 rounds every partial sum to 8 mantissa bits. The mean is also *written* in fp32 by default:
+checkpoints of one epoch differ by small updates, and their mean often falls between two bf16
+values (near 0.02 bf16's step is 1.2e-4, so 0.02 + 4e-5 is stored as 0.02), so a bf16 output would
+round the averaging away. ``dtype="bf16"`` (``--dtype bf16``) asks for it explicitly. The output
+is an ordinary ``save_pretrained`` folder (config, safetensors, generation config, the first
+checkpoint's tokenizer) plus ``averaging.json`` recording what went in.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ _SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 # HF's default is 50 GB (one file for any model we train); 5 GiB shards bound the memory of the
 # averaging loop, which holds one output shard at a time.
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
+# The output's floating dtype unless asked otherwise: a bf16 mean of nearby checkpoints rounds
+# their differences away (see the module docstring).
+DEFAULT_DTYPE = "fp32"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 REPORT_FILE = "averaging.json"
@@ -310,7 +316,7 @@ def average_checkpoints(
     paths: Sequence[Path | str],
     out: Path | str,
     *,
-    dtype: str | None = None,
+    dtype: str | None = DEFAULT_DTYPE,
     base: str | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> AveragingReport:
@@ -318,8 +324,9 @@ def average_checkpoints(
     folders, in any mix) into a new ``save_pretrained`` folder ``out``.
 
     Every floating tensor is the fp32 mean of its inputs, saved in ``dtype`` (``bf16``/``fp16``/
-    ``fp32``; default: each tensor keeps the first checkpoint's dtype, the base's stored dtype
-    when the first is an adapter). Non-floating tensors must be equal and are copied. Adapters are
+    ``fp32``; default ``fp32``, so that differences below bf16's resolution survive; ``None``:
+    each tensor keeps the first checkpoint's dtype, the base's stored dtype when the first is an
+    adapter). Non-floating tensors must be equal and are copied. Adapters are
     merged into ``base`` (default: their ``base_model_name_or_path``) first. ``out`` must not exist
     or be empty; it appears only when complete (written beside it, then renamed).
     """

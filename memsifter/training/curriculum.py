@@ -8,6 +8,16 @@ anchor τ (default 0.2: hard, not hopeless) are preferred:
 
     priority = 1 − |NDCG@10 − τ|
 
+**Reaching the anchor with short candidate lists.** The paper's τ = 0.2 assumes long candidate
+lists, where NDCG@10 can fall near 0. With few candidates it cannot: with n candidates and one
+gold, the worst ranking still scores 1/log2(n+1) (0.28 for n = 11), so every prompt is above τ and
+``1 − |NDCG − τ|`` simply prefers the prompts the coarse filter ranks *worst*. ``scale:
+attainable`` (the default) measures NDCG on the range the prompt can reach: d = (NDCG − NDCG_min)
+/ (1 − NDCG_min), NDCG_min being the NDCG of the prompt's worst ranking (every gold last), so
+d = 0 is "gold last", d = 1 is "gold first", and τ = 0.2 means "near the bottom of what this
+prompt allows" for short and long lists alike. ``scale: absolute`` is the paper's formula as
+written. The report's histograms are of raw NDCG.
+
 The top ``count`` questions of each source by priority are kept (ties broken by a seeded hash of
 the qid, so the choice is stable and reproducible). Only the train split is selected; validation
 stays whole.
@@ -44,6 +54,7 @@ from memsifter.errors import DataError
 from memsifter.rewards.retrieval import DEFAULT_RETRIEVAL_K, retrieval_reward
 
 STRATEGIES: tuple[str, ...] = ("curriculum", "random")
+SCALES: tuple[str, ...] = ("attainable", "absolute")
 DEFAULT_ANCHOR = 0.2
 # Priorities are compared after rounding, so that equal NDCGs computed along different float paths
 # tie exactly and the seeded tie-break, not float noise, decides.
@@ -56,6 +67,7 @@ class CurriculumConfig:
 
     strategy: str = "curriculum"  # curriculum (priority by NDCG) | random (seeded, uniform)
     anchor: float = DEFAULT_ANCHOR  # τ: the NDCG the curriculum prefers
+    scale: str = "attainable"  # attainable (NDCG on the prompt's reachable range) | absolute
     k: int = DEFAULT_RETRIEVAL_K  # NDCG cutoff
     bins: int = 10  # histogram bins over [0, 1] in the report and plot
     # Sample only examples whose prompt shows a gold session. Without gold every ranking has
@@ -68,6 +80,8 @@ class CurriculumConfig:
             raise ValueError(
                 f"curriculum.strategy must be one of {STRATEGIES}, got {self.strategy!r}"
             )
+        if self.scale not in SCALES:
+            raise ValueError(f"curriculum.scale must be one of {SCALES}, got {self.scale!r}")
         if not 0.0 <= self.anchor <= 1.0:
             raise ValueError(f"curriculum.anchor must be in [0, 1], got {self.anchor}")
         if self.k < 1:
@@ -132,6 +146,7 @@ class CurriculumReport:
     bin_edges: list[float]
     sources: list[SourceSelection]
     rankings_file: str | None = None
+    scale: str = "attainable"  # how NDCG was read against the anchor (CurriculumConfig.scale)
     n_scored_by_rankings: int = 0
     n_scored_by_coarse: int = 0
     n_rankings_ignored: int = 0  # lines for rows outside the pool (e.g. validation)
@@ -164,6 +179,17 @@ def priority(ndcg: float, anchor: float = DEFAULT_ANCHOR) -> float:
     if not 0.0 <= ndcg <= 1.0:
         raise ValueError(f"NDCG must be in [0, 1], got {ndcg}")
     return 1.0 - abs(ndcg - anchor)
+
+
+def attainable(ndcg: float, n_candidates: int, gold: Sequence[int], k: int) -> float:
+    """NDCG rescaled to the range a prompt of ``n_candidates`` with these gold positions can
+    reach: 0 for the worst ranking (every gold last), 1 for the best."""
+    gold_set = set(gold)
+    worst = [p for p in range(n_candidates) if p not in gold_set] + sorted(gold_set)
+    floor = retrieval_reward(worst, gold, k)
+    if floor >= 1.0:
+        return 1.0
+    return min(1.0, max(0.0, (ndcg - floor) / (1.0 - floor)))
 
 
 def _tiebreak(seed: int, qid: str) -> str:
@@ -244,6 +270,7 @@ def score_examples(
     rankings: Mapping[str, Sequence[int]] | None = None,
     anchor: float = DEFAULT_ANCHOR,
     k: int = DEFAULT_RETRIEVAL_K,
+    scale: str = "absolute",
 ) -> list[Scored]:
     """NDCG@k and priority of each example: from ``rankings`` when it has the qid, else from the
     coarse order. A question without gold in its prompt scores NDCG 0."""
@@ -253,12 +280,15 @@ def score_examples(
         from_rankings = given is not None
         ranking = ex.coarse_order if given is None else given
         ndcg = retrieval_reward(ranking, ex.gold_positions, k) if ex.gold_positions else 0.0
+        score = ndcg
+        if scale == "attainable" and ex.gold_positions:
+            score = attainable(ndcg, len(ex.coarse_order), ex.gold_positions, k)
         out.append(
             Scored(
                 qid=ex.qid,
                 source=ex.source,
                 ndcg=ndcg,
-                priority=round(priority(ndcg, anchor), _PRIORITY_DIGITS),
+                priority=round(priority(score, anchor), _PRIORITY_DIGITS),
                 scored_by="rankings" if from_rankings else "coarse",
             )
         )
@@ -293,7 +323,7 @@ def select(
     missing = sorted({ex.source for ex in examples} - set(counts))
     if missing:
         raise DataError(f"no count for source(s) {missing}", field="sources.count")
-    scored = score_examples(examples, rankings, config.anchor, config.k)
+    scored = score_examples(examples, rankings, config.anchor, config.k, config.scale)
     by_source: dict[str, list[int]] = {name: [] for name in counts}
     for i, ex in enumerate(examples):
         if config.require_gold and not ex.gold_positions:
@@ -362,6 +392,7 @@ def select(
         bin_edges=histogram([], config.bins)[1],
         sources=selections,
         rankings_file=rankings_file,
+        scale=config.scale,
         n_scored_by_rankings=n_rank,
         n_scored_by_coarse=n_coarse,
         n_rankings_ignored=ignored,

@@ -20,8 +20,11 @@ The effective batch (informative groups) and the rounds used are logged as
 ``dynamic_sampling/*``. Group membership comes from the rewards TRL gathers across processes,
 so every process makes the same decision; a process keeps whole groups of its own slice, which
 needs ``per_device_train_batch_size * steps_per_generation`` to be a multiple of
-``num_generations`` (checked). The token count used by the DAPO loss normaliser is recomputed
-for the rebuilt batch. Multimodal inputs and tool masks are not supported (refused).
+``num_generations`` (checked). The token count used by the DAPO loss normaliser
+(``num_items_in_batch``) is recomputed for the rebuilt batch over the informative groups
+only: padding groups add no gradient, and counting their tokens would shrink every real
+token's weight by the fraction of the batch that was padding. Multimodal inputs and tool
+masks are not supported (refused).
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ def zero_std_groups(rewards: torch.Tensor, num_generations: int, min_std: float)
     mean = torch.nanmean(grouped, dim=1, keepdim=True)
     var = torch.nanmean((grouped - mean) ** 2, dim=1)
     return torch.nan_to_num(var.sqrt(), nan=0.0) <= min_std
+
+
+def informative_tokens(completion_mask: torch.Tensor, informative_rows: int) -> torch.Tensor:
+    """The DAPO normaliser's token count of a rebuilt batch whose first ``informative_rows`` rows
+    are the informative groups (the rest is zero-advantage padding). At least 1, so a batch of
+    padding alone divides a zero loss by 1, not by 0."""
+    return completion_mask[:informative_rows].sum().clamp(min=1)
 
 
 def check_whole_groups(local_rows: int, num_generations: int) -> None:
@@ -196,7 +206,10 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         tok = getattr(self, "_tokenizer", None) or self.processing_class
         merged = merge_batches(parts, tok.pad_token_id)
         mask = merged["completion_mask"]
-        merged["num_items_in_batch"] = self.accelerator.gather(mask.sum().reshape(1)).sum()
+        # Informative groups come first in ``parts``; padding groups add no gradient and their
+        # tokens must not dilute the real ones in the DAPO token-mean.
+        count = informative_tokens(mask, n_kept * g)
+        merged["num_items_in_batch"] = self.accelerator.gather(count.reshape(1)).sum()
 
         mode = "train"
         effective = self.accelerator.gather(torch.tensor([float(n_kept)], device=mask.device))

@@ -159,19 +159,36 @@ def load_policy(cfg: TrainConfig, model_path: str, cuda: bool) -> tuple[Any, Any
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    peft_config = None
-    if cfg.model.lora is not None:
-        from peft import LoraConfig
+    return model, tok, lora_config(cfg, model.config.num_hidden_layers)
 
-        lo = cfg.model.lora
-        peft_config = LoraConfig(
-            r=lo.r,
-            lora_alpha=lo.alpha,
-            lora_dropout=lo.dropout,
-            target_modules=lo.target_modules,
-            task_type="CAUSAL_LM",
-        )
-    return model, tok, peft_config
+
+def lora_config(cfg: TrainConfig, num_layers: int) -> Any:
+    """PEFT ``LoraConfig`` for ``cfg.model.lora`` (None for a full fine-tune)."""
+    if cfg.model.lora is None:
+        return None
+    from peft import LoraConfig
+
+    lo = cfg.model.lora
+    layers = None
+    if lo.top_layers is not None:
+        if lo.top_layers > num_layers:
+            raise ValueError(
+                f"model.lora.top_layers is {lo.top_layers} but the model has {num_layers} layers"
+            )
+        if isinstance(lo.target_modules, str):
+            raise ValueError(
+                "model.lora.top_layers needs target_modules as a list of module names "
+                f"(PEFT's layers_to_transform refuses {lo.target_modules!r})"
+            )
+        layers = list(range(num_layers - lo.top_layers, num_layers))
+    return LoraConfig(
+        r=lo.r,
+        lora_alpha=lo.alpha,
+        lora_dropout=lo.dropout,
+        target_modules=lo.target_modules,
+        layers_to_transform=layers,
+        task_type="CAUSAL_LM",
+    )
 
 
 def build_trainer(

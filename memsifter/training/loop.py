@@ -21,6 +21,9 @@ Layout of ``output_dir``::
     epoch-0/rankings/*.jsonl        validation rankings per checkpoint
     epoch-0/averaged/               the average of the top-k: the next epoch's start
     epoch-0/trainer_state.json      log history (reward components, dynamic sampling, loss)
+
+Every model folder it writes (``sft/final``, each checkpoint, each average) carries the RL data's
+``prompt_spec.json``, so validation, eval and serving render the prompt it was trained on.
 """
 
 from __future__ import annotations
@@ -75,15 +78,47 @@ def load_rl_data(folder: str | Path) -> tuple[Any, Any]:
     return data["train"], data["validation"]
 
 
+def total_steps(cfg: TrainConfig, n_train: int) -> int:
+    """Optimiser steps over all epochs (sizes the warm-up's decay). With ``max_steps: -1`` an
+    epoch is one pass: every prompt once, ``num_generations`` completions each, every generation
+    batch trained on ``num_iterations`` times (as TRL's sampler repeats it), per device (a
+    multi-process run divides this further; the decay then ends early, never late)."""
+    import math
+
+    if cfg.epochs.max_steps > 0:
+        return cfg.epochs.epochs * cfg.epochs.max_steps
+    g = cfg.grpo
+    per_step = g.per_device_train_batch_size * g.gradient_accumulation_steps
+    completions = n_train * g.num_generations * g.num_iterations
+    return cfg.epochs.epochs * max(1, math.ceil(completions / per_step))
+
+
+def spec_callback(spec: Any) -> Any:
+    """A ``TrainerCallback`` that writes the PromptSpec into every checkpoint TRL saves."""
+    from transformers import TrainerCallback
+
+    from memsifter.ranker.spec import write_spec
+
+    class _WriteSpec(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero:
+                write_spec(spec, Path(args.output_dir) / f"checkpoint-{state.global_step}")
+
+    return _WriteSpec()
+
+
 def _merged_for_eval(ckpt: Path, scratch: Path) -> Path:
     """A folder transformers can load: LoRA checkpoints are merged into their base first."""
     if not (ckpt / "adapter_config.json").exists():
         return ckpt
+    from memsifter.ranker.spec import has_spec, read_spec, write_spec
     from memsifter.training.averaging import average_checkpoints
 
     out = scratch / ckpt.name
     if not out.exists():
         average_checkpoints([ckpt], out)
+        if has_spec(ckpt):
+            write_spec(read_spec(ckpt), out)
     return out
 
 
@@ -93,15 +128,17 @@ def run_training(
     vllm_server_host: str | None = None,
     answerer_url: str | None = None,
     log: Log = print,
+    until: str | None = None,
 ) -> dict[str, Any]:
     import torch
 
     from memsifter.models import resolve_model
+    from memsifter.ranker.spec import read_spec, write_spec
     from memsifter.rewards import load_reward_config
     from memsifter.rewards.service import RewardService
     from memsifter.rewards.trl import make_reward_function
     from memsifter.training.averaging import average_checkpoints
-    from memsifter.training.grpo import build_trainer, precision, tracking_kwargs
+    from memsifter.training.grpo import build_trainer, lora_config, precision, tracking_kwargs
     from memsifter.training.sft import run_sft
     from memsifter.training.validation import result_dict, validate
 
@@ -116,12 +153,64 @@ def run_training(
     if cfg.source and Path(cfg.source).exists():
         shutil.copyfile(cfg.source, out / "config.yaml")
 
+    if until not in (None, "sft"):
+        raise ValueError(f"until must be sft (or nothing), got {until!r}")
+    if until == "sft" and not cfg.sft.enabled:
+        raise ValueError("--until sft, but sft.enabled is false in the config")
     train, val = load_rl_data(cfg.data)
+    spec = read_spec(cfg.data)
+    if cfg.grpo.max_completion_length > spec.completion_tokens:
+        raise DataError(
+            f"grpo.max_completion_length ({cfg.grpo.max_completion_length}) exceeds the prompt "
+            f"spec's completion budget ({spec.completion_tokens}): prompts were cut to leave "
+            "only that much room in the window",
+            field="grpo.max_completion_length",
+        )
     if cfg.epochs.validation_max_questions is not None:
         # A seeded sample across the held-out conversations, not the first file's questions.
         n = min(len(val), cfg.epochs.validation_max_questions)
         val = val.shuffle(seed=cfg.grpo.seed).select(range(n))
     log(f"RL data {cfg.data}: {len(train)} training prompts, {len(val)} held-out")
+
+    bf16, _ = precision(cfg, cuda)
+    if "chat_template_kwargs" in cfg.grpo.extra:
+        raise DataError(
+            "grpo.extra.chat_template_kwargs: prompts are rendered by the RL data's PromptSpec "
+            "(prompt.chat_template_kwargs in the data recipe), never by the trainer",
+            field="grpo.extra.chat_template_kwargs",
+        )
+    val_tokens = cfg.epochs.validation_max_new_tokens or cfg.grpo.max_completion_length
+
+    model_path = resolve_model(cfg.model.name).path
+    if cfg.sft.enabled:
+        if not state.done("sft"):
+            from memsifter.training.rl_data import load_rl_dataset
+
+            # SFT reads the whole train split, not the curriculum's selection: it teaches the
+            # format and a prior on every training question (the selection is for GRPO).
+            sft_train = load_rl_dataset(cfg.data, pool=True)["train"]
+            log(f"cold-start SFT on {len(sft_train)} training prompts ({cfg.sft.target} targets)")
+            from transformers import AutoConfig
+
+            n_layers = AutoConfig.from_pretrained(model_path).num_hidden_layers
+            final = run_sft(
+                model_path,
+                sft_train,
+                cfg.sft,
+                out / "sft",
+                use_cpu=not cuda,
+                bf16=bf16,
+                tracking=tracking_kwargs(cfg, "sft"),
+                seed=cfg.grpo.seed,
+                think=spec.ask_think,
+                peft_config=lora_config(cfg, n_layers),
+            )
+            write_spec(spec, final)
+            state.mark("sft", str(final))
+        model_path = state.done("sft")
+        if until == "sft":
+            log(f"stopped after SFT: {model_path}")
+            return {"model": model_path, "stage": "sft"}
 
     rcfg = load_reward_config(cfg.reward)
     if answerer_url:
@@ -130,26 +219,7 @@ def run_training(
         )
     service = RewardService.from_config(rcfg)
     reward_fn = make_reward_function(service)
-    bf16, _ = precision(cfg, cuda)
-    chat_kwargs = cfg.grpo.extra.get("chat_template_kwargs")
-    val_tokens = cfg.epochs.validation_max_new_tokens or cfg.grpo.max_completion_length
-
-    model_path = resolve_model(cfg.model.name).path
-    if cfg.sft.enabled:
-        if not state.done("sft"):
-            log(f"cold-start SFT on {len(train)} training prompts ({cfg.sft.target} targets)")
-            final = run_sft(
-                model_path,
-                train,
-                cfg.sft,
-                out / "sft",
-                use_cpu=not cuda,
-                bf16=bf16,
-                tracking=tracking_kwargs(cfg, "sft"),
-                seed=cfg.grpo.seed,
-            )
-            state.mark("sft", str(final))
-        model_path = state.done("sft")
+    reward_fn.set_total_steps(total_steps(cfg, len(train)))
 
     epochs_summary: list[dict[str, Any]] = []
     for epoch in range(cfg.epochs.epochs):
@@ -174,13 +244,14 @@ def run_training(
             )
             trainer = build_trainer(
                 cfg, model_path, train, reward_fn, edir, cuda=cuda,
-                vllm_server_host=vllm_server_host,
+                vllm_server_host=vllm_server_host, callbacks=[spec_callback(spec)],
             )  # fmt: skip
             trainer.train(resume_from_checkpoint=resume)
             step = trainer.state.global_step
             last = edir / f"checkpoint-{step}"
             if not last.exists():  # the final step, when save_steps does not divide it
                 trainer.save_model(str(last))
+                write_spec(spec, last)
             trainer.state.save_to_json(str(edir / "trainer_state.json"))
             del trainer
             gc.collect()
@@ -210,7 +281,6 @@ def run_training(
                 max_new_tokens=val_tokens,
                 rankings_out=edir / "rankings" / f"{name}.jsonl",
                 threads=cfg.threads,
-                chat_template_kwargs=chat_kwargs,
             )
             results[name] = result_dict(r)
             log(
@@ -232,6 +302,7 @@ def run_training(
         if averaged.exists():
             shutil.rmtree(averaged)  # a crash mid-write; recompute
         average_checkpoints([paths[n] for n in top], averaged)
+        write_spec(spec, averaged)
         log(f"epoch {epoch}: averaged {', '.join(top)} (by {cfg.epochs.select_metric})")
         entry.update(averaged=str(averaged), top=top, validation=results)
         state.mark(key, entry)

@@ -5,18 +5,21 @@ the coarse filter, and one or more sources (LoCoMo, LongMemEval, our JSONL), eac
 ``count``. :func:`prepare_rl_data` builds every question's prompt with the shared
 :class:`~memsifter.ranker.prompt.PromptBuilder` (the coarse filter's budgeted selection included),
 so the proxy trains on exactly the prompt it is served, and writes ``train.parquet``,
-``validation.parquet``, ``split.json``, a dataset card ``README.md``, the resolved
-``recipe.yaml`` and the curriculum report (:mod:`memsifter.training.curriculum`).
+``validation.parquet``, ``test.parquet``, ``split.json``, ``prompt_spec.json`` (the
+:class:`~memsifter.ranker.spec.PromptSpec` every checkpoint trained on this data carries), a
+dataset card ``README.md``, the resolved ``recipe.yaml`` and the curriculum report
+(:mod:`memsifter.training.curriculum`).
 
-**Split by conversation, never by question.** Questions about one conversation share its
-sessions; splitting them across train and validation would let the proxy see validation evidence
-in training. A source lists its ``train_conversations`` / ``heldout_conversations`` (ids or
-0-based indexes; one list alone means "the rest" for the other), or gives a
-``heldout_fraction`` for a seeded hash split, which suits LongMemEval, where every question has its
-own haystack (its "conversation" is the question id). The hash depends only on the seed and the
-conversation id, so the same question lands in the same split in LongMemEval S and M, and adding
-data never moves an old conversation. LoCoMo with neither defaults to conversations 0-6 train,
-7-9 held out.
+**Three splits, by conversation, never by question.** Questions about one conversation share
+its sessions; splitting them would let the proxy see held-out evidence in training. ``train``
+trains; ``validation`` chooses (checkpoints, early stopping, recipe options); ``test`` is only
+reported and never used to choose anything. A source lists ``validation_conversations`` and
+``test_conversations`` (ids or 0-based indexes; ``train_conversations`` too, else train is the
+rest), or gives ``validation_fraction`` / ``test_fraction`` for a seeded hash split, which suits
+LongMemEval, where every question has its own haystack (its "conversation" is the question id).
+The hash depends only on the seed and the conversation id, so the same question lands in the same
+split in LongMemEval S and M, and adding data never moves an old conversation. LoCoMo with no
+lists defaults to conversations 0-6 train, 7 validation, 8-9 test.
 
 **Candidates** are whole sessions, or with ``unit: page`` pages of a few consecutive turns
 (:mod:`memsifter.data.units`; gold pages are those holding the evidence turns), so that a small
@@ -26,7 +29,11 @@ CPU window still shows several candidates. ``candidates`` and ``gold_ids`` then 
 neither a retrieval reward nor a curriculum score. Questions whose gold sessions the coarse filter
 cut from the prompt are kept, with ``gold_in_prompt = 0``; their NDCG is 0. Columns:
 
-* ``prompt``: the chat messages (``[{"role", "content"}]``) TRL renders with the chat template;
+* ``prompt``: the rendered prompt text (chat template applied, generation prompt included), built
+  by :class:`~memsifter.ranker.prompt.PromptBuilder` from the recipe's PromptSpec. TRL uses it as
+  is (a plain-text prompt is not templated again), so training, validation, eval and serving
+  tokenize the same string; ``prompt_messages`` keeps the chat messages for reading (not
+  ``messages``, which TRL would read as a conversation);
 * the reward columns of :func:`memsifter.rewards.columns.reward_columns`: ``question``,
   ``answer``, ``question_date``, ``candidates`` (JSON, prompt order), ``gold_ids``, ``category``,
   ``data_source`` (the dataset family; it picks the task score);
@@ -54,9 +61,10 @@ import yaml
 from memsifter.config import load_config
 from memsifter.data import LOADERS, MemoryDataset, load_dataset
 from memsifter.data.types import Query
-from memsifter.data.units import UNITS, to_units
+from memsifter.data.units import to_units
 from memsifter.errors import DataError, UnknownNameError
-from memsifter.ranker.prompt import LANGUAGES, BuiltPrompt, PromptBuilder
+from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
+from memsifter.ranker.spec import PromptSpec, write_spec
 from memsifter.rewards.columns import reward_columns
 from memsifter.training.curriculum import (
     CurriculumConfig,
@@ -74,8 +82,12 @@ if TYPE_CHECKING:
     from memsifter.coarse.base import CoarseFilter
 
 DEFAULT_LOCOMO_PATH = "../shared/data/locomo/locomo10.json"
-LOCOMO_HELDOUT = ("7", "8", "9")  # the eval's held-out conversations; 0-6 train
-SPLITS: tuple[str, ...] = ("train", "validation")
+# LoCoMo's default split: 0-6 train, 7 validation (choosing), 8-9 test (reporting only).
+LOCOMO_VALIDATION = ("7",)
+LOCOMO_TEST = ("8", "9")
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
+HELDOUT_SPLITS: tuple[str, ...] = ("validation", "test")
+POOL_FILE = "train_pool.parquet"  # every train row, before the curriculum's selection
 
 
 @dataclass(frozen=True)
@@ -87,8 +99,11 @@ class SourceConfig:
     path: str = DEFAULT_LOCOMO_PATH
     count: int | None = None  # train rows kept by the curriculum; null keeps every train row
     train_conversations: list[int | str] | None = None
-    heldout_conversations: list[int | str] | None = None
-    heldout_fraction: float | None = None  # seeded hash split when no lists are given
+    validation_conversations: list[int | str] | None = None
+    test_conversations: list[int | str] | None = None
+    # Seeded hash split when no lists are given: the fractions held out for each role.
+    validation_fraction: float | None = None
+    test_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -100,39 +115,46 @@ class SourceConfig:
             )
         if self.count is not None and self.count < 0:
             raise ValueError(f"source {self.name!r}: count must be >= 0, got {self.count}")
-        listed = self.train_conversations is not None or self.heldout_conversations is not None
-        if self.heldout_fraction is not None:
+        listed = any(
+            x is not None
+            for x in (
+                self.train_conversations,
+                self.validation_conversations,
+                self.test_conversations,
+            )
+        )
+        hashed = self.validation_fraction is not None or self.test_fraction is not None
+        if hashed:
             if listed:
                 raise ValueError(
-                    f"source {self.name!r}: give conversation lists or heldout_fraction, not both"
+                    f"source {self.name!r}: give conversation lists or fractions, not both"
                 )
-            if not 0.0 <= self.heldout_fraction <= 1.0:
+            v, t = self.validation_fraction or 0.0, self.test_fraction or 0.0
+            if not (0.0 <= v <= 1.0 and 0.0 <= t <= 1.0 and v + t <= 1.0):
                 raise ValueError(
-                    f"source {self.name!r}: heldout_fraction must be in [0, 1], "
-                    f"got {self.heldout_fraction}"
+                    f"source {self.name!r}: validation_fraction ({v}) and test_fraction ({t}) "
+                    "must be in [0, 1] and sum to at most 1"
                 )
+        elif listed and self.test_conversations is None:
+            raise ValueError(
+                f"source {self.name!r}: list test_conversations (the split that is only "
+                "reported, never used to choose)"
+            )
         elif not listed and self.dataset != "locomo":
             raise ValueError(
-                f"source {self.name!r}: say how to split it: train_conversations / "
-                "heldout_conversations, or heldout_fraction"
+                f"source {self.name!r}: say how to split it: validation_conversations / "
+                "test_conversations, or validation_fraction / test_fraction"
             )
 
 
 @dataclass(frozen=True)
 class RLDataConfig:
-    """A dataset recipe: the proxy's prompt format and budget, the sources, the curriculum."""
+    """A dataset recipe: the proxy's prompt (one :class:`PromptSpec`: tokenizer, window,
+    completion budget, coarse filter, language, thinking, candidate unit and order), the sources,
+    the curriculum."""
 
     sources: list[SourceConfig] = field(default_factory=list)
-    model: str = "smollm2-135m-instruct"  # whose tokenizer and chat template render prompts
-    window_tokens: int = 8192  # the proxy's context window
-    completion_tokens: int = 160  # reserved for <think>…</think><ranking>…</ranking>
-    coarse: str = "bm25"  # coarse filter spec (memsifter.coarse.build_filter)
-    language: str = "en"  # prompt language: en | zh
-    ask_think: bool = True  # ask for <think> before the ranking
-    # What a candidate is: whole sessions, or pages of ``turns_per_page`` consecutive turns
-    # (memsifter.data.units), which let a ~1K-token CPU window hold several candidates.
-    unit: str = "session"
-    turns_per_page: int = 4
+    prompt: PromptSpec = field(default_factory=PromptSpec)
     seed: int = 0  # hash split and curriculum tie-breaks / random sampling
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
@@ -143,21 +165,10 @@ class RLDataConfig:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"source names must be unique; repeated: {dup}")
-        if self.completion_tokens < 0 or self.window_tokens <= self.completion_tokens:
-            raise ValueError(
-                f"window_tokens ({self.window_tokens}) must exceed completion_tokens "
-                f"({self.completion_tokens}) >= 0"
-            )
-        if self.unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
-        if self.turns_per_page < 1:
-            raise ValueError(f"turns_per_page must be >= 1, got {self.turns_per_page}")
-        if self.language not in LANGUAGES:
-            raise ValueError(f"language must be one of {LANGUAGES}, got {self.language!r}")
 
     @property
     def budget_tokens(self) -> int:
-        return self.window_tokens - self.completion_tokens
+        return self.prompt.budget_tokens
 
 
 def load_rl_data_config(path: str | Path) -> RLDataConfig:
@@ -209,15 +220,16 @@ class ConversationSplit:
     method: str  # listed | hash | locomo-default
     train: tuple[str, ...]
     validation: tuple[str, ...]
-    unused: tuple[str, ...] = ()  # listed in neither split (both lists given)
-    heldout_fraction: float | None = None
+    test: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()  # listed in no split (all three lists given)
+    fractions: dict[str, float] | None = None  # hash split: held-out fraction per role
+
+    def of(self, split: str) -> tuple[str, ...]:
+        return {"train": self.train, "validation": self.validation, "test": self.test}[split]
 
     def assignment(self) -> dict[str, str]:
         """Conversation id -> split, for the conversations in a split."""
-        return {
-            **dict.fromkeys(self.train, "train"),
-            **dict.fromkeys(self.validation, "validation"),
-        }
+        return {c: split for split in SPLITS for c in self.of(split)}
 
 
 def _conversation(query: Query) -> str:
@@ -263,47 +275,59 @@ def hash_fraction(seed: int, conversation: str) -> float:
 def split_conversations(
     dataset: MemoryDataset, source: SourceConfig, seed: int = 0
 ) -> ConversationSplit:
-    """Assign every conversation of ``dataset`` to train or validation (see the module doc)."""
+    """Assign every conversation of ``dataset`` to train, validation or test (module doc)."""
     keys = _conversation_keys(dataset)
-    if source.heldout_fraction is not None:
-        held = {k for k in keys if hash_fraction(seed, k) < source.heldout_fraction}
+    if source.validation_fraction is not None or source.test_fraction is not None:
+        v, t = source.validation_fraction or 0.0, source.test_fraction or 0.0
+        where = {}
+        for k in keys:
+            h = hash_fraction(seed, k)
+            where[k] = "test" if h < t else "validation" if h < t + v else "train"
         return ConversationSplit(
             source=source.name,
             method="hash",
-            train=tuple(k for k in keys if k not in held),
-            validation=tuple(k for k in keys if k in held),
-            heldout_fraction=source.heldout_fraction,
+            train=tuple(k for k in keys if where[k] == "train"),
+            validation=tuple(k for k in keys if where[k] == "validation"),
+            test=tuple(k for k in keys if where[k] == "test"),
+            fractions={"validation": v, "test": t},
         )
-    train_raw, held_raw = source.train_conversations, source.heldout_conversations
+    raw = {
+        "train": source.train_conversations,
+        "validation": source.validation_conversations,
+        "test": source.test_conversations,
+    }
     method = "listed"
-    if train_raw is None and held_raw is None:  # only LoCoMo gets here (see SourceConfig)
+    if all(v is None for v in raw.values()):  # only LoCoMo gets here (see SourceConfig)
         if len(keys) != 10:
             raise DataError(
-                f"source {source.name!r}: the default LoCoMo split (conversations 0-6 train, 7-9 "
-                f"held out) is for the 10 conversations of locomo10.json, but this file has "
-                f"{len(keys)}; list train_conversations / heldout_conversations",
+                f"source {source.name!r}: the default LoCoMo split (conversations 0-6 train, 7 "
+                f"validation, 8-9 test) is for the 10 conversations of locomo10.json, but this "
+                f"file has {len(keys)}; list validation_conversations / test_conversations",
                 file=source.path,
-                field="heldout_conversations",
+                field="test_conversations",
             )
-        held_raw, method = list(LOCOMO_HELDOUT), "locomo-default"
-    train = _resolve(train_raw, keys, source.name, "train_conversations") if train_raw else None
-    held = _resolve(held_raw, keys, source.name, "heldout_conversations") if held_raw else None
-    if train is None:
-        train = [k for k in keys if k not in set(held or ())]
-    if held is None:
-        held = [k for k in keys if k not in set(train)]
-    both = sorted(set(train) & set(held))
-    if both:
-        raise DataError(
-            f"source {source.name!r}: conversations in both splits: {both}",
-            field="heldout_conversations",
-        )
-    used = set(train) | set(held)
+        raw = {"train": None, "validation": list(LOCOMO_VALIDATION), "test": list(LOCOMO_TEST)}
+        method = "locomo-default"
+    lists = {
+        k: _resolve(v, keys, source.name, f"{k}_conversations") if v else [] for k, v in raw.items()
+    }
+    for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
+        both = sorted(set(lists[a]) & set(lists[b]))
+        if both:
+            raise DataError(
+                f"source {source.name!r}: conversations in both {a} and {b}: {both}",
+                field=f"{b}_conversations",
+            )
+    if raw["train"] is None:
+        held = set(lists["validation"]) | set(lists["test"])
+        lists["train"] = [k for k in keys if k not in held]
+    used = {c for v in lists.values() for c in v}
     return ConversationSplit(
         source=source.name,
         method=method,
-        train=tuple(train),
-        validation=tuple(held),
+        train=tuple(lists["train"]),
+        validation=tuple(lists["validation"]),
+        test=tuple(lists["test"]),
         unused=tuple(k for k in keys if k not in used),
     )
 
@@ -321,7 +345,7 @@ class SourcePlan:
     def counts(self) -> dict[str, dict[str, int | float]]:
         return {
             s: {
-                "conversations": len(self.split.train if s == "train" else self.split.validation),
+                "conversations": len(self.split.of(s)),
                 "questions": len(self.queries[s]) + self.dropped_no_evidence[s],
                 "dropped_no_evidence": self.dropped_no_evidence[s],
                 # page units: gold pages taken from whole gold sessions (no turn evidence)
@@ -355,7 +379,7 @@ def plan_sources(cfg: RLDataConfig) -> list[SourcePlan]:
             if where is None:
                 continue
             if q.has_evidence:
-                queries[where].append(to_units(q, cfg.unit, cfg.turns_per_page))  # type: ignore[arg-type]
+                queries[where].append(to_units(q, cfg.prompt.unit, cfg.prompt.turns_per_page))  # type: ignore[arg-type]
             else:
                 dropped[where] += 1
         plans.append(SourcePlan(s, ds, split, queries, dropped))
@@ -382,7 +406,8 @@ def build_row(
     gold = set(query.gold_session_ids)
     gold_positions = [i for i, sid in enumerate(built.candidate_ids) if sid in gold]
     return {
-        "prompt": [{"role": m["role"], "content": m["content"]} for m in built.messages],
+        "prompt": built.text,
+        "prompt_messages": [{"role": m["role"], "content": m["content"]} for m in built.messages],
         **reward_columns(query, built),
         "qid": f"{source}/{query.qid}",
         "source": source,
@@ -404,7 +429,8 @@ def row_features() -> Features:
     string, int32 = Value("string"), Value("int32")
     return Features(
         {
-            "prompt": List({"role": string, "content": string}),
+            "prompt": string,
+            "prompt_messages": List({"role": string, "content": string}),
             "question": string,
             "answer": string,
             "question_date": string,
@@ -438,7 +464,8 @@ class SourceSummary:
 @dataclass
 class RLDataResult:
     config: RLDataConfig
-    dataset: DatasetDict
+    dataset: DatasetDict  # train (the curriculum's selection), validation, test
+    pool: Any  # Dataset: the whole train split before selection (cold-start SFT reads it)
     sources: list[SourceSummary]
     curriculum: CurriculumReport
     seconds: float
@@ -476,16 +503,9 @@ def build_rl_dataset(
 
         from memsifter.models import resolve_model
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.model).path)
-    coarse = coarse or build_filter(cfg.coarse)
-    builder = PromptBuilder(
-        tokenizer,
-        cfg.window_tokens,
-        cfg.completion_tokens,
-        coarse=coarse,
-        language=cfg.language,  # type: ignore[arg-type]
-        ask_think=cfg.ask_think,
-    )
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg.prompt.model).path)
+    coarse = coarse or build_filter(cfg.prompt.coarse)
+    builder = cfg.prompt.builder(tokenizer, coarse)
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in SPLITS}
     per_source: dict[str, dict[str, list[dict[str, Any]]]] = {}
     total = sum(len(p.queries[s]) for p in plans for s in SPLITS)
@@ -526,7 +546,11 @@ def build_rl_dataset(
             {c: [r[c] for r in split_rows] for c in columns}, features=features
         )
 
-    dataset = DatasetDict(train=to_dataset(selected), validation=to_dataset(rows["validation"]))
+    dataset = DatasetDict(
+        train=to_dataset(selected),
+        validation=to_dataset(rows["validation"]),
+        test=to_dataset(rows["test"]),
+    )
     selected_by_source = {sel.source: sel.n_selected for sel in report.sources}
     summaries = []
     for plan in plans:
@@ -538,7 +562,8 @@ def build_rl_dataset(
         summaries.append(
             SourceSummary(name, plan.config.dataset, plan.config.path, plan.split, counts)
         )
-    return RLDataResult(cfg, dataset, summaries, report, time.perf_counter() - start)
+    pool = to_dataset(rows["train"])
+    return RLDataResult(cfg, dataset, pool, summaries, report, time.perf_counter() - start)
 
 
 def split_json(result: RLDataResult) -> dict[str, Any]:
@@ -550,9 +575,10 @@ def split_json(result: RLDataResult) -> dict[str, Any]:
                 "dataset": s.dataset,
                 "path": s.path,
                 "method": s.split.method,
-                "heldout_fraction": s.split.heldout_fraction,
+                "fractions": s.split.fractions,
                 "train": list(s.split.train),
                 "validation": list(s.split.validation),
+                "test": list(s.split.test),
                 "unused": list(s.split.unused),
                 "counts": s.counts,
             }
@@ -574,8 +600,8 @@ def render_card(result: RLDataResult) -> str:
     cfg, rep = result.config, result.curriculum
     unit = (
         "whole sessions"
-        if cfg.unit == "session"
-        else f"pages of {cfg.turns_per_page} turns (gold: the pages holding evidence turns)"
+        if cfg.prompt.unit == "session"
+        else f"pages of {cfg.prompt.turns_per_page} turns (gold: the pages holding evidence turns)"
     )
     splits = [s for s in SPLITS if len(result.dataset[s])]
     front = ["---", "configs:", "- config_name: default", "  data_files:"]
@@ -587,15 +613,20 @@ def render_card(result: RLDataResult) -> str:
         "",
         "# MemSifter RL data",
         "",
-        f"Built by `memsifter data rl` in {result.seconds:.1f} s. Proxy prompts for `{cfg.model}`: "
-        f"window {cfg.window_tokens} tokens, completion {cfg.completion_tokens} (prompts at most "
-        f"{cfg.budget_tokens}), coarse filter `{cfg.coarse}`, candidates are {unit}, "
-        f"language `{cfg.language}`, seed {cfg.seed}. The resolved recipe is `recipe.yaml`.",
+        f"Built by `memsifter data rl` in {result.seconds:.1f} s. Proxy prompts for "
+        f"`{cfg.prompt.model}`: window {cfg.prompt.window_tokens} tokens, completion "
+        f"{cfg.prompt.completion_tokens} (prompts at most {cfg.budget_tokens}), coarse filter "
+        f"`{cfg.prompt.coarse}`, candidates are {unit} shown in {cfg.prompt.order} order, "
+        f"language `{cfg.prompt.language}`, ask_think {cfg.prompt.ask_think}, seed {cfg.seed}. "
+        "The prompt contract is `prompt_spec.json` (every checkpoint trained on this data "
+        "carries it); the resolved recipe is `recipe.yaml`.",
         "",
         "## Split",
         "",
-        "By conversation, never by question: no conversation has questions in both splits "
-        "(`split.json` lists every conversation). Questions without any gold session are "
+        "By conversation, never by question: no conversation has questions in two splits "
+        "(`split.json` lists every conversation). `train` trains, `validation` chooses "
+        "(checkpoints, early stopping, recipe options), `test` is only reported and never used "
+        "to choose anything. Questions without any gold session are "
         "dropped; questions whose gold the coarse filter cut from the prompt are kept "
         "(`gold_in_prompt = 0`).",
         "",
@@ -616,14 +647,12 @@ def render_card(result: RLDataResult) -> str:
     for s in result.sources:
         how = {
             "listed": "conversations listed in the recipe",
-            "locomo-default": "LoCoMo default: conversations 0-6 train, 7-9 held out",
-            "hash": f"seeded hash of the conversation id, held-out fraction "
-            f"{s.split.heldout_fraction}",
+            "locomo-default": "LoCoMo default: conversations 0-6 train, 7 validation, 8-9 test",
+            "hash": f"seeded hash of the conversation id, held-out fractions {s.split.fractions}",
         }[s.split.method]
         lines += [
             f"- **{s.source}** (`{s.dataset}`, `{s.path}`): {how}.",
-            f"  - train: {_fmt_conversations(s.split.train)}",
-            f"  - validation: {_fmt_conversations(s.split.validation)}",
+            *(f"  - {split}: {_fmt_conversations(s.split.of(split))}" for split in SPLITS),
         ]
         if s.split.unused:
             lines.append(f"  - unused: {_fmt_conversations(s.split.unused)}")
@@ -632,8 +661,10 @@ def render_card(result: RLDataResult) -> str:
         "## Curriculum",
         "",
         f"Strategy `{rep.strategy}`, scored by `{rep.scored_by}`: {rep.note}. "
-        f"priority = 1 − |NDCG@{rep.k} − τ|, τ = {rep.anchor}; only the train split is "
-        "selected, validation stays whole. Details: `curriculum.json`, `curriculum_ndcg.png`.",
+        f"priority = 1 − |d − τ|, τ = {rep.anchor}, d = NDCG@{rep.k} "
+        + ("on the prompt's attainable range" if rep.scale == "attainable" else "as is")
+        + "; only the train split is selected, validation and test stay whole. Details: "
+        "`curriculum.json`, `curriculum_ndcg.png`.",
         "",
         "| source | pool | count | selected | mean NDCG before | mean NDCG after |",
         "|---|---|---|---|---|---|",
@@ -649,7 +680,8 @@ def render_card(result: RLDataResult) -> str:
         "",
         "## Columns",
         "",
-        "`prompt` (chat messages), the reward columns `question`, `answer`, `question_date`, "
+        "`prompt` (the rendered prompt text, exactly what the proxy is fed), `prompt_messages` "
+        "(its chat messages), the reward columns `question`, `answer`, `question_date`, "
         "`candidates` (JSON sessions in prompt order: `[Session i]` is `candidates[i]`), "
         "`gold_ids`, `category`, `data_source`; then `qid`, `source`, `conversation`, "
         "`coarse_order` (prompt positions, coarse best first), `gold_positions`, "
@@ -675,9 +707,13 @@ def write_rl_dataset(result: RLDataResult, out: str | Path) -> list[Path]:
             path = out_dir / f"{split}.parquet"
             result.dataset[split].to_parquet(str(path))
             files.append(path)
+        path = out_dir / POOL_FILE
+        result.pool.to_parquet(str(path))
+        files.append(path)
     finally:
         if bars:
             datasets.enable_progress_bars()
+    files.append(write_spec(result.config.prompt, out_dir))
     split_path = out_dir / "split.json"
     split_path.write_text(json.dumps(split_json(result), indent=2) + "\n", encoding="utf-8")
     recipe = out_dir / "recipe.yaml"
@@ -706,9 +742,10 @@ def prepare_rl_data(
     return result
 
 
-def load_rl_dataset(path: str | Path) -> DatasetDict:
+def load_rl_dataset(path: str | Path, pool: bool = False) -> DatasetDict:
     """Read a folder written by :func:`write_rl_dataset`. Unlike ``datasets.load_dataset``, it
-    accepts an empty split and writes nothing to the HF cache."""
+    accepts an empty split and writes nothing to the HF cache. ``pool=True`` gives the whole
+    train split (before the curriculum's selection) as ``train``."""
     import pyarrow.parquet as pq
     from datasets import Dataset, DatasetDict
 
@@ -719,12 +756,19 @@ def load_rl_dataset(path: str | Path) -> DatasetDict:
         if not f.is_file():
             raise DataError(f"missing split file {f.name}", file=str(f))
         splits[split] = Dataset(pq.read_table(f))
+    if pool:
+        f = folder / POOL_FILE
+        if not f.is_file():
+            raise DataError(f"missing {POOL_FILE}; rebuild with `memsifter data rl`", file=str(f))
+        splits["train"] = Dataset(pq.read_table(f))
     return DatasetDict(splits)
 
 
 __all__ = [
     "DEFAULT_LOCOMO_PATH",
-    "LOCOMO_HELDOUT",
+    "HELDOUT_SPLITS",
+    "LOCOMO_TEST",
+    "LOCOMO_VALIDATION",
     "SPLITS",
     "ConversationSplit",
     "RLDataConfig",

@@ -5,9 +5,15 @@ GRPO learns only from completions the reward can read; SmolLM2-135M-Instruct wri
 parseable ``<think>…</think><ranking>…</ranking>`` about 1 time in 8, and an untrained proxy
 that never parses gets the same format reward on every sample: zero-std groups, no signal. One
 short SFT pass on format-correct targets fixes that. Targets come from the **training split
-only** (the RL data's ``train.parquet``): a one-line reasoning plus a full ranking, either the
-coarse filter's order or the gold sessions first and then the coarse order. They teach the
-format and a sensible prior; GRPO then moves the ranking toward what helps the working LLM.
+only** (the RL data's ``train.parquet``): a full ranking (after a one-line ``<think>`` when the
+PromptSpec asks to think), either the coarse filter's order or the gold sessions first and then
+the coarse order. Prompts are the data's rendered ``prompt`` text (the PromptSpec's one
+renderer), the target ends with the tokenizer's end of turn, and the loss is on the target only.
+
+``target: gold`` rows are the prompts that show gold, in a seeded shuffle (``max_examples`` takes
+a seeded sample, not the first conversations in file order), for ``epochs`` passes. ``target:
+coarse`` teaches only the coarse filter's order: it is a format lesson, and with curriculum-selected
+rows (the ones the coarse filter ranks worst) it teaches the wrong order, so prefer ``gold``.
 """
 
 from __future__ import annotations
@@ -20,33 +26,50 @@ from memsifter.training.config import SFTSettings
 
 
 def sft_target(
-    coarse_order: Sequence[int], gold_positions: Sequence[int], target: str = "coarse"
+    coarse_order: Sequence[int],
+    gold_positions: Sequence[int],
+    target: str = "coarse",
+    think: bool = True,
 ) -> str:
-    """The assistant message for one example: ``<think>`` line + ``<ranking>`` of every
+    """The assistant reply for one example: (``<think>`` line +) ``<ranking>`` of every
     candidate position."""
     order = list(coarse_order)
     if target == "gold":
-        gold = [p for p in order if p in set(gold_positions)]
-        order = gold + [p for p in order if p not in set(gold)]
+        gold_set = set(gold_positions)
+        gold = [p for p in order if p in gold_set]
+        order = gold + [p for p in order if p not in gold_set]
     if not order:
         raise ValueError("an SFT target needs at least one candidate")
+    ranking = f"<ranking>{', '.join(map(str, order))}</ranking>"
+    if not think:
+        return ranking
     top = ", ".join(str(p) for p in order[:2])
-    think = f"Sessions {top} look most relevant to the question; the others follow by relevance."
-    return f"<think>{think}</think><ranking>{', '.join(map(str, order))}</ranking>"
+    reason = f"Sessions {top} look most relevant to the question; the others follow by relevance."
+    return f"<think>{reason}</think>{ranking}"
 
 
-def sft_rows(rows: Any, settings: SFTSettings) -> list[dict[str, Any]]:
-    """Prompt-completion conversational rows for TRL's ``SFTTrainer`` (loss on the completion
-    only)."""
-    out = []
+def sft_rows(
+    rows: Any, settings: SFTSettings, *, think: bool = True, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Prompt-completion rows (plain text: the prompt is already rendered) for TRL's
+    ``SFTTrainer``, in a seeded shuffle; gold targets only for prompts that show gold."""
+    import random
+
+    picked = []
     for row in rows:
-        if settings.max_examples is not None and len(out) >= settings.max_examples:
-            break
-        target = sft_target(row["coarse_order"], row["gold_positions"], settings.target)
-        out.append(
-            {"prompt": row["prompt"], "completion": [{"role": "assistant", "content": target}]}
-        )
-    return out
+        if not isinstance(row["prompt"], str):
+            raise ValueError(
+                "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data "
+                "with `memsifter data rl`"
+            )
+        if settings.target == "gold" and not row["gold_positions"]:
+            continue
+        target = sft_target(row["coarse_order"], row["gold_positions"], settings.target, think)
+        picked.append({"prompt": row["prompt"], "completion": target})
+    random.Random(f"sft:{seed}").shuffle(picked)
+    if settings.max_examples is not None:
+        picked = picked[: settings.max_examples]
+    return picked
 
 
 def run_sft(
@@ -59,13 +82,17 @@ def run_sft(
     bf16: bool,
     tracking: dict[str, Any],
     seed: int = 0,
+    think: bool = True,
+    peft_config: Any = None,
 ) -> Path:
-    """Train and save the cold-start model to ``out/final``; returns that folder."""
+    """Train and save the cold-start model to ``out/final``; returns that folder. With a
+    ``peft_config`` the adapter is kept in ``out/adapter`` and ``final`` holds it merged, so
+    GRPO starts from an ordinary model folder."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    rows = sft_rows(train_rows, settings)
+    rows = sft_rows(train_rows, settings, think=think, seed=seed)
     if not rows:
         raise ValueError("cold-start SFT has no training rows")
     tok = AutoTokenizer.from_pretrained(model_path)
@@ -86,13 +113,26 @@ def run_sft(
         bf16=bf16,
         seed=seed,
         max_length=None,  # prompts are already bounded by the RL data's prompt builder
+        completion_only_loss=True,
+        # TRL turns checkpointing on by default; with LoRA on the top layers it also makes the
+        # inputs require grad, so backward would run through every frozen layer (4x slower
+        # per step on CPU, measured).
+        gradient_checkpointing=False,
     )
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        peft_config=peft_config,
     )
     trainer.train()
     final = out / "final"
-    trainer.save_model(str(final))
+    if peft_config is not None:
+        trainer.save_model(str(out / "adapter"))
+        trainer.model.merge_and_unload().save_pretrained(str(final))
+    else:
+        trainer.save_model(str(final))
     tok.save_pretrained(str(final))
     trainer.state.save_to_json(str(out / "trainer_state.json"))
     return final

@@ -45,19 +45,18 @@ def generate_completions(
     max_new_tokens: int,
     batch_size: int = 8,
     threads: int | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Greedy completions of the rows' chat ``prompt`` by the model at ``model_path``."""
+    """Greedy completions of the rows' rendered ``prompt`` text by the model at
+    ``model_path``: the PromptSpec's renderer made that text, so nothing is templated here."""
     from memsifter.ranker.backends import SamplingConfig, build_backend
 
-    backend = build_backend("transformers", str(model_path), batch_size=batch_size, threads=threads)
-    tok = backend.tokenizer
-    texts = [
-        tok.apply_chat_template(
-            r["prompt"], tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+    texts = [r["prompt"] for r in rows]
+    if any(not isinstance(t, str) for t in texts):
+        raise ValueError(
+            "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data with "
+            "`memsifter data rl`"
         )
-        for r in rows
-    ]
+    backend = build_backend("transformers", str(model_path), batch_size=batch_size, threads=threads)
     gens = backend.generate(texts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
     return [g[0].text for g in gens]
 
@@ -87,7 +86,6 @@ def validate(
     rankings_out: Path | None = None,
     batch_size: int = 8,
     threads: int | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> ValidationResult:
     import time
 
@@ -99,10 +97,13 @@ def validate(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         threads=threads,
-        chat_template_kwargs=chat_template_kwargs,
     )
 
-    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
+    columns = (
+        {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "prompt_messages")}
+        if rows
+        else {}
+    )
 
     class _AtEnd:
         global_step = _AFTER_WARMUP

@@ -1,7 +1,8 @@
 """Local transformers backend (CPU or GPU) with batched, left-padded generation.
 
 Prompts are sorted by length and generated in batches of ``batch_size`` so padding waste stays
-small; results come back in the caller's order.
+small; results come back in the caller's order. The model is any name
+:func:`memsifter.models.load_causal_lm` takes, a PEFT adapter folder included (merged on load).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from memsifter.models import resolve_model
+from memsifter.models import load_causal_lm, load_tokenizer
 from memsifter.ranker.backends.base import Generation, SamplingConfig
 
 
@@ -26,19 +27,17 @@ class TransformersBackend:
         threads: int | None = None,
     ) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads:
             torch.set_num_threads(threads)
         self.model_name = model
-        path = resolve_model(model).path
-        self._tok = AutoTokenizer.from_pretrained(path)
+        self._tok = load_tokenizer(model)
         # Decoder-only batching: every row's new tokens must start at the same position.
         self._tok.padding_side = "left"
         if self._tok.pad_token_id is None:
             self._tok.pad_token = self._tok.eos_token
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        self.model = load_causal_lm(model, dtype)
         self.model.to(self.device).eval()
         self.batch_size = batch_size
         gen_cfg = getattr(self.model, "generation_config", None)

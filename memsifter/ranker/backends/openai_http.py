@@ -76,11 +76,10 @@ class OpenAIBackend:
     @property
     def tokenizer(self) -> Any:
         if self._tok is None:
-            from transformers import AutoTokenizer
+            from memsifter.models import load_tokenizer
 
-            from memsifter.models import resolve_model
-
-            self._tok = AutoTokenizer.from_pretrained(resolve_model(self._tokenizer_name).path)
+            # An adapter folder's own tokenizer, else its base's (the server runs the merge).
+            self._tok = load_tokenizer(self._tokenizer_name)
         return self._tok
 
     async def _request(

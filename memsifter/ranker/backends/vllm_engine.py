@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsifter.errors import MemSifterError
-from memsifter.models import resolve_model
+from memsifter.models import plain_model_folder
 from memsifter.ranker.backends.base import Generation, SamplingConfig
 
 
@@ -35,7 +35,8 @@ class VLLMBackend:
             ) from e
         self.model_name = model
         kwargs: dict[str, Any] = dict(
-            model=resolve_model(model).path,
+            # vLLM loads a plain folder: a LoRA adapter is merged into its base once (cached).
+            model=plain_model_folder(model),
             dtype=dtype,
             seed=seed,
             tensor_parallel_size=tensor_parallel_size,

@@ -1,0 +1,755 @@
+"""The proxy benchmark on RL data: rankers compared on the very prompts the proxy is trained and
+served on (``memsifter eval proxy``).
+
+One split of an RL data folder (``memsifter data rl``: parquet splits, ``prompt_spec.json``,
+``split.json``) gives every question's rendered prompt, the coarse filter's order and the gold
+prompt positions. Rankers:
+
+* the coarse row (named after ``spec.coarse``, e.g. ``bm25``): the row's ``coarse_order``;
+* model rows (``--model NAME=PATH``): greedy generation on the row's ``prompt``, read by
+  :func:`~memsifter.ranker.parse.parse_ranking`. What the model ranked is its ranking, with **no
+  completion from the coarse order**: a partial answer is scored on what it gave, a failed parse
+  ranks nothing and scores 0. A model whose folder carries a ``prompt_spec.json`` must have been
+  trained on the data's prompt (every field but ``model``); a model without one (an untrained
+  base) is refused unless named in ``explicit_spec``;
+* fused rows (``--fuse NAME`` -> ``NAME+bm25``): reciprocal-rank fusion
+  (:func:`memsifter.coarse.hybrid.rrf`) of the model's parsed ranking with the coarse order,
+  over every candidate (ties keep the coarse order).
+
+Metrics (ir-measures, through :mod:`memsifter.evaluation.metrics`) are means over the questions
+whose prompt shows gold (``gold_in_prompt > 0``); the others cannot score any ranker. Pairs
+``A-B`` get paired-bootstrap 95% CIs of the per-question differences A − B.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ir_measures
+import numpy as np
+from ir_measures import RR, R, nDCG
+
+from memsifter.coarse.hybrid import rrf
+from memsifter.errors import DataError, MemSifterError
+from memsifter.evaluation.metrics import qrels_from_gold, rankings_to_run
+from memsifter.ranker.parse import parse_ranking
+from memsifter.ranker.spec import PromptSpec, has_spec, read_spec
+
+METRICS: dict[str, Any] = {
+    "ndcg@1": nDCG @ 1,
+    "ndcg@5": nDCG @ 5,
+    "ndcg@10": nDCG @ 10,
+    "recall@1": R @ 1,
+    "recall@5": R @ 5,
+    "mrr": RR,
+}
+METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
+N_BOOTSTRAP = 10_000
+RRF_K = 60.0
+OUT = "outputs/proxy_eval"
+
+# (model path, batch_size, threads) -> a backend with ``generate(prompts, SamplingConfig)``.
+BackendFactory = Callable[[str, int, "int | None"], Any]
+
+
+@dataclass
+class ProxyEvalConfig:
+    """Everything ``memsifter eval proxy`` needs; the CLI flags fill these fields."""
+
+    data: str  # RL data folder
+    split: str = "test"
+    models: list[tuple[str, str]] = field(default_factory=list)  # (NAME, PATH)
+    explicit_spec: list[str] = field(default_factory=list)  # models evaluated on the data's spec
+    fuse: list[str] = field(default_factory=list)  # model names fused with the coarse order
+    pairs: list[str] = field(default_factory=list)  # "A-B"
+    max_questions: int | None = None  # seeded sample of the scoreable questions
+    seed: int = 0  # question sample and bootstrap
+    n_bootstrap: int = N_BOOTSTRAP
+    batch_size: int = 4
+    threads: int | None = None
+    out: str = OUT  # runs/ goes here; report.md and metrics.json too unless given
+    out_md: str | None = None
+    out_json: str | None = None
+    model_name: str | None = None  # the json's "model"
+    start: str | None = None  # the json's "start" (e.g. sft, base)
+
+    @property
+    def md_path(self) -> Path:
+        return Path(self.out_md) if self.out_md else Path(self.out) / "report.md"
+
+    @property
+    def json_path(self) -> Path:
+        return Path(self.out_json) if self.out_json else Path(self.out) / "metrics.json"
+
+
+def parse_model_option(value: str) -> tuple[str, str]:
+    """``NAME=PATH`` -> ``(NAME, PATH)``."""
+    name, sep, path = value.partition("=")
+    name, path = name.strip(), path.strip()
+    if not sep or not name or not path:
+        raise MemSifterError(f"--model {value!r}: write NAME=PATH")
+    return name, path
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    prompt: str
+    n_candidates: int
+    coarse_order: tuple[int, ...]
+    gold_positions: tuple[int, ...]
+    conversation: str = ""
+    category: str = ""
+
+
+@dataclass
+class EvalData:
+    folder: Path
+    split: str
+    spec: PromptSpec
+    questions: list[Question]  # the scored ones (gold in prompt, sampled if asked)
+    n_questions: int  # rows in the split
+    n_with_gold_in_prompt: int  # rows in the split whose prompt shows gold
+    conversations: dict[str, Any]  # split.json's lists (see read_split_lists)
+    sampled: bool = False
+
+
+def read_split_lists(folder: str | Path) -> dict[str, Any] | None:
+    """``split.json``'s conversation lists: ``{train, validation, test}`` with one source,
+    ``{source: {train, validation, test}}`` with several; None without the file."""
+    path = Path(folder) / "split.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"split.json is not valid JSON: {e}", file=str(path)) from e
+    sources = data.get("sources") if isinstance(data, dict) else None
+    if not isinstance(sources, dict):
+        raise DataError("split.json has no 'sources' object", file=str(path))
+    lists = {
+        name: {k: list(s[k]) for k in ("train", "validation", "test") if k in s}
+        for name, s in sources.items()
+    }
+    return next(iter(lists.values())) if len(lists) == 1 else lists
+
+
+def _question(row: Mapping[str, Any], file: str) -> Question:
+    prompt = row["prompt"]
+    if not isinstance(prompt, str):
+        raise DataError(
+            "column prompt must be the rendered prompt text; this folder has chat messages "
+            "there (an older `memsifter data rl`): rebuild it",
+            file=file,
+            record=row.get("qid"),
+            field="prompt",
+        )
+    n = int(row["n_candidates"])
+    coarse = [int(p) for p in row["coarse_order"]]
+    seen = set(coarse)
+    coarse += [p for p in range(n) if p not in seen]  # every candidate has a coarse rank
+    return Question(
+        qid=str(row["qid"]),
+        prompt=prompt,
+        n_candidates=n,
+        coarse_order=tuple(coarse),
+        gold_positions=tuple(int(p) for p in row["gold_positions"]),
+        conversation=str(row.get("conversation") or ""),
+        category=str(row.get("category") or ""),
+    )
+
+
+def load_eval_data(
+    folder: str | Path, split: str = "test", max_questions: int | None = None, seed: int = 0
+) -> EvalData:
+    """The scored questions of one split: those whose prompt shows gold, all of them or a seeded
+    sample of ``max_questions`` (kept in file order)."""
+    from memsifter.training.rl_data import load_rl_dataset
+
+    folder = Path(folder)
+    spec = read_spec(folder)
+    dataset = load_rl_dataset(folder)
+    if split not in dataset:
+        raise DataError(
+            f"no split {split!r} in {folder}; splits: {', '.join(dataset)}", field="--split"
+        )
+    rows = dataset[split]
+    scoreable = [_question(r, str(folder)) for r in rows if int(r["gold_in_prompt"]) > 0]
+    n_gold = len(scoreable)
+    sampled = max_questions is not None and max_questions < n_gold
+    if sampled:
+        rng = np.random.default_rng(seed)
+        keep = sorted(rng.choice(n_gold, size=max_questions, replace=False).tolist())
+        scoreable = [scoreable[i] for i in keep]
+    return EvalData(
+        folder=folder,
+        split=split,
+        spec=spec,
+        questions=scoreable,
+        n_questions=len(rows),
+        n_with_gold_in_prompt=n_gold,
+        conversations=read_split_lists(folder) or {},
+        sampled=sampled,
+    )
+
+
+# --------------------------------------------------------------------------- model specs
+
+
+def spec_differences(a: PromptSpec, b: PromptSpec) -> dict[str, tuple[Any, Any]]:
+    """Fields (all but ``model``) where the two specs differ: ``{field: (a, b)}``."""
+    da, db = a.to_dict(), b.to_dict()
+    return {k: (da[k], db.get(k)) for k in da if k != "model" and da[k] != db.get(k)}
+
+
+def model_spec_folder(path: str) -> Path | None:
+    """Where a model's ``prompt_spec.json`` would be: the folder itself, or a built-in name's
+    resolved folder; None for a hub id."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p
+    from memsifter.models import resolve_model
+
+    resolved = Path(resolve_model(path).path)
+    return resolved if resolved.is_dir() else None
+
+
+def check_model_spec(
+    name: str, path: str, data_spec: PromptSpec, data_folder: str | Path, explicit: bool
+) -> str:
+    """Refuse a model that would be evaluated on a prompt it was not trained on. Returns how its
+    spec was settled: ``"match"`` or ``"explicit"``."""
+    folder = model_spec_folder(path)
+    if folder is not None and has_spec(folder):
+        diff = spec_differences(read_spec(folder), data_spec)
+        if diff:
+            fields = "; ".join(f"{k}: model {m!r} vs data {d!r}" for k, (m, d) in diff.items())
+            raise MemSifterError(
+                f"model {name!r} ({folder / 'prompt_spec.json'}) was trained on another prompt "
+                f"than the data ({Path(data_folder) / 'prompt_spec.json'}): {fields}"
+            )
+        return "match"
+    if not explicit:
+        raise MemSifterError(
+            f"model {name!r} ({path}) has no prompt_spec.json, so nothing says it was trained on "
+            f"the data's prompt ({Path(data_folder) / 'prompt_spec.json'}); pass "
+            f"--explicit-spec {name} to evaluate it on the data's spec"
+        )
+    return "explicit"
+
+
+# --------------------------------------------------------------------------- rankers
+
+
+@dataclass
+class RankerRun:
+    """One ranker's answers, aligned with ``EvalData.questions``."""
+
+    name: str
+    kind: str  # coarse | model | fused
+    rankings: list[list[int]]
+    parsed_ok: list[bool] | None = None  # model and fused rows
+    completions: list[str] | None = None  # model rows
+    errors: list[str | None] | None = None  # model rows: parse error kinds
+    latency_ms: list[float] | None = None  # model rows, per question
+    path: str | None = None
+    spec_check: str | None = None  # match | explicit
+    load_seconds: float | None = None
+
+    @property
+    def parse_rate(self) -> float | None:
+        if self.kind != "model" or self.parsed_ok is None:
+            return None
+        return sum(self.parsed_ok) / len(self.parsed_ok) if self.parsed_ok else 0.0
+
+
+def coarse_run(data: EvalData) -> RankerRun:
+    return RankerRun(data.spec.coarse, "coarse", [list(q.coarse_order) for q in data.questions])
+
+
+def default_backend_factory(path: str, batch_size: int, threads: int | None) -> Any:
+    from memsifter.ranker.backends import build_backend
+
+    return build_backend("transformers", path, batch_size=batch_size, threads=threads)
+
+
+def model_run(
+    name: str,
+    backend: Any,
+    data: EvalData,
+    batch_size: int = 4,
+    progress: Any = None,
+) -> RankerRun:
+    """Greedy generation on every scored prompt, ``batch_size`` prompts a call; latency per
+    question is the call's wall time shared by its prompts."""
+    from memsifter.ranker.backends import SamplingConfig
+
+    sampling = SamplingConfig(max_new_tokens=data.spec.completion_tokens, temperature=0.0)
+    qs = data.questions
+    task = progress.add_task(name, total=len(qs)) if progress is not None else None
+    texts: list[str] = []
+    latency: list[float] = []
+    step = max(batch_size, 1)
+    for start in range(0, len(qs), step):
+        chunk = qs[start : start + step]
+        t0 = time.perf_counter()
+        gens = backend.generate([q.prompt for q in chunk], sampling)
+        ms = (time.perf_counter() - t0) * 1000 / len(chunk)
+        texts += [g[0].text for g in gens]
+        latency += [ms] * len(chunk)
+        if progress is not None:
+            progress.advance(task, len(chunk))
+    parsed = [parse_ranking(t, q.n_candidates) for t, q in zip(texts, qs, strict=True)]
+    return RankerRun(
+        name,
+        "model",
+        [list(p.ids) for p in parsed],  # never completed: a failure ranks nothing
+        parsed_ok=[p.ok for p in parsed],
+        completions=texts,
+        errors=[p.error.value if p.error else None for p in parsed],
+        latency_ms=latency,
+    )
+
+
+def fuse_order(
+    model_ids: Sequence[int], coarse_order: Sequence[int], k: float = RRF_K
+) -> list[int]:
+    """RRF of the model's ranking with the coarse order over every candidate (the coarse order
+    lists them all); ties keep the coarse order."""
+    coarse = np.asarray(coarse_order, dtype=np.int64)
+    fused = rrf([np.asarray(model_ids, dtype=np.int64), coarse], len(coarse), k)
+    return coarse[np.argsort(-fused[coarse], kind="stable")].tolist()
+
+
+def fused_run(model: RankerRun, data: EvalData, coarse_name: str) -> RankerRun:
+    return RankerRun(
+        f"{model.name}+{coarse_name}",
+        "fused",
+        [
+            fuse_order(ids, q.coarse_order)
+            for ids, q in zip(model.rankings, data.questions, strict=True)
+        ],
+        parsed_ok=model.parsed_ok,
+    )
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def per_question_metrics(
+    rankings: Sequence[Sequence[int]], gold: Sequence[Sequence[int]]
+) -> dict[str, np.ndarray]:
+    """Every metric for every question (aligned with the inputs); a question whose ranking is
+    empty scores 0 everywhere. Positions are the ids."""
+    qids = [str(i) for i in range(len(gold))]
+    qrels = qrels_from_gold({q: [str(p) for p in g] for q, g in zip(qids, gold, strict=True)})
+    run = rankings_to_run({q: [str(p) for p in r] for q, r in zip(qids, rankings, strict=True)})
+    by_measure = {m: name for name, m in METRICS.items()}
+    out = {name: np.zeros(len(qids)) for name in METRICS}
+    for metric in ir_measures.iter_calc(list(METRICS.values()), qrels, run):
+        out[by_measure[metric.measure]][int(metric.query_id)] = metric.value
+    return out
+
+
+def ranker_values(run: RankerRun, data: EvalData) -> dict[str, np.ndarray]:
+    """Per-question values of every metric, plus ``parse_rate`` (0/1) for model rows."""
+    values = per_question_metrics(run.rankings, [q.gold_positions for q in data.questions])
+    if run.kind == "model" and run.parsed_ok is not None:
+        values["parse_rate"] = np.asarray(run.parsed_ok, dtype=np.float64)
+    return values
+
+
+def summarize(run: RankerRun, values: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    n = len(run.rankings)
+    row: dict[str, Any] = {"n": n}
+    for name in METRIC_NAMES:
+        row[name] = float(values[name].mean()) if n else 0.0
+    row["parse_rate"] = run.parse_rate
+    if run.kind == "model":
+        row["latency_ms_p50"] = float(np.percentile(run.latency_ms, 50)) if run.latency_ms else None
+        row["parse_errors"] = dict(Counter(e for e in run.errors or () if e))
+        row["ranked_mean"] = float(np.mean([len(r) for r in run.rankings])) if n else 0.0
+        row["path"] = run.path
+        row["spec"] = run.spec_check
+        row["load_seconds"] = run.load_seconds
+    return row
+
+
+def paired_bootstrap(
+    a: Mapping[str, np.ndarray],
+    b: Mapping[str, np.ndarray],
+    n_resamples: int = N_BOOTSTRAP,
+    seed: int = 0,
+    chunk: int = 1000,
+) -> dict[str, dict[str, Any]]:
+    """Paired bootstrap of per-question differences a − b, for every metric both have:
+    ``{metric: {"mean": d, "ci95": [lo, hi]}}``. Every metric is resampled with the same
+    question draws (seeded); the CI is numpy's 2.5 and 97.5 percentiles of the resampled means.
+    A constant difference gives exactly ``[d, d]``."""
+    names = [m for m in a if m in b]
+    if not names:
+        return {}
+    diffs = np.stack([np.asarray(a[m], float) - np.asarray(b[m], float) for m in names], axis=1)
+    n = diffs.shape[0]
+    if n == 0:
+        return {m: {"mean": None, "ci95": None} for m in names}
+    rng = np.random.default_rng(seed)
+    means = []
+    for start in range(0, n_resamples, chunk):
+        size = min(chunk, n_resamples - start)
+        # Resampling n questions with replacement = multinomial counts over the questions.
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=size)
+        means.append(counts @ diffs / n)
+    boot = np.concatenate(means)
+    out = {}
+    for j, m in enumerate(names):
+        col = diffs[:, j]
+        if np.all(col == col[0]):
+            lo = hi = float(col[0])
+        else:
+            lo, hi = (float(x) for x in np.percentile(boot[:, j], [2.5, 97.5]))
+        out[m] = {"mean": float(col.mean()), "ci95": [lo, hi]}
+    return out
+
+
+def split_pair(pair: str, names: Sequence[str], start: str | None = None) -> tuple[str, str]:
+    """``A-B`` with ranker names that may themselves hold ``-``: the one split whose both sides
+    are ranker names. ``start`` names the model GRPO began from; ``start`` in a pair means it
+    (``trained-start``), so the json's key says what the issue asks while the row is named."""
+    if start is not None and start in names and "start" not in names:
+        names = [*names, "start"]
+    hits = [
+        (pair[:i], pair[i + 1 :])
+        for i, c in enumerate(pair)
+        if c == "-" and pair[:i] in names and pair[i + 1 :] in names
+    ]
+    if len(hits) != 1:
+        why = "no" if not hits else "more than one"
+        raise MemSifterError(
+            f"--pair {pair!r}: {why} way to read it as A-B with rankers {', '.join(names)}"
+        )
+    a, b = hits[0]
+    alias = {"start": start} if start is not None else {}
+    return alias.get(a, a), alias.get(b, b)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class ProxyEvalResult:
+    config: ProxyEvalConfig
+    data: EvalData
+    runs: list[RankerRun]
+    rows: dict[str, dict[str, Any]]
+    pairs: dict[str, dict[str, dict[str, Any]]]
+    machine: str
+    command: str
+    files: list[Path] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        cfg, data = self.config, self.data
+        return {
+            "split": data.conversations,
+            "n_questions": data.n_questions,
+            "n_with_gold_in_prompt": data.n_with_gold_in_prompt,
+            "model": cfg.model_name,
+            "rankers": self.rows,
+            "start": cfg.start,
+            "paired_ci95": {
+                p: {m: v["ci95"] for m, v in ms.items()} for p, ms in self.pairs.items()
+            },
+            "paired_mean_diff": {
+                p: {m: v["mean"] for m, v in ms.items()} for p, ms in self.pairs.items()
+            },
+            "eval_split": data.split,
+            "n_scored": len(data.questions),
+            "sample": {"max_questions": cfg.max_questions, "seed": cfg.seed}
+            if data.sampled
+            else None,
+            "data": str(data.folder),
+            "prompt_spec": data.spec.to_dict(),
+            "bootstrap": {"resamples": cfg.n_bootstrap, "seed": cfg.seed},
+            "machine": self.machine,
+            "command": self.command,
+        }
+
+
+def machine_line() -> str:
+    from memsifter.machine import cpu_model, memory_gib
+
+    gpu = "no GPU"
+    torch = sys.modules.get("torch")  # only asked when a model already imported it
+    if torch is not None and torch.cuda.is_available():
+        gpu = f"GPU {torch.cuda.get_device_name(0)}"
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores, {memory_gib() or '?'} GiB, {gpu}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    )
+
+
+def command_line(cfg: ProxyEvalConfig) -> str:
+    """The ``memsifter eval proxy`` command that reproduces ``cfg``."""
+    args = ["memsifter", "eval", "proxy", "--data", cfg.data, "--split", cfg.split]
+    for name, path in cfg.models:
+        args += ["--model", f"{name}={path}"]
+    for flag, values in (
+        ("--explicit-spec", cfg.explicit_spec),
+        ("--fuse", cfg.fuse),
+        ("--pair", cfg.pairs),
+    ):
+        for v in values:
+            args += [flag, v]
+    if cfg.max_questions is not None:
+        args += ["--max-questions", str(cfg.max_questions)]
+    args += ["--seed", str(cfg.seed), "--batch-size", str(cfg.batch_size)]
+    if cfg.threads is not None:
+        args += ["--threads", str(cfg.threads)]
+    args += ["--out", cfg.out]
+    for flag, value in (
+        ("--out-md", cfg.out_md),
+        ("--out-json", cfg.out_json),
+        ("--model-name", cfg.model_name),
+        ("--start", cfg.start),
+    ):
+        if value is not None:
+            args += [flag, value]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def validate(cfg: ProxyEvalConfig, coarse_name: str) -> list[str]:
+    """Ranker names in run order; every name the flags mention must exist."""
+    model_names = [n for n, _ in cfg.models]
+    dup = sorted({n for n in model_names if model_names.count(n) > 1})
+    if dup:
+        raise MemSifterError(f"--model names must be unique; repeated: {dup}")
+    if coarse_name in model_names:
+        raise MemSifterError(f"--model name {coarse_name!r} is the coarse row's name")
+    for flag, values in (("--explicit-spec", cfg.explicit_spec), ("--fuse", cfg.fuse)):
+        unknown = [v for v in values if v not in model_names]
+        if unknown:
+            raise MemSifterError(
+                f"{flag} {', '.join(unknown)}: no --model with that name "
+                f"(models: {', '.join(model_names) or 'none'})"
+            )
+    names = [coarse_name, *model_names, *(f"{f}+{coarse_name}" for f in dict.fromkeys(cfg.fuse))]
+    for pair in cfg.pairs:
+        split_pair(pair, names, cfg.start)
+    return names
+
+
+def write_runs(runs: Sequence[RankerRun], data: EvalData, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for run in runs:
+        path = folder / f"{slug(run.name)}.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            for i, q in enumerate(data.questions):
+                rec = {
+                    "qid": q.qid,
+                    "ranking": run.rankings[i],
+                    "parsed_ok": run.parsed_ok[i] if run.parsed_ok is not None else None,
+                    "completion": run.completions[i] if run.completions is not None else None,
+                }
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        files.append(path)
+    return files
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in name)
+
+
+def run_proxy_eval(
+    cfg: ProxyEvalConfig,
+    console: Any = None,
+    backend_factory: BackendFactory | None = None,
+) -> ProxyEvalResult:
+    """Load the split, check every model's spec (before loading any model), run the rankers,
+    score them, bootstrap the pairs, write run files, the markdown report and the json."""
+    from memsifter.evaluation.retrieval import make_progress
+
+    factory = backend_factory or default_backend_factory
+    data = load_eval_data(cfg.data, cfg.split, cfg.max_questions, cfg.seed)
+    coarse_name = data.spec.coarse
+    names = validate(cfg, coarse_name)
+    explicit = set(cfg.explicit_spec)
+    checks = {
+        name: check_model_spec(name, path, data.spec, data.folder, name in explicit)
+        for name, path in cfg.models
+    }
+    runs = [coarse_run(data)]
+    with make_progress(console) as progress:
+        for name, path in cfg.models:
+            t0 = time.perf_counter()
+            backend = factory(path, cfg.batch_size, cfg.threads)
+            load_s = time.perf_counter() - t0
+            run = model_run(name, backend, data, cfg.batch_size, progress)
+            run.path, run.spec_check, run.load_seconds = path, checks[name], load_s
+            runs.append(run)
+            del backend
+            gc.collect()
+    by_name = {r.name: r for r in runs}
+    for f in dict.fromkeys(cfg.fuse):
+        runs.append(fused_run(by_name[f], data, coarse_name))
+    assert [r.name for r in runs] == names
+    values = {r.name: ranker_values(r, data) for r in runs}
+    rows = {r.name: summarize(r, values[r.name]) for r in runs}
+    pairs = {}
+    for pair in cfg.pairs:
+        a, b = split_pair(pair, names, cfg.start)
+        pairs[pair] = paired_bootstrap(values[a], values[b], cfg.n_bootstrap, cfg.seed)
+    result = ProxyEvalResult(cfg, data, runs, rows, pairs, machine_line(), command_line(cfg))
+    result.files = write_runs(runs, data, Path(cfg.out) / "runs")
+    for path, text in (
+        (cfg.md_path, render_report(result)),
+        (cfg.json_path, json.dumps(result.to_json(), indent=2) + "\n"),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        result.files.append(path)
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def render_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
+    head = ["ranker", "n", *METRIC_NAMES, "parse rate", "p50 ms/question"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in rows.items():
+        cells = [name, str(m["n"]), *(_fmt(m[k]) for k in METRIC_NAMES)]
+        cells += [_fmt(m["parse_rate"]), _fmt(m.get("latency_ms_p50"), 0)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_pairs(pairs: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    lines = ["| pair (A − B) | metric | mean difference | 95% CI |", "|---|---|---|---|"]
+    for pair, ms in pairs.items():
+        for metric, v in ms.items():
+            ci = v["ci95"]
+            ci_text = "–" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
+            mean = "–" if v["mean"] is None else f"{v['mean']:+.3f}"
+            lines.append(f"| {pair} | {metric} | {mean} | {ci_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def _conversations_text(lists: Mapping[str, Any], split: str) -> str:
+    if not lists:
+        return "no split.json"
+    if split in lists:
+        return ", ".join(f"`{c}`" for c in lists[split]) or "none"
+    parts = [
+        f"{src}: " + (", ".join(f"`{c}`" for c in v.get(split, [])) or "none")
+        for src, v in lists.items()
+        if isinstance(v, Mapping)
+    ]
+    return "; ".join(parts) or "none"
+
+
+def render_report(result: ProxyEvalResult) -> str:
+    cfg, data, spec = result.config, result.data, result.data.spec
+    n = len(data.questions)
+    title = cfg.model_name or data.folder.name
+    scored = (
+        f"a seeded random sample of {n} of them (--max-questions {cfg.max_questions}, "
+        f"seed {cfg.seed})"
+        if data.sampled
+        else f"all {n} of them"
+    )
+    lines = [
+        f"# Proxy eval: {title}, split `{data.split}`",
+        "",
+        f"- data: `{data.folder}`, split `{data.split}`; conversations: "
+        f"{_conversations_text(data.conversations, data.split)}",
+        f"- questions: {data.n_questions} in the split, {data.n_with_gold_in_prompt} whose "
+        f"prompt shows gold; scored: {scored}",
+        f"- prompt spec: model `{spec.model}`, window {spec.window_tokens}, completion "
+        f"{spec.completion_tokens} (the generation cap), unit `{spec.unit}`, coarse "
+        f"`{spec.coarse}`, order `{spec.order}`, language `{spec.language}`, think "
+        f"{spec.ask_think}",
+    ]
+    if cfg.start:
+        lines.append(f"- start: {cfg.start}")
+    lines += [
+        f"- machine: {result.machine}",
+        f"- command: `{result.command}`",
+        "",
+        "## Metrics",
+        "",
+        f"Means over the n = {n} scored questions.",
+        "",
+        render_table(result.rows),
+        f"Failed parses score 0: a model row ranks exactly what it parsed, with no completion "
+        f"from the coarse order (a failed parse ranks nothing). Parse rate is over the same "
+        f"questions. `NAME+{spec.coarse}` rows fuse the model's parsed ranking with the "
+        f"`{spec.coarse}` order by reciprocal-rank fusion (k = {RRF_K:g}) over all candidates. "
+        "Latency: greedy generation, wall time per call shared by its "
+        f"{cfg.batch_size} prompts.",
+        "",
+    ]
+    models = [r for r in result.runs if r.kind == "model"]
+    if models:
+        lines += ["| model | path | spec | load s | parse errors |", "|---|---|---|---|---|"]
+        for r in models:
+            row = result.rows[r.name]
+            errs = ", ".join(f"{k}: {v}" for k, v in sorted(row["parse_errors"].items())) or "–"
+            lines.append(
+                f"| {r.name} | `{r.path}` | {r.spec_check} | {_fmt(r.load_seconds, 1)} | {errs} |"
+            )
+        lines.append("")
+    if result.pairs:
+        lines += [
+            "## Paired bootstrap",
+            "",
+            f"95% CIs of the mean per-question difference A − B: {cfg.n_bootstrap:,} "
+            f"resamples of the {n} questions (seed {cfg.seed}), numpy percentiles 2.5 / 97.5.",
+            "",
+            render_pairs(result.pairs),
+        ]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "METRIC_NAMES",
+    "EvalData",
+    "ProxyEvalConfig",
+    "ProxyEvalResult",
+    "Question",
+    "RankerRun",
+    "check_model_spec",
+    "coarse_run",
+    "command_line",
+    "fuse_order",
+    "fused_run",
+    "load_eval_data",
+    "model_run",
+    "paired_bootstrap",
+    "parse_model_option",
+    "per_question_metrics",
+    "read_split_lists",
+    "render_report",
+    "render_table",
+    "run_proxy_eval",
+    "spec_differences",
+    "split_pair",
+    "summarize",
+]

@@ -1,0 +1,163 @@
+"""The prompt contract: everything that decides the proxy's prompt, declared once.
+
+A proxy only works on the prompt it was trained on: the same tokenizer and chat template, window
+and completion budget, language, whether it is asked to think, what a candidate is (a session or
+a page of a few turns), the coarse filter that cuts and orders candidates, and the order they are
+shown in. :class:`PromptSpec` holds exactly that. The RL data recipe embeds one
+(``configs/data/*.yaml``, key ``prompt``); ``memsifter data rl`` writes it next to the data as
+``prompt_spec.json``; training copies it into every checkpoint and the shipped adapter; validation,
+``memsifter eval`` and the recall service read it back from the model folder and build their
+:class:`~memsifter.ranker.prompt.PromptBuilder` from it. :class:`PromptBuilder` stays the only
+renderer, so a checkpoint is served byte-identical prompts to the ones it was trained on.
+
+A model folder without ``prompt_spec.json`` is refused by :func:`read_spec` with an error that
+names the folder, unless the caller passes an explicit spec (an untrained base model has none).
+
+**Candidate order.** ``chronological`` (the paper's rule): ids are dates order, so they never
+leak the coarse filter's opinion. ``coarse``: candidates are shown in the coarse filter's order,
+best first, as a prior for the proxy to correct. It is our CPU-scale option: a 135M model
+trained for minutes on 2 cores cannot learn relevance from scratch, but it can learn when to
+move a candidate ahead of the coarse filter's choice. Whichever is used is part of the spec and
+is served the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from memsifter.errors import DataError
+
+if TYPE_CHECKING:
+    from memsifter.coarse.base import CoarseFilter
+    from memsifter.ranker.prompt import PromptBuilder
+
+SPEC_FILE = "prompt_spec.json"
+CandidateOrder = Literal["chronological", "coarse"]
+CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """What the proxy's prompt is made of; see the module doc."""
+
+    model: str = "smollm2-135m-instruct"  # whose tokenizer and chat template render the prompt
+    window_tokens: int = 8192  # prompt + completion
+    completion_tokens: int = 1024  # reserved for the answer; also the generation cap
+    language: str = "en"  # en | zh
+    ask_think: bool = True  # ask for <think>…</think> before the ranking
+    unit: str = "session"  # session | page
+    turns_per_page: int = 4  # with unit: page
+    coarse: str = "bm25"  # the coarse filter that cuts (and with order: coarse, orders)
+    order: str = "chronological"  # chronological | coarse
+    # Extra chat-template arguments; Qwen3's enable_thinking is derived from ask_think.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from memsifter.data.units import UNITS
+        from memsifter.ranker.prompt import LANGUAGES
+
+        if self.completion_tokens < 0 or self.window_tokens <= self.completion_tokens:
+            raise ValueError(
+                f"window_tokens ({self.window_tokens}) must exceed completion_tokens "
+                f"({self.completion_tokens}) >= 0"
+            )
+        if self.language not in LANGUAGES:
+            raise ValueError(f"language must be one of {LANGUAGES}, got {self.language!r}")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+        if self.turns_per_page < 1:
+            raise ValueError(f"turns_per_page must be >= 1, got {self.turns_per_page}")
+        if self.order not in CANDIDATE_ORDERS:
+            raise ValueError(f"order must be one of {CANDIDATE_ORDERS}, got {self.order!r}")
+        if "enable_thinking" in self.chat_template_kwargs:
+            raise ValueError(
+                "chat_template_kwargs.enable_thinking is derived from ask_think; set ask_think"
+            )
+
+    @property
+    def budget_tokens(self) -> int:
+        return self.window_tokens - self.completion_tokens
+
+    def builder(self, tokenizer: Any, coarse: CoarseFilter | None = None) -> PromptBuilder:
+        """The one renderer, configured by this spec. ``coarse`` defaults to ``self.coarse``."""
+        from memsifter.ranker.prompt import PromptBuilder
+
+        if coarse is None:
+            from memsifter.coarse import build_filter
+
+            coarse = build_filter(self.coarse)
+        return PromptBuilder(
+            tokenizer,
+            self.window_tokens,
+            self.completion_tokens,
+            coarse=coarse,
+            language=self.language,  # type: ignore[arg-type]
+            ask_think=self.ask_think,
+            order=self.order,  # type: ignore[arg-type]
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> PromptSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise DataError(f"unknown prompt spec keys {unknown}", file=source)
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"invalid prompt spec: {e}", file=source) from e
+
+    def with_model(self, model: str) -> PromptSpec:
+        """The same prompt, rendered with another name for the same tokenizer (a checkpoint
+        of the model the spec was made for)."""
+        return dataclasses.replace(self, model=model)
+
+
+def write_spec(spec: PromptSpec, folder: str | Path) -> Path:
+    path = Path(folder) / SPEC_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def has_spec(folder: str | Path) -> bool:
+    return (Path(folder) / SPEC_FILE).is_file()
+
+
+def read_spec(folder: str | Path) -> PromptSpec:
+    """The spec a model folder (checkpoint, adapter, RL data folder) was made with. A folder
+    without one is refused: serving or evaluating a model on a prompt it was not trained on is
+    silently wrong."""
+    path = Path(folder) / SPEC_FILE
+    if not path.is_file():
+        raise DataError(
+            f"{folder} has no {SPEC_FILE}: a proxy checkpoint must carry the prompt it was "
+            "trained on (pass an explicit prompt spec for an untrained model)",
+            file=str(folder),
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{SPEC_FILE} is not valid JSON: {e}", file=str(path)) from e
+    if not isinstance(data, dict):
+        raise DataError(f"{SPEC_FILE} must hold an object", file=str(path))
+    return PromptSpec.from_dict(data, str(path))
+
+
+__all__ = [
+    "CANDIDATE_ORDERS",
+    "SPEC_FILE",
+    "CandidateOrder",
+    "PromptSpec",
+    "has_spec",
+    "read_spec",
+    "write_spec",
+]
