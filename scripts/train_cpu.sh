@@ -17,4 +17,4 @@ if [ ! -f data/rl/locomo_smollm2/train_pool.parquet ]; then
 fi
 .venv/bin/memsifter train configs/train/smollm2_cpu.yaml "$@"
 .venv/bin/memsifter export-adapter outputs/train/smollm2_cpu/epoch-0/averaged \
-  --out outputs/train/smollm2_cpu/adapter --base smollm2-135m-instruct --rank 64
+  --out outputs/train/smollm2_cpu/adapter --base smollm2-135m-instruct --rank 48

@@ -21,6 +21,16 @@ for _var, _value in (
 ):
     os.environ.setdefault(_var, _value)
 
+# Property tests check results, not speed: hypothesis' 200 ms deadline per example fails them
+# when the two cores are busy (a training job beside the suite), which says nothing about code.
+try:
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("memsifter", deadline=None)
+    _hyp_settings.load_profile("memsifter")
+except ImportError:  # hypothesis is a dev extra
+    pass
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "data" / "fixtures"
 PG_DSN = os.environ.get("MEMSIFTER_TEST_PG_DSN")

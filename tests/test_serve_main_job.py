@@ -1,6 +1,6 @@
 """The README's main job: ``scripts/run.sh`` starts ``memsifter serve`` on the shipped default
-config (SQLite, BM25 + YAKE bookmarks, the offline SmolLM2 proxy on CPU) with the sample
-seeded, and the first curl it prints answers. Run here as the same CLI command in a subprocess,
+config (SQLite, BM25 + YAKE bookmarks, coarse-only: no proxy beat BM25 on the test split) with
+the sample seeded, and the first curl it prints answers, in under 2 s. Run here as the same CLI command in a subprocess,
 without the setup step (the test venv is already set up)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_main_job_serves_the_sample_with_the_smollm2_proxy(tmp_path: Path) -> None:
+def test_main_job_serves_the_sample_coarse_only(tmp_path: Path) -> None:
     port = _free_port()
     env = dict(os.environ)
     env.pop("MEMSIFTER_DEMO_KEY", None)  # the key is generated and printed, as on a fresh clone
@@ -55,20 +55,18 @@ def test_main_job_serves_the_sample_with_the_smollm2_proxy(tmp_path: Path) -> No
         key = re.search(r"Bearer (msk-[\w-]+)", printed)
         assert key, printed[-3000:]
         assert "generated; shown only now" in printed
+        t0 = time.monotonic()
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/users/alice/recall",
             headers={"Authorization": f"Bearer {key.group(1)}"},
             json={"question": "What is my dog called?", "top_k": 2},
-            timeout=300,
+            timeout=60,
         )
+        elapsed = time.monotonic() - t0
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body["ranker"] == "proxy:transformers:smollm2-135m-instruct"
-        # The untrained SmolLM2 may not write a parseable <ranking>: the response then says so
-        # and its order was completed from the fused coarse ranking, never silently.
-        assert body["parse"]["status"] in ("ok", "failed")
-        assert body["parse"]["completed"] or body["parse"]["status"] == "ok"
-        assert body["timings"]["model_ms"] > 0
+        assert body["ranker"] == "coarse-only"
+        assert elapsed < 2.0, f"first recall took {elapsed:.2f} s"
         assert len(body["hits"]) == 2
         assert any("Max" in h["text"] for h in body["hits"])
     finally:
