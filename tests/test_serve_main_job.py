@@ -1,7 +1,7 @@
 """The README's main job: ``scripts/run.sh`` starts ``memsifter serve`` on the shipped default
 config (SQLite, BM25 + YAKE bookmarks, coarse-only: no proxy beat BM25 on the test split) with
-the sample seeded, and the first curl it prints answers, in under 2 s. Run here as the same CLI command in a subprocess,
-without the setup step (the test venv is already set up)."""
+the sample seeded, and the first curl it prints answers, in under 2 s. Run here as the same
+CLI command in a subprocess, without the setup step (the test venv is already set up)."""
 
 from __future__ import annotations
 
