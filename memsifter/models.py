@@ -121,6 +121,16 @@ def _umask_permissions(folder: Path) -> None:
         f.chmod(mode & 0o666)
 
 
+def _install_dir(tmp: Path, dest: Path) -> None:
+    """Rename a finished folder into place. A stale ``dest`` is moved aside first, as rename
+    cannot replace a non-empty directory."""
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        os.replace(dest, old / dest.name)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
 def convert_gguf(gguf: Path, dest: Path) -> None:
     """Dequantize ``gguf`` with transformers and save model, tokenizer and generation config as a
     plain safetensors folder at ``dest`` (replaced if present).
@@ -150,12 +160,7 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
         tokenizer.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps(_gguf_source(gguf), indent=2) + "\n")
         _umask_permissions(tmp)
-        if dest.exists():
-            # A stale conversion: move it aside first, as rename cannot replace a non-empty dir.
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-            os.replace(dest, old / dest.name)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, dest)
+        _install_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -357,11 +362,7 @@ def merge_adapter(adapter_dir: Path, dest: Path, dtype: Any = "float32") -> None
             shutil.copyfile(adapter_dir / SPEC_FILE, tmp / SPEC_FILE)
         (tmp / _MARKER).write_text(json.dumps({"adapter": str(adapter_dir)}, indent=2) + "\n")
         _umask_permissions(tmp)
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-            os.replace(dest, old / dest.name)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, dest)
+        _install_dir(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
