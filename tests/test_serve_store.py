@@ -263,7 +263,9 @@ def _fact(store: Store, tenant: str, subject: str, text: str, **kw: object) -> F
 
 
 def test_facts_supersede_forget_and_sweep(store: Store, tenant: str) -> None:
-    old = _fact(store, tenant, "Home City", "Lives in Berlin.")
+    old = _fact(store, tenant, "Home City", "Lives in Berlin.", type="entity")
+    # A fact of another type about the same subject is a different fact: never superseded.
+    other = _fact(store, tenant, "home city", "Wants to move to a bigger flat.", type="task")
     new, superseded = store.add_fact(
         tenant,
         "u4",
@@ -274,12 +276,13 @@ def test_facts_supersede_forget_and_sweep(store: Store, tenant: str) -> None:
     )
     assert superseded == [old.fact_id]
     live = store.list_facts(tenant, "u4")
-    assert [f.fact_id for f in live] == [new.fact_id]
+    assert [f.fact_id for f in live] == [new.fact_id, other.fact_id]
     assert store.get_fact(tenant, "u4", old.fact_id) is None  # history is never returned
 
     # Forget removes the fact and the history it replaced, for good.
     assert store.forget_fact(tenant, "u4", new.fact_id) == 2
     assert store.forget_fact(tenant, "u4", new.fact_id) == 0
+    assert store.forget_fact(tenant, "u4", other.fact_id) == 1
     assert store.list_facts(tenant, "u4") == []
 
     now = utcnow()

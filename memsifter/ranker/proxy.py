@@ -11,7 +11,9 @@ for a model without one (an untrained base) the settings the caller states expli
 with neither is refused, and so are explicit settings that contradict the model's own spec.
 
 When the model's ranking is partial or unparseable, ``complete_with_coarse`` (the default for
-inference) appends the missing candidates in the coarse filter's order; the result says so
+inference) appends the missing candidates in the caller's order when the request carries one
+(``RankRequest.prior``: the recall service's fused coarse + bookmark order, so a failed parse
+returns exactly what coarse-only would), else in the coarse filter's order; the result says so
 (``parsed.completed_from``, ``parsed.error``), and rewards never take this path: for them a
 parse failure stays a failure.
 """
@@ -179,6 +181,9 @@ class RankRequest:
     question: str
     sessions: Sequence[Session]
     question_date: str | None = None
+    # The caller's ranking of ``sessions`` (ids, best first), if it has one: what a partial or
+    # failed parse is completed from, and the order of candidates the prompt could not hold.
+    prior: Sequence[str] | None = None
 
 
 class Proxy:
@@ -205,6 +210,10 @@ class Proxy:
         self.name = f"memsifter[{backend.model_name}]"
 
     def _fallback(self, req: RankRequest, prompt: BuiltPrompt) -> tuple[int, ...]:
+        if req.prior is not None:
+            # The caller ranked the candidates already (with evidence the coarse filter lacks,
+            # such as bookmarks): complete from that, not from a re-score.
+            return _prior_positions(req.prior, prompt.candidate_ids)
         if prompt.coarse_order is not None:
             # The coarse ranking the builder made; with spec.order == "coarse" it is the shown
             # order itself, so completion never re-scores what the prompt already ranked.
@@ -231,15 +240,31 @@ class Proxy:
         return out
 
     def rank(
-        self, question: str, sessions: Sequence[Session], question_date: str | None = None
+        self,
+        question: str,
+        sessions: Sequence[Session],
+        question_date: str | None = None,
+        *,
+        prior: Sequence[str] | None = None,
     ) -> ProxyRanking:
-        return self.rank_many([RankRequest(question, sessions, question_date)])[0]
+        """``prior``: see :attr:`RankRequest.prior`."""
+        return self.rank_many([RankRequest(question, sessions, question_date, prior)])[0]
 
     def _read(self, req: RankRequest, prompt: BuiltPrompt, gen: Generation) -> ProxyRanking:
         parsed = parse_ranking(gen.text, prompt.num_candidates)
         if self.config.complete_with_coarse and len(parsed.ids) < prompt.num_candidates:
             parsed = parsed.complete(self._fallback(req, prompt))
-        ids = prompt.session_ids(parsed) + tuple(prompt.dropped_ids)
+        dropped = tuple(prompt.dropped_ids)
+        if req.prior is not None and dropped:
+            dropped = tuple(dropped[i] for i in _prior_positions(req.prior, dropped))
+        ids = prompt.session_ids(parsed) + dropped
         return ProxyRanking(
             ranking=Ranking(ids=ids, source=self.name), parsed=parsed, prompt=prompt, generation=gen
         )
+
+
+def _prior_positions(prior: Sequence[str], ids: Sequence[str]) -> tuple[int, ...]:
+    """Positions of ``ids`` in ``prior``'s order; ids ``prior`` lacks follow in their own order."""
+    rank = {sid: i for i, sid in enumerate(prior)}
+    end = len(rank)
+    return tuple(sorted(range(len(ids)), key=lambda i: (rank.get(ids[i], end), i)))

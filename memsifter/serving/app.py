@@ -6,9 +6,12 @@ exists is ready. The lifespan only runs the expired-facts sweeper.
 
 Errors: every refusal is ``{"error": {"type", "message", "fields": [{"field", "message"}]},
 "request_id"}`` with a 4xx, and fields are paths such as ``body.sessions[0].turns[2].text``.
-The request middleware refuses oversized and non-UTF-8 bodies before any parsing, and turns
-an unexpected exception into a bare 500 with the request id (the traceback goes to the log,
-never to the client).
+The request middleware refuses oversized and non-UTF-8 bodies before any parsing, refuses a
+body that stalls (no bytes for ``limits.body_timeout_s``) with a 408, and turns an unexpected
+exception into a bare 500 with the request id (the traceback goes to the log, never to the
+client). A database that cannot be reached (SQLAlchemy's ``OperationalError``,
+``InterfaceError`` or a pool timeout) is a 503 with ``Retry-After``: the client may retry, and a
+load balancer can tell an outage from a bug.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -40,7 +45,7 @@ from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.ratelimit import RateLimitedError, RateLimiter
 from memsifter.serving.routes import admin, facts, ops, rank, recall, sessions
-from memsifter.serving.store import Store
+from memsifter.serving.store import Store, hash_key
 
 logger = logging.getLogger("memsifter.serving")
 
@@ -90,10 +95,18 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
 class RequestMiddleware:
     """Request id, body limits and UTF-8, access log and latency metrics, last-resort 500."""
 
-    def __init__(self, app: Any, *, max_body_bytes: int, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        max_body_bytes: int,
+        metrics: Metrics,
+        body_timeout_s: float | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -159,7 +172,12 @@ class RequestMiddleware:
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                # Per chunk: a slow upload that keeps sending is fine, a stalled one is not
+                # held open (and its worker slot taken) forever.
+                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                return self._stalled(size), receive
             if message["type"] == "http.disconnect":
                 break
             chunk = message.get("body", b"")
@@ -193,6 +211,16 @@ class RequestMiddleware:
             return await receive()
 
         return None, replay
+
+    def _stalled(self, size: int) -> JSONResponse:
+        response = error_response(
+            408,
+            "request_timeout",
+            f"the body stalled: no bytes for {self.body_timeout_s} s after {size} bytes",
+            [("body", f"no bytes for {self.body_timeout_s} s")],
+        )
+        response.headers["Connection"] = "close"  # the rest of the body may still come
+        return response
 
     def _too_large(self, size: int) -> JSONResponse:
         return error_response(
@@ -239,8 +267,26 @@ def _install_error_handlers(app: FastAPI) -> None:
         response = error_response(exc.status, kind, exc.message, fields)
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
+        if exc.status == 503:
+            response.headers["Retry-After"] = "1"
         if isinstance(exc, RateLimitedError):
             response.headers["Retry-After"] = RateLimiter.retry_after_header(exc.retry_after_s)
+        return response
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeoutError)
+    async def _database_down(_request: Request, exc: Exception) -> JSONResponse:
+        # Not a client error and not a bug of ours: the database is down, unreachable, or out
+        # of connections. The cause goes to the log; the client hears "retry".
+        logger.error("database unavailable: %s", exc)
+        response = error_response(
+            503,
+            "unavailable",
+            "the database is unavailable; retry shortly",
+            [("database", "unreachable or out of connections")],
+        )
+        response.headers["Retry-After"] = "1"
         return response
 
     @app.exception_handler(StarletteHTTPException)
@@ -262,11 +308,21 @@ def build_extractor(config: ServeConfig, ranker: ServiceRanker) -> KeywordExtrac
 
 
 def bootstrap_keys(config: ServeConfig, store: Store) -> None:
+    """Add the configured keys that are missing, except revoked ones: an admin's revocation
+    outlives every restart (the store records it)."""
     for i, k in enumerate(config.api_keys):
         key = os.environ.get(k.key_env) if k.key_env else None
         if k.key_env and not key:
             logger.warning(
                 "api_keys[%d]: environment variable %s is not set; key skipped", i, k.key_env
+            )
+            continue
+        if store.key_revoked(k.key_sha256 or hash_key(key or "")):
+            logger.warning(
+                "api_keys[%d] (tenant %s) was revoked through the admin API; not added again. "
+                "Configure a new key to restore access",
+                i,
+                k.tenant,
             )
             continue
         store.add_api_key(
@@ -336,6 +392,9 @@ def create_app(
     for router in routers:
         app.include_router(router)
     app.add_middleware(
-        RequestMiddleware, max_body_bytes=config.limits.max_body_bytes, metrics=metrics
+        RequestMiddleware,
+        max_body_bytes=config.limits.max_body_bytes,
+        metrics=metrics,
+        body_timeout_s=config.limits.body_timeout_s,
     )
     return app

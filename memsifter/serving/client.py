@@ -7,6 +7,9 @@
 Responses are the service's own pydantic models (``memsifter.serving.schemas``). A non-2xx
 answer raises ``ServiceError`` carrying the status, the error body and the request id.
 Pass ``http=`` to reuse a client (connection pools, a test client, custom transports).
+
+Ids go into URL paths percent-encoded, ``/`` included: a session id ``conv/7`` is sent as
+``conv%2F7``, so no client or proxy on the way can read its segments as path structure.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
@@ -55,6 +59,11 @@ class ServiceError(MemSifterError):
         detail = body.error.message if body else text[:500]
         fields = ", ".join(f.field for f in body.error.fields) if body else ""
         super().__init__(f"HTTP {status}: {detail}" + (f" [fields: {fields}]" if fields else ""))
+
+
+def _seg(value: str) -> str:
+    """One path segment: every reserved character, ``/`` included, percent-encoded."""
+    return quote(value, safe="")
 
 
 class MemSifterClient:
@@ -125,26 +134,28 @@ class MemSifterClient:
         self, user: str, sessions: Sequence[SessionIn], *, replace: bool = False
     ) -> IngestOut:
         body = IngestSessionsIn(sessions=list(sessions), replace=replace)
-        return self._call("POST", f"/v1/users/{user}/sessions", IngestOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user)}/sessions", IngestOut, body)
 
     def ingest_turns(
         self, user: str, turns: Sequence[TurnIn], *, session_prefix: str | None = None
     ) -> IngestOut:
         body = IngestTurnsIn(turns=list(turns), session_prefix=session_prefix)
-        return self._call("POST", f"/v1/users/{user}/turns", IngestOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user)}/turns", IngestOut, body)
 
     def list_sessions(self, user: str, *, limit: int = 100, offset: int = 0) -> SessionListOut:
         params = {"limit": limit, "offset": offset}
-        return self._call("GET", f"/v1/users/{user}/sessions", SessionListOut, params=params)
+        return self._call("GET", f"/v1/users/{_seg(user)}/sessions", SessionListOut, params=params)
 
     def get_session(self, user: str, session_id: str) -> SessionOut:
-        return self._call("GET", f"/v1/users/{user}/sessions/{session_id}", SessionOut)
+        return self._call("GET", f"/v1/users/{_seg(user)}/sessions/{_seg(session_id)}", SessionOut)
 
     def delete_session(self, user: str, session_id: str) -> DeletedOut:
-        return self._call("DELETE", f"/v1/users/{user}/sessions/{session_id}", DeletedOut)
+        return self._call(
+            "DELETE", f"/v1/users/{_seg(user)}/sessions/{_seg(session_id)}", DeletedOut
+        )
 
     def delete_user(self, user: str) -> DeletedOut:
-        return self._call("DELETE", f"/v1/users/{user}", DeletedOut)
+        return self._call("DELETE", f"/v1/users/{_seg(user)}", DeletedOut)
 
     # -- recall and context
 
@@ -152,7 +163,7 @@ class MemSifterClient:
         self, user: str, question: str, *, top_k: int = 5, question_date: str | None = None
     ) -> RecallOut:
         body = RecallIn(question=question, top_k=top_k, question_date=question_date)
-        return self._call("POST", f"/v1/users/{user}/recall", RecallOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user)}/recall", RecallOut, body)
 
     def context(
         self,
@@ -171,7 +182,7 @@ class MemSifterClient:
             page_in_k=page_in_k,
             recent_turns=recent_turns,
         )
-        return self._call("POST", f"/v1/users/{user}/context", ContextOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user)}/context", ContextOut, body)
 
     # -- facts
 
@@ -194,19 +205,21 @@ class MemSifterClient:
                 "expires_at": expires_at,
             }
         )
-        return self._call("POST", f"/v1/users/{user}/facts", FactAddedOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user)}/facts", FactAddedOut, body)
 
     def facts(self, user: str) -> FactListOut:
-        return self._call("GET", f"/v1/users/{user}/facts", FactListOut)
+        return self._call("GET", f"/v1/users/{_seg(user)}/facts", FactListOut)
 
     def get_fact(self, user: str, fact_id: str) -> FactOut:
-        return self._call("GET", f"/v1/users/{user}/facts/{fact_id}", FactOut)
+        return self._call("GET", f"/v1/users/{_seg(user)}/facts/{_seg(fact_id)}", FactOut)
 
     def correct(self, user: str, fact_id: str, patch: FactPatch) -> FactAddedOut:
-        return self._call("PATCH", f"/v1/users/{user}/facts/{fact_id}", FactAddedOut, patch)
+        return self._call(
+            "PATCH", f"/v1/users/{_seg(user)}/facts/{_seg(fact_id)}", FactAddedOut, patch
+        )
 
     def forget(self, user: str, fact_id: str) -> DeletedOut:
-        return self._call("DELETE", f"/v1/users/{user}/facts/{fact_id}", DeletedOut)
+        return self._call("DELETE", f"/v1/users/{_seg(user)}/facts/{_seg(fact_id)}", DeletedOut)
 
     def sweep(self) -> SweepOut:
         return self._call("POST", "/v1/facts/sweep", SweepOut)

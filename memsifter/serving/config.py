@@ -26,6 +26,9 @@ PROXY_BACKENDS = ("coarse-only", "transformers", "openai")
 FACT_TYPES = ("entity", "preference", "event", "task")
 KEYWORD_EXTRACTORS = ("yake", "llm")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve" / "default.yaml"
+# Ceilings the API schema declares (so clients see them in OpenAPI); limits may lower them.
+TOP_K_MAX = 100
+QUESTION_MAX_CHARS = 2_000
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class Limits:
     """Hard input limits; anything over them is a 413/422 naming the field."""
 
     max_body_bytes: int = 2_000_000
+    # Longest wait for the next chunk of a request body (408 after it); None: wait forever.
+    body_timeout_s: float | None = 30.0
     max_sessions: int = 200  # per request (rank candidates, one ingest)
     max_turns_per_session: int = 1000
     max_turns_per_request: int = 5000  # raw-turn ingest
@@ -85,6 +90,13 @@ class Limits:
     def __post_init__(self) -> None:
         if self.rate_per_s is not None and (self.rate_per_s <= 0 or self.burst < 1):
             raise ValueError("limits.rate_per_s must be > 0 (or null) and limits.burst >= 1")
+        # The API schema declares these ceilings; a higher limit would be refused by it anyway.
+        if self.body_timeout_s is not None and self.body_timeout_s <= 0:
+            raise ValueError("limits.body_timeout_s must be > 0 (or null)")
+        if not 1 <= self.max_top_k <= TOP_K_MAX:
+            raise ValueError(f"limits.max_top_k must be within 1..{TOP_K_MAX}")
+        if not 1 <= self.max_question_chars <= QUESTION_MAX_CHARS:
+            raise ValueError(f"limits.max_question_chars must be within 1..{QUESTION_MAX_CHARS}")
 
 
 @dataclass(frozen=True)
@@ -180,6 +192,8 @@ class ServeConfig:
     admin: AdminSettings = field(default_factory=AdminSettings)
     index_cache_users: int = 256  # per-user coarse indexes kept in memory (LRU)
     token_cache_pages: int = 500_000  # pages' proxy-token counts kept in memory (LRU, ~150 B each)
+    # BM25 indexes of request-borne haystacks (/v1/rank), LRU, bounded in estimated bytes.
+    rank_cache_bytes: int = 64_000_000
     sample_tenant: str = "demo"  # --seed-sample writes here
     sample_key_env: str = "MEMSIFTER_DEMO_KEY"
 

@@ -3,6 +3,7 @@ of deployment limits that pydantic cannot know about."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
@@ -19,7 +20,13 @@ from memsifter.serving.memory import MemoryService, session_from_input
 from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.ratelimit import RateLimiter
-from memsifter.serving.schemas import SESSION_ID_PATTERN, USER_ID_PATTERN, SessionIn, TurnIn
+from memsifter.serving.schemas import (
+    SESSION_ID_MAX_CHARS,
+    SESSION_ID_PATTERN,
+    USER_ID_PATTERN,
+    SessionIn,
+    TurnIn,
+)
 from memsifter.serving.store import Principal, Store
 
 
@@ -64,7 +71,30 @@ async def principal(
 Svc = Annotated[Services, Depends(services)]
 Who = Annotated[Principal, Depends(principal)]
 UserId = Annotated[str, Path(pattern=USER_ID_PATTERN, description="the app's id of the user")]
-SessionId = Annotated[str, Path(pattern=SESSION_ID_PATTERN)]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def session_id(
+    request: Request,
+    session_id: Annotated[str, Path(pattern=SESSION_ID_PATTERN, max_length=SESSION_ID_MAX_CHARS)],
+) -> str:
+    """The ``{session_id:path}`` parameter, refused when the raw path holds a control character.
+
+    Starlette's path routes match with ``$``, which also matches before a final newline, and
+    their ``.*`` stops at one: ``/sessions/s1%0A`` would act on ``s1``. The id itself passes
+    its pattern, so the raw path is checked."""
+    bad = _CONTROL.search(request.scope.get("path", ""))
+    if bad is not None:
+        raise ServeError(
+            f"the path contains a control character (U+{ord(bad.group()):04X}); session ids "
+            "never do",
+            field="path.session_id",
+            status=422,
+        )
+    return session_id
+
+
+SessionId = Annotated[str, Depends(session_id)]
 
 
 def to_turn(t: TurnIn) -> Turn:

@@ -131,7 +131,7 @@ class MemoryService:
         try:
             self.store.put_sessions(who.tenant_id, user, records, replace=replace)
         except ServeError as e:  # the store names fields of its input; callers sent a body
-            if e.field and not e.field.startswith("body."):
+            if e.field and not e.field.startswith(("body.", "path.")):
                 e.field = f"body.{e.field}"
             raise
         self.ranker.user_index(self.store, who.tenant_id, user)  # index now, not on first query

@@ -16,12 +16,20 @@ coarse stage alone when the service runs ``coarse-only``.
   one prompt builder and the one parser, so session text cannot steer how the answer is read.
   The prompt is the model's :class:`~memsifter.ranker.spec.PromptSpec` (``proxy.prompt_spec()``),
   rendered by ``spec.builder`` exactly as the RL data was.
-  The proxy's order comes first, then the rest in fused order. A backend failure is a 503, not a
-  silent fall back to coarse-only: every response says which ranker produced it.
+  The proxy's order comes first, then the rest in fused order; a partial or unparseable answer
+  is completed in fused order too (the proxy is handed that order), so a failed parse returns
+  exactly the coarse-only ranking. A backend failure is a 503, not a silent fall back to
+  coarse-only: every response says which ranker produced it.
+* **Stateless haystacks.** ``/v1/rank`` (and the proxy's prompt, when its candidates overflow
+  the window) index whatever sessions a request brings. A BM25 filter caches those indexes by
+  content, so a client asking many questions over one haystack builds it once; the cache is
+  bounded in (estimated) bytes, ``rank_cache_bytes``, not only in entries, since one haystack
+  can be megabytes (``ByteBoundedBM25``).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -29,11 +37,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import bm25s
 import numpy as np
 
 from memsifter.coarse import build_filter
 from memsifter.coarse.base import CoarseFilter, Selection
-from memsifter.coarse.bm25 import BM25Filter, IncrementalBM25
+from memsifter.coarse.bm25 import BM25Filter, IncrementalBM25, _Seen
 from memsifter.coarse.hybrid import rrf
 from memsifter.data.tokens import SessionTokenCache, TokenCounter
 from memsifter.data.types import Ranking, Session
@@ -74,6 +83,64 @@ class LockedCoarse(CoarseFilter):
     ) -> Selection:
         with self._lock:
             return self.inner.select(query, sessions, budget_tokens, counter)
+
+
+def haystack_bytes(sessions: Sequence[Session], model: object) -> int:
+    """What caching ``sessions``' BM25 index holds, roughly: the sessions (their text, and the
+    turn and string objects around it) and the index's arrays and vocabulary."""
+    held = 0
+    for session in sessions:
+        held += 200 + sys.getsizeof(session.id)
+        for turn in session.turns:
+            held += 150 + sys.getsizeof(turn.text) + sys.getsizeof(turn.speaker)
+    scores = getattr(model, "scores", None) or {}
+    held += sum(int(getattr(v, "nbytes", 0)) for v in scores.values())
+    held += 120 * len(getattr(model, "vocab_dict", None) or {})  # a dict entry, key and int
+    return held
+
+
+class ByteBoundedBM25(BM25Filter):
+    """A ``BM25Filter`` whose haystack cache is bounded in bytes as well as in entries.
+
+    The parent keeps up to ``cache_size`` indexes, and identity memos that each hold the
+    sessions they were built from. A client sending 1.8 MB haystacks to ``/v1/rank`` thus grew
+    the process by over a gigabyte before the entry bound bit; here the least recently used
+    indexes go once their estimated size (``haystack_bytes``) passes ``max_bytes``, memos go
+    with their index, and one haystack keeps one memo however often its content is resent as
+    new objects. The index in use is always kept, even when it alone is over the bound.
+    Not thread-safe, like the parent: the service wraps it in ``LockedCoarse``."""
+
+    def __init__(self, like: BM25Filter, max_bytes: int) -> None:
+        super().__init__(like.k1, like.b, like.method, like.language, like.cache_size)
+        self.max_bytes = max_bytes
+        self.held_bytes = 0
+        self._sizes: dict[tuple[str, ...], int] = {}
+
+    def _resolve(self, sessions: Sequence[Session]) -> _Seen:
+        previous = self._last
+        seen = super()._resolve(sessions)
+        if seen is not previous:  # a new memo may have been made: keep one per haystack
+            for ident, other in list(self._seen.items()):
+                if other is not seen and other.key == seen.key:
+                    del self._seen[ident]
+        return seen
+
+    def _get(self, sessions: Sequence[Session], key: tuple[str, ...]) -> bm25s.BM25:
+        if key in self._indexes:  # the hot path: a hit changes no sizes
+            return super()._get(sessions, key)
+        model = super()._get(sessions, key)
+        size = haystack_bytes(sessions, model)
+        self._sizes[key] = size
+        self.held_bytes += size
+        for old in [k for k in self._sizes if k not in self._indexes]:  # evicted by count
+            self.held_bytes -= self._sizes.pop(old)
+        while self.held_bytes > self.max_bytes and len(self._indexes) > 1:
+            old, _ = self._indexes.popitem(last=False)
+            self.held_bytes -= self._sizes.pop(old)
+        for ident, memo in list(self._seen.items()):
+            if memo.key not in self._indexes:
+                del self._seen[ident]
+        return model
 
 
 @dataclass(frozen=True)
@@ -268,8 +335,12 @@ class ServiceRanker:
         rrf_k: int = 60,
         index_cache_users: int = 256,
         token_cache_pages: int = 500_000,
+        rank_cache_bytes: int | None = 64_000_000,
         name: str | None = None,
     ) -> None:
+        if rank_cache_bytes is not None:
+            coarse = _bounded(coarse, rank_cache_bytes)
+            proxy_coarse = _bounded(proxy_coarse, rank_cache_bytes) if proxy_coarse else None
         cache_size = getattr(coarse, "cache_size", None)
         if isinstance(cache_size, int):
             # The filter's own LRU of built indexes must outlive ours, or a cached user would
@@ -332,6 +403,7 @@ class ServiceRanker:
             rrf_k=config.bookmarks.rrf_k,
             index_cache_users=config.index_cache_users,
             token_cache_pages=config.token_cache_pages,
+            rank_cache_bytes=config.rank_cache_bytes,
             name=config.ranker_name,
         )
 
@@ -449,11 +521,15 @@ class ServiceRanker:
         # In the caller's (chronological) order, as the RL data hands its haystack to the prompt
         # builder: the builder breaks ties (pages of one date; equal coarse scores) by input
         # order, so passing them in fused order would show the model a different prompt.
-        shown = [sessions[i] for i in sorted(order[: self.max_candidates].tolist())]
+        shown_positions = order[: self.max_candidates]
+        shown = [sessions[i] for i in sorted(shown_positions.tolist())]
+        # The fused order of what is shown: a failed or partial parse is completed from it, so
+        # the answer then equals the coarse-only one (bookmarks included), as it claims to.
+        prior = ids[shown_positions].tolist()
         proxy_start = time.perf_counter()
         try:
             with self._slots:
-                result = self.proxy.rank(question, shown, question_date)
+                result = self.proxy.rank(question, shown, question_date, prior=prior)
         except PromptBudgetError as e:
             raise ServeError(
                 f"the question does not fit the proxy's window: {e}", field="body.question"
@@ -475,7 +551,6 @@ class ServiceRanker:
         # The proxy ranked (a subset of) the fused top max_candidates; the rest follow in fused
         # order, without a per-candidate Python loop over a 10K-page user.
         ranked = list(result.ranking.ids)
-        shown_positions = order[: self.max_candidates]
         seen = set(ranked)
         ranked += [ids[i] for i in shown_positions.tolist() if ids[i] not in seen]
         ranked += ids[order[self.max_candidates :]].tolist()
@@ -485,3 +560,11 @@ class ServiceRanker:
         timings["model_ms"] = result.generation.latency_s * 1000
         timings["total_ms"] = (time.perf_counter() - start) * 1000
         return RankOutcome(tuple(ranked), self.name, parsed.think, report, timings, **scores)
+
+
+def _bounded(coarse: CoarseFilter, max_bytes: int) -> CoarseFilter:
+    """A BM25 filter with its cache bounded in bytes; other filters as they are (a dense
+    filter's cache holds one embedding per page, bounded by its own rules)."""
+    if type(coarse) is BM25Filter:
+        return ByteBoundedBM25(coarse, max_bytes)
+    return coarse

@@ -5,7 +5,15 @@ Requests forbid unknown keys, so a misspelt field is a 422 naming it rather than
 ignored. Text fields reject lone UTF-16 surrogates and NUL characters: JSON can spell both
 (``"\\ud800"``, ``"\\u0000"``), but neither can be stored as UTF-8 text (PostgreSQL refuses NUL
 outright), and failing later would be a 500. Limits that depend on the deployment (how many
-sessions, how long a text) are checked by the routes against ``ServeConfig.limits``.
+sessions, how long a text) are checked by the routes against ``ServeConfig.limits``; the ones a
+client must know to call the API at all (``top_k``, a question's length) are also declared here,
+as ceilings that a deployment may lower but not raise, so they appear in the OpenAPI schema.
+Integers are strict: ``true`` is not a ``top_k``.
+
+Session ids may contain ``/`` (``conv/7``), but no segment may be empty, ``.`` or ``..``: HTTP
+clients collapse such paths (``x/../keep`` becomes ``keep``), so a request for one id would
+reach another. Every datetime in a response is UTC with its offset (RFC 3339), since the store
+keeps naive UTC.
 """
 
 from __future__ import annotations
@@ -16,11 +24,17 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from memsifter.serving.config import FACT_TYPES
+from memsifter.serving.config import FACT_TYPES, QUESTION_MAX_CHARS, TOP_K_MAX
 
 USER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
-# No '#': page ids are "<session id>#<first turn id>".
-SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$"
+# No '#': page ids are "<session id>#<first turn id>". Segments after a '/' are any run of the
+# id characters except "." and ".." (see the module doc); the first starts alphanumeric.
+_SEGMENT = (
+    r"(?:[A-Za-z0-9_:@-][A-Za-z0-9._:@-]*|\.[A-Za-z0-9_:@-][A-Za-z0-9._:@-]*|\.\.[A-Za-z0-9._:@-]+)"
+)
+SESSION_ID_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._:@-]*(?:/{_SEGMENT})*$"
+SESSION_ID_MAX_CHARS = 128
+SUBJECT_MAX_CHARS = 200  # the stored, normalised subject (facts.subject)
 TURN_ID_PATTERN = r"^[A-Za-z0-9._:/@-]{1,64}$"
 FACT_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
@@ -43,6 +57,11 @@ def _not_blank(value: str) -> str:
     return value
 
 
+def _aware_utc(value: datetime) -> datetime:
+    """Stored datetimes are naive UTC; a response says so with its offset."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
+
+
 def _naive_utc(value: datetime) -> datetime:
     """Aware datetimes become naive UTC (the store's convention) here, where a value that
     cannot be expressed in UTC (year 1 at +14:00) is still a 422 naming its field."""
@@ -56,6 +75,7 @@ def _naive_utc(value: datetime) -> datetime:
 
 Text = Annotated[str, AfterValidator(_clean)]
 UtcDateTime = Annotated[datetime, AfterValidator(_naive_utc)]
+UtcOut = Annotated[datetime, AfterValidator(_aware_utc)]
 NonBlank = Annotated[str, AfterValidator(_clean), AfterValidator(_not_blank)]
 
 
@@ -78,7 +98,11 @@ class TurnIn(Request):
 
 
 class SessionIn(Request):
-    id: str = Field(pattern=SESSION_ID_PATTERN, examples=["2024-05-01-evening"])
+    id: str = Field(
+        pattern=SESSION_ID_PATTERN,
+        max_length=SESSION_ID_MAX_CHARS,
+        examples=["2024-05-01-evening", "conv/7"],
+    )
     date: UtcDateTime | None = None
     date_text: Text | None = Field(default=None, max_length=64, examples=["1 May 2024"])
     turns: list[TurnIn] = Field(min_length=1)
@@ -88,7 +112,7 @@ class TurnOut(Response):
     speaker: str
     text: str
     turn_id: str | None = None
-    timestamp: datetime | None = None
+    timestamp: UtcOut | None = None
 
 
 class ParseOut(Response):
@@ -129,10 +153,10 @@ class ErrorResponse(Response):
 
 
 class RankIn(Request):
-    question: NonBlank
+    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS)
     question_date: Text | None = Field(default=None, max_length=64)
     sessions: list[SessionIn] = Field(min_length=1)
-    top_k: int | None = Field(default=None, ge=1)
+    top_k: int | None = Field(default=None, ge=1, le=TOP_K_MAX, strict=True)
 
 
 class RankedItem(Response):
@@ -182,12 +206,12 @@ class IngestOut(Response):
 
 class SessionSummary(Response):
     session_id: str
-    date: datetime | None
+    date: UtcOut | None
     date_text: str | None
     n_turns: int
     n_tokens: int
     n_pages: int
-    created_at: datetime
+    created_at: UtcOut
 
 
 class SessionListOut(Response):
@@ -215,9 +239,9 @@ class DeletedOut(Response):
 
 
 class RecallIn(Request):
-    question: NonBlank
+    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS)
     question_date: Text | None = Field(default=None, max_length=64)
-    top_k: int = Field(default=5, ge=1)
+    top_k: int = Field(default=5, ge=1, le=TOP_K_MAX, strict=True)
 
 
 class RecallHit(Response):
@@ -228,7 +252,7 @@ class RecallHit(Response):
     coarse_score: float
     bookmark_score: float | None
     keywords: list[str]
-    date: datetime | None
+    date: UtcOut | None
     date_text: str | None
     n_tokens: int
     text: str
@@ -244,11 +268,11 @@ class RecallOut(Response):
 
 
 class ContextIn(Request):
-    question: NonBlank
+    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS)
     question_date: Text | None = Field(default=None, max_length=64)
-    budget_tokens: int = Field(ge=16)
-    page_in_k: int | None = Field(default=None, ge=0)
-    recent_turns: int | None = Field(default=None, ge=0, le=1000)
+    budget_tokens: int = Field(ge=16, strict=True)
+    page_in_k: int | None = Field(default=None, ge=0, le=TOP_K_MAX, strict=True)
+    recent_turns: int | None = Field(default=None, ge=0, le=1000, strict=True)
 
 
 class ContextFact(Response):
@@ -291,7 +315,7 @@ class ContextOut(Response):
 
 
 class PagingEventOut(Response):
-    at: datetime
+    at: UtcOut
     action: str
     page_id: str
     tokens: int
@@ -332,9 +356,9 @@ class FactOut(Response):
     subject: str
     text: str
     importance: float
-    created_at: datetime
-    last_accessed_at: datetime
-    expires_at: datetime | None
+    created_at: UtcOut
+    last_accessed_at: UtcOut
+    expires_at: UtcOut | None
     source: str | None
     score: float | None = None  # importance x decay, in listings
 
@@ -374,7 +398,7 @@ class KeyOut(Response):
     key_sha256_prefix: str
     agent: str | None
     fact_types: list[str] | None
-    created_at: datetime
+    created_at: UtcOut
 
 
 class KeyCreatedOut(Response):

@@ -17,8 +17,10 @@ from fastapi import FastAPI
 
 from memsifter.serving.app import create_app
 from memsifter.serving.config import ServeConfig, load_serve_config
+from memsifter.serving.errors import ServeError
 from memsifter.serving.logs import configure_logging
 from memsifter.serving.sample import SAMPLE_USER, seed_sample
+from memsifter.serving.store import hash_key
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,13 @@ def prepare(config: ServeConfig, *, sample: bool = False) -> Prepared:
         os.environ[config.sample_key_env] = key
     app = create_app(config)
     services = app.state.services
+    if services.store.key_revoked(hash_key(key)):
+        # Revocations outlive restarts; printing a curl with a dead key would only confuse.
+        raise ServeError(
+            f"the sample key in ${config.sample_key_env} was revoked; unset the variable to "
+            "have a new key generated",
+            field=config.sample_key_env,
+        )
     services.store.add_api_key(config.sample_tenant, key=key)
     seed_sample(services.memory, config.sample_tenant)
     return Prepared(app, key, generated)

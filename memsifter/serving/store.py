@@ -10,9 +10,22 @@ how "database is locked" reaches users of naive setups. Holding the lock for the
 transaction means that cannot happen within a process; across processes ``BEGIN IMMEDIATE``
 waits on ``busy_timeout``. Many processes writing one database is what PostgreSQL is for.
 
-**PostgreSQL.** No lock: the database serializes conflicting rows itself, and "get or create"
-inserts use ``ON CONFLICT DO NOTHING``. Migrations take an advisory lock so replicas starting
-together do not race.
+**PostgreSQL.** Every write that changes a user's data first locks that user's row
+(``SELECT … FOR UPDATE``, creating the row with ``INSERT … ON CONFLICT DO NOTHING`` when the
+write may create the user). Check-then-write sequences (does this session exist? which live fact
+has this subject?) are therefore serialised per user across every replica: without the lock, two
+ingests of one session id both see "absent" and one fails on the unique key, a delete racing an
+ingest leaves it a foreign-key violation, and two facts about one subject both stay live. Users
+do not wait on each other. Writes that touch no single user (``touch_facts``, ``sweep_expired``)
+take no user lock and can still deadlock against the others; so every write transaction is
+retried (tenacity) on a deadlock or serialization failure, and surfaces as a 503
+(``UnavailableError``) when retries run out. A unique or foreign-key violation that still
+happens becomes a 409 or 404 naming the field, never a 500. Reads run in ``REPEATABLE READ``:
+a multi-statement read (a user's version and their pages) sees one snapshot, as on SQLite.
+Migrations take an advisory lock so replicas starting together do not race.
+
+**Revoked keys** are remembered (``revoked_keys``, by hash), so re-adding a configured
+bootstrap key at start-up never brings back a key an admin revoked.
 
 The schema is owned by the alembic migrations in ``memsifter/serving/migrations`` (applied by
 ``Store.migrate``); the models below must match them, which ``tests/test_serve_store.py`` checks.
@@ -22,16 +35,19 @@ session closed. Datetimes are naive UTC throughout.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
+import re
 import secrets
 import threading
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -55,13 +71,21 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from memsifter.data.types import Session as ChatSession
 from memsifter.data.types import Turn
-from memsifter.serving.errors import ConflictError, ServeError
+from memsifter.serving.errors import ConflictError, NotFoundError, ServeError, UnavailableError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+logger = logging.getLogger(__name__)
 
 
 def utcnow() -> datetime:
@@ -117,6 +141,16 @@ class ApiKeyRow(Base):
     agent: Mapped[str | None] = mapped_column(String(128), nullable=True)
     fact_types: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RevokedKeyRow(Base):
+    """A revoked key's hash, kept after its ``api_keys`` row is gone: start-up re-adds missing
+    bootstrap keys, and must tell "never added" from "revoked"."""
+
+    __tablename__ = "revoked_keys"
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))  # no foreign key: outlives the tenant
+    revoked_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 class UserRow(Base):
@@ -428,6 +462,99 @@ def _sqlite_engine(url: str, begin: str, busy_timeout_s: float) -> Engine:
     return engine
 
 
+# ------------------------------------------------------------------------ transaction failures
+
+# PostgreSQL SQLSTATEs a transaction may hit through no fault of its own, and succeed on a rerun:
+# deadlock_detected, serialization_failure, lock_not_available.
+_TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+WRITE_ATTEMPTS = 5
+
+# Which request field each unique constraint guards, by constraint name (PostgreSQL reports it)
+# and by the columns SQLite names in its message.
+_UNIQUE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("uq_sessions_user_session", "sessions.session_id", "sessions"),
+    ("uq_pages_user_page", "pages.page_id", "sessions"),
+    ("uq_api_keys_key_hash", "api_keys.key_hash", "key"),
+    ("uq_facts_fact_id", "facts.fact_id", "path.fact_id"),
+)
+_SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (.+)")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _sqlstate(e: BaseException) -> str | None:
+    orig = getattr(e, "orig", None)
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
+def is_transient(e: BaseException) -> bool:
+    """A deadlock or serialization failure: the transaction was rolled back and may be rerun."""
+    return isinstance(e, DBAPIError) and _sqlstate(e) in _TRANSIENT_SQLSTATES
+
+
+def integrity_error(e: IntegrityError) -> ServeError | None:
+    """The 409/404 a constraint violation stands for, or None for one no request can cause
+    (a bug: left to surface as a 500 with its traceback in the log).
+
+    With the per-user lock none of these should happen; this is the net under it, so that a
+    race nobody foresaw still answers a client error naming the field."""
+    state = _sqlstate(e)
+    message = str(e.orig) if e.orig is not None else str(e)
+    diag = getattr(getattr(e, "orig", None), "diag", None)
+    constraint = getattr(diag, "constraint_name", None) or ""
+    if state == "23503" or "FOREIGN KEY constraint failed" in message:
+        return NotFoundError(
+            "the user (or a session or page this write refers to) was deleted while the request "
+            "ran; retry to create it again",
+            field="path.user_id",
+        )
+    sqlite_columns = _SQLITE_UNIQUE.search(message)
+    for name, columns, field_name in _UNIQUE_FIELDS:
+        if constraint == name or (sqlite_columns and columns in sqlite_columns.group(1)):
+            return ConflictError(
+                f"{field_name} already exists (written by a concurrent request)", field=field_name
+            )
+    return None
+
+
+def retried_write(method: Callable[P, R]) -> Callable[P, R]:
+    """Run a write method (one transaction) again on a deadlock or serialization failure, then
+    give up with a 503; turn constraint violations into the client errors they stand for.
+
+    The whole method reruns, so a method must do all its writing in one ``_write`` block and
+    nothing outside it that a rerun would repeat."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(WRITE_ATTEMPTS),
+            wait=wait_random_exponential(multiplier=0.01, max=0.5),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return method(*args, **kwargs)
+        except IntegrityError as e:
+            mapped = integrity_error(e)
+            if mapped is None:
+                raise
+            raise mapped from e
+        except DBAPIError as e:
+            if not is_transient(e):
+                raise
+            logger.warning("write gave up after %d attempts: %s", WRITE_ATTEMPTS, e.orig)
+            raise UnavailableError(
+                f"the database kept aborting this write as conflicting with concurrent ones "
+                f"({WRITE_ATTEMPTS} attempts); retry"
+            ) from e
+        raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
+
+    return wrapper
+
+
 class Store:
     """The service's database. ``migrate()`` once at startup, then use the methods."""
 
@@ -446,10 +573,14 @@ class Store:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
             self._writer = _sqlite_engine(url, "BEGIN IMMEDIATE", busy_timeout_s)
             self._reader = _sqlite_engine(url, "BEGIN", busy_timeout_s)
+            self._engines = (self._writer, self._reader)
             self._lock: threading.Lock | None = _sqlite_lock(database)
         else:
             self._writer = create_engine(url, pool_pre_ping=True, echo=echo)
-            self._reader = self._writer
+            # The same pool; reads see one snapshot for their whole transaction (a read-only
+            # REPEATABLE READ transaction never fails to serialize on PostgreSQL).
+            self._reader = self._writer.execution_options(isolation_level="REPEATABLE READ")
+            self._engines = (self._writer,)
             self._lock = None
 
     # -- plumbing
@@ -469,9 +600,8 @@ class Store:
             command.upgrade(cfg, "head")
 
     def close(self) -> None:
-        self._writer.dispose()
-        if self._reader is not self._writer:
-            self._reader.dispose()
+        for engine in self._engines:
+            engine.dispose()
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
@@ -488,15 +618,17 @@ class Store:
         with self._read() as s:
             s.execute(text("SELECT 1"))
 
-    def _insert_ignore(self, s: Session, model: type[Base], **values: Any) -> None:
+    def _insert_ignore(self, s: Session, model: type[Base], **values: Any) -> bool:
+        """Insert a row unless it would violate a unique key; True if it was inserted."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-            s.execute(pg_insert(model).values(**values).on_conflict_do_nothing())
+            result = s.execute(pg_insert(model).values(**values).on_conflict_do_nothing())
         else:
             from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-            s.execute(sqlite_insert(model).values(**values).on_conflict_do_nothing())
+            result = s.execute(sqlite_insert(model).values(**values).on_conflict_do_nothing())
+        return _rowcount(result) > 0
 
     def _ensure_user(self, s: Session, tenant: str, user: str) -> None:
         self._insert_ignore(
@@ -509,6 +641,28 @@ class Store:
             created_at=utcnow(),
         )
 
+    def _lock_user(self, s: Session, tenant: str, user: str, *, create: bool) -> bool:
+        """Lock the user's row until the transaction ends (creating it first when ``create``),
+        so that this user's writers run one at a time; False if there is no such user.
+
+        ``ON CONFLICT DO NOTHING`` takes no lock on a row that exists, and a concurrent delete
+        can remove it between that insert and the ``FOR UPDATE`` (which then finds nothing once
+        the delete commits): the insert is tried again. On SQLite ``FOR UPDATE`` renders as
+        nothing; the process lock and ``BEGIN IMMEDIATE`` already make this the only writer."""
+        where = (UserRow.tenant_id == tenant, UserRow.user_id == user)
+        for _ in range(3):
+            if create:
+                self._ensure_user(s, tenant, user)
+            if s.scalar(select(UserRow.version).where(*where).with_for_update()) is not None:
+                return True
+            if not create:
+                return False
+        raise UnavailableError(
+            f"user {user!r} was deleted and created again repeatedly while this write waited; "
+            "retry",
+            field="path.user_id",
+        )
+
     @staticmethod
     def _bump(s: Session, tenant: str, user: str) -> int:
         """The user's next version; the row stays locked (or the SQLite writer held) until the
@@ -519,10 +673,12 @@ class Store:
 
     # -- tenants and keys
 
+    @retried_write
     def ensure_tenant(self, tenant: str) -> None:
         with self._write() as s:
             self._insert_ignore(s, TenantRow, id=tenant, created_at=utcnow())
 
+    @retried_write
     def add_api_key(
         self,
         tenant: str,
@@ -532,28 +688,37 @@ class Store:
         agent: str | None = None,
         fact_types: Sequence[str] | None = None,
     ) -> bool:
-        """Store a key (by hash) for ``tenant``, creating the tenant; False if it existed."""
+        """Store a key (by hash) for ``tenant``, creating the tenant; False if it existed or
+        was revoked (a revoked key is never added again; see ``key_revoked``)."""
         digest = key_sha256.lower() if key_sha256 else hash_key(key or "")
         if not key and not key_sha256:
             raise ServeError("an API key needs key or key_sha256", field="key")
         with self._write() as s:
-            self._insert_ignore(s, TenantRow, id=tenant, created_at=utcnow())
-            existing = s.scalar(select(ApiKeyRow).where(ApiKeyRow.key_hash == digest))
-            if existing is not None:
-                if existing.tenant_id != tenant:
-                    raise ConflictError("this key already belongs to another tenant", field="key")
+            if s.get(RevokedKeyRow, digest) is not None:
                 return False
-            s.add(
-                ApiKeyRow(
-                    tenant_id=tenant,
-                    key_hash=digest,
-                    agent=agent,
-                    fact_types=list(fact_types) if fact_types is not None else None,
-                    created_at=utcnow(),
-                )
+            self._insert_ignore(s, TenantRow, id=tenant, created_at=utcnow())
+            # Replicas starting together bootstrap the same keys: insert-or-nothing, then look.
+            inserted = self._insert_ignore(
+                s,
+                ApiKeyRow,
+                tenant_id=tenant,
+                key_hash=digest,
+                agent=agent,
+                fact_types=list(fact_types) if fact_types is not None else None,
+                created_at=utcnow(),
             )
-            return True
+            if inserted:
+                return True
+            owner = s.scalar(select(ApiKeyRow.tenant_id).where(ApiKeyRow.key_hash == digest))
+            if owner != tenant:
+                raise ConflictError("this key already belongs to another tenant", field="key")
+            return False
 
+    def key_revoked(self, key_sha256: str) -> bool:
+        with self._read() as s:
+            return s.get(RevokedKeyRow, key_sha256.lower()) is not None
+
+    @retried_write
     def create_api_key(
         self, tenant: str, *, agent: str | None = None, fact_types: Sequence[str] | None = None
     ) -> tuple[ApiKeyInfo, str]:
@@ -583,13 +748,22 @@ class Store:
             ).all()
             return [_key_info(r) for r in rows]
 
+    @retried_write
     def revoke_api_key(self, key_id: int) -> ApiKeyInfo | None:
-        """Delete a key; requests with it fail from the next one on. None if there is none."""
+        """Delete a key and record its hash as revoked, so that no restart adds it back;
+        requests with it fail from the next one on. None if there is none."""
         with self._write() as s:
             row = s.get(ApiKeyRow, key_id)
             if row is None:
                 return None
             info = _key_info(row)
+            self._insert_ignore(
+                s,
+                RevokedKeyRow,
+                key_hash=row.key_hash,
+                tenant_id=row.tenant_id,
+                revoked_at=utcnow(),
+            )
             s.delete(row)
             return info
 
@@ -603,13 +777,14 @@ class Store:
 
     # -- sessions and pages
 
+    @retried_write
     def put_sessions(
         self, tenant: str, user: str, records: Sequence[SessionRecord], *, replace: bool = False
     ) -> None:
         """Store sessions with their pages and bookmarks in one transaction. An existing id is a
         ``ConflictError`` naming it unless ``replace``, which swaps the old session out."""
         with self._write() as s:
-            self._ensure_user(s, tenant, user)
+            self._lock_user(s, tenant, user, create=True)
             ids = [r.session.id for r in records]
             existing = set(
                 s.scalars(
@@ -636,7 +811,7 @@ class Store:
                 )
             version = self._bump(s, tenant, user)
             now = utcnow()
-            for r in records:
+            for i, r in enumerate(records):
                 session = r.session
                 row = SessionRow(
                     tenant_id=tenant,
@@ -650,7 +825,19 @@ class Store:
                     created_at=now,
                 )
                 s.add(row)
-                s.flush()
+                try:
+                    s.flush()
+                except IntegrityError as e:  # see integrity_error: the net under the lock
+                    mapped = integrity_error(e)
+                    if mapped is None:
+                        raise
+                    if isinstance(mapped, ConflictError):
+                        mapped = ConflictError(
+                            f"session {session.id!r} already exists; send replace=true to "
+                            "overwrite it",
+                            field=f"sessions[{i}].id",
+                        )
+                    raise mapped from e
                 for p in r.pages:
                     page = PageRow(
                         session_pk=row.pk,
@@ -717,8 +904,11 @@ class Store:
             stored = tuple(_page(session, p, keywords.get(p.pk, ())) for p in pages)
             return StoredSession(_info(row, len(pages)), session, stored)
 
+    @retried_write
     def delete_session(self, tenant: str, user: str, session_id: str) -> bool:
         with self._write() as s:
+            if not self._lock_user(s, tenant, user, create=False):
+                return False
             result = s.execute(
                 delete(SessionRow).where(
                     SessionRow.tenant_id == tenant,
@@ -731,6 +921,7 @@ class Store:
             self._bump(s, tenant, user)
             return True
 
+    @retried_write
     def delete_user(self, tenant: str, user: str) -> bool:
         """Everything about a user, facts and paging history included (right to be forgotten).
 
@@ -738,6 +929,8 @@ class Store:
         foreign keys only when the pragma is on, and a database someone opened without it must
         not keep orphans."""
         with self._write() as s:
+            if not self._lock_user(s, tenant, user, create=False):
+                return False
             for model in (ResidentPageRow, BookmarkRow, PageRow, SessionRow, FactRow):
                 s.execute(delete(model).where(model.tenant_id == tenant, model.user_id == user))
             s.execute(
@@ -870,6 +1063,7 @@ class Store:
 
     # -- facts
 
+    @retried_write
     def add_fact(
         self,
         tenant: str,
@@ -882,22 +1076,35 @@ class Store:
         expires_at: datetime | None = None,
         source: str | None = None,
         supersedes: str | None = None,
+        visible_types: Collection[str] | None = None,
         now: datetime | None = None,
     ) -> tuple[Fact, list[str]]:
-        """Store a fact; every live fact with the same subject (and ``supersedes``, a correction
-        whose subject changed) is marked superseded by it. Returns the fact and those ids."""
+        """Store a fact; every live fact of the same type with the same subject (and
+        ``supersedes``, a correction whose subject or type changed) is marked superseded by it.
+        Returns the fact and those ids.
+
+        ``visible_types`` are the types the caller may see (None: all): a fact of any other
+        type is never superseded, so a restricted agent can neither hide nor learn of facts it
+        may not see. A ``supersedes`` id it may not see is a ``NotFoundError``, as on read. The
+        user's row is locked first, so concurrent facts about one subject leave exactly one
+        live."""
         now = now or utcnow()
         fact_id = str(uuid.uuid4())
         with self._write() as s:
-            self._ensure_user(s, tenant, user)
+            self._lock_user(s, tenant, user, create=True)
             live = (
                 FactRow.tenant_id == tenant,
                 FactRow.user_id == user,
                 FactRow.superseded_by.is_(None),
             )
-            match = FactRow.subject == subject
+            match = (FactRow.subject == subject) & (FactRow.type == type)
             if supersedes is not None:
+                target = s.scalar(select(FactRow.type).where(*live, FactRow.fact_id == supersedes))
+                if target is None or (visible_types is not None and target not in visible_types):
+                    raise NotFoundError(f"unknown fact {supersedes!r}", field="path.fact_id")
                 match = match | (FactRow.fact_id == supersedes)
+            if visible_types is not None:
+                match = match & FactRow.type.in_(list(visible_types))
             old = list(s.scalars(select(FactRow.fact_id).where(*live, match)))
             if old:
                 s.execute(
@@ -964,11 +1171,26 @@ class Store:
             )
             return _fact(row) if row is not None else None
 
-    def forget_fact(self, tenant: str, user: str, fact_id: str) -> int:
+    @retried_write
+    def forget_fact(
+        self,
+        tenant: str,
+        user: str,
+        fact_id: str,
+        *,
+        visible_types: Collection[str] | None = None,
+    ) -> int:
         """Hard-delete a fact and the history it superseded: forgetting a fact must not leave
-        its earlier versions behind. Returns how many rows went (0: unknown id)."""
+        its earlier versions behind. Returns how many rows went (0: unknown id, or a type the
+        caller may not see). Only facts of ``visible_types`` (None: all) are deleted, history
+        included: a correction may have changed a fact's type, and an agent must not delete
+        what it may not see."""
         with self._write() as s:
-            where = (FactRow.tenant_id == tenant, FactRow.user_id == user)
+            if not self._lock_user(s, tenant, user, create=False):
+                return 0
+            where: tuple[Any, ...] = (FactRow.tenant_id == tenant, FactRow.user_id == user)
+            if visible_types is not None:
+                where = (*where, FactRow.type.in_(list(visible_types)))
             if s.scalar(select(FactRow.pk).where(*where, FactRow.fact_id == fact_id)) is None:
                 return 0
             doomed = {fact_id}
@@ -985,6 +1207,7 @@ class Store:
             s.execute(delete(FactRow).where(*where, FactRow.fact_id.in_(doomed)))
             return len(doomed)
 
+    @retried_write
     def touch_facts(self, fact_ids: Sequence[str], now: datetime | None = None) -> None:
         if not fact_ids:
             return
@@ -995,6 +1218,7 @@ class Store:
                 .values(last_accessed_at=now or utcnow())
             )
 
+    @retried_write
     def sweep_expired(self, *, tenant: str | None = None, now: datetime | None = None) -> int:
         """Hard-delete expired facts (all tenants, or one); returns how many."""
         now = now or utcnow()
@@ -1019,6 +1243,7 @@ class Store:
             ).all()
             return [(pid, int(n)) for pid, n in rows]
 
+    @retried_write
     def apply_paging(
         self,
         tenant: str,
@@ -1030,7 +1255,7 @@ class Store:
     ) -> None:
         """Change the resident set and log every decision, in one transaction."""
         with self._write() as s:
-            self._ensure_user(s, tenant, user)
+            self._lock_user(s, tenant, user, create=True)
             by_id = dict(
                 s.execute(
                     select(PageRow.page_id, PageRow.pk).where(

@@ -53,6 +53,8 @@ def admin(
 
 Admin = Annotated[None, Depends(admin)]
 TenantId = Annotated[str, Path(pattern=USER_ID_PATTERN, description="the tenant's id")]
+# Key ids are a 32-bit integer column: a larger id cannot exist, and would overflow the driver.
+KEY_ID_MAX = 2**31 - 1
 
 
 def key_out(info: ApiKeyInfo) -> KeyOut:
@@ -77,7 +79,7 @@ def list_keys(tenant_id: TenantId, svc: Svc, _: Admin) -> KeyListOut:
 
 
 @router.delete("/keys/{key_id}", response_model=KeyOut, responses=ERRORS)
-def revoke_key(key_id: Annotated[int, Path(ge=1)], svc: Svc, _: Admin) -> KeyOut:
+def revoke_key(key_id: Annotated[int, Path(ge=1, le=KEY_ID_MAX)], svc: Svc, _: Admin) -> KeyOut:
     """Revoke a key: requests with it get 401 from now on. Returns what was revoked."""
     info = svc.store.revoke_api_key(key_id)
     if info is None:

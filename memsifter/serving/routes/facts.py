@@ -1,7 +1,9 @@
 """Long-term facts: remember, list ("what do you remember"), correct, forget, sweep.
 
 A key's agent sees (and writes) only the fact types its key allows; another type is a 403 on
-write and simply absent on read, so an agent cannot even learn that such facts exist."""
+write and simply absent on read, so an agent cannot even learn that such facts exist: a new fact
+supersedes only live facts of its own type, a deletion removes only visible history, and the
+store checks both inside the write's transaction."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from memsifter.serving.facts import normalize_subject, rank_facts
 from memsifter.serving.routes.rank import ERRORS
 from memsifter.serving.schemas import (
     FACT_ID_PATTERN,
+    SUBJECT_MAX_CHARS,
     DeletedOut,
     FactAddedOut,
     FactIn,
@@ -52,6 +55,20 @@ def _check_type(who: Principal, fact_type: str, field: str) -> None:
         )
 
 
+def _subject(raw: str, field: str) -> str:
+    """The supersede key, checked after normalising: lower-casing can lengthen text ("İ" is
+    two code points in lower case), and the column holds ``SUBJECT_MAX_CHARS``."""
+    subject = normalize_subject(raw)
+    if len(subject) > SUBJECT_MAX_CHARS:
+        raise ServeError(
+            f"subject has {len(subject)} characters once normalised (lower case, single spaces); "
+            f"the limit is {SUBJECT_MAX_CHARS}",
+            field=field,
+            status=422,
+        )
+    return subject
+
+
 def _visible(svc: Svc, who: Who, user: str, fact_id: str) -> Fact:
     fact = svc.store.get_fact(who.tenant_id, user, fact_id)
     if fact is None or not who.may_see(fact.type):
@@ -73,11 +90,12 @@ def remember(user_id: UserId, body: FactIn, svc: Svc, who: Who) -> FactAddedOut:
         who.tenant_id,
         user_id,
         type=body.type,
-        subject=normalize_subject(body.subject),
+        subject=_subject(body.subject, "body.subject"),
         text=body.text,
         importance=body.importance,
         expires_at=expires,
         source=who.agent,
+        visible_types=who.fact_types,
     )
     return FactAddedOut(fact=fact_out(fact), superseded=old)
 
@@ -119,12 +137,13 @@ def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Wh
         who.tenant_id,
         user_id,
         type=fact_type,
-        subject=normalize_subject(body.subject) if body.subject else old.subject,
+        subject=_subject(body.subject, "body.subject") if body.subject else old.subject,
         text=body.text or old.text,
         importance=old.importance if body.importance is None else body.importance,
         expires_at=expires,
         source=who.agent,
         supersedes=fact_id,
+        visible_types=who.fact_types,
     )
     return FactAddedOut(fact=fact_out(fact), superseded=superseded)
 
@@ -133,7 +152,10 @@ def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Wh
 def forget(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> DeletedOut:
     """Forget a fact for good: it and the versions it superseded are deleted, not hidden."""
     _visible(svc, who, user_id, fact_id)
-    return DeletedOut(deleted=svc.store.forget_fact(who.tenant_id, user_id, fact_id))
+    deleted = svc.store.forget_fact(who.tenant_id, user_id, fact_id, visible_types=who.fact_types)
+    if not deleted:  # forgotten by a concurrent request since the check above
+        raise NotFoundError(f"unknown fact {fact_id!r}", field="path.fact_id")
+    return DeletedOut(deleted=deleted)
 
 
 @router.post("/facts/sweep", response_model=SweepOut, responses=FACT_ERRORS)
