@@ -206,6 +206,13 @@ def eval_proxy(
             help="NAME=PATH, repeatable; PATH a model folder, adapter folder or built-in name"
         ),
     ] = None,
+    run: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=FILE, repeatable: a model's saved run (runs/*.jsonl of an earlier eval of "
+            "this split), re-scored instead of regenerated"
+        ),
+    ] = None,
     explicit_spec: Annotated[
         list[str] | None,
         typer.Option(help="model NAME without prompt_spec.json to evaluate on the data's spec"),
@@ -251,6 +258,7 @@ def eval_proxy(
             data=str(data),
             split=split,
             models=[parse_model_option(m) for m in model or []],
+            runs=[parse_model_option(r, "--run") for r in run or []],
             explicit_spec=list(explicit_spec or []),
             fuse=list(fuse or []),
             pairs=list(pair or []),
@@ -445,13 +453,19 @@ def train(
         str | None,
         typer.Option(help="stop after this stage: sft (the rest resumes on the next run)"),
     ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="override a config key: KEY=VALUE, dotted, YAML value (repeatable)"
+        ),
+    ] = None,
 ) -> None:
     """Train the proxy: cold-start SFT (optional), then GRPO epochs with checkpoint averaging.
     Rerunning the same command resumes where it stopped."""
     from memsifter.training.config import load_train_config
 
     try:
-        cfg = load_train_config(config)
+        cfg = load_train_config(config, set_ or [])
         if output_dir:
             cfg.output_dir = output_dir
         if dry_run:

@@ -3,9 +3,12 @@ the file and the key, so a typo in a config never silently falls back to a defau
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,6 +17,7 @@ import yaml
 from memsifter.errors import DataError
 
 T = TypeVar("T")
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _check(value: Any, hint: Any, *, file: str, key: str) -> Any:
@@ -80,7 +84,37 @@ def from_dict(cls: type[T], data: Any, *, file: str = "<memory>", prefix: str = 
         raise DataError(str(e), file=file, field=prefix.rstrip(".") or None) from e
 
 
-def load_config(cls: type[T], path: str | Path) -> T:
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *, file: str) -> dict[str, Any]:
+    """``KEY=VALUE`` overrides on a loaded YAML mapping: dotted keys reach nested sections
+    (``epochs.max_steps=12``) and each value is parsed as YAML (``null``, ``1e-5``, ``[1, 2]``).
+    Unknown keys are left for :func:`from_dict` to refuse, naming them."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise DataError(f"override {item!r} is not KEY=VALUE", file=file)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise DataError(f"override {item!r}: invalid YAML value: {e}", file=file) from e
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 2e-5 (no dot) as a string; a shell user won't
+        *parents, leaf = key.strip().split(".")
+        node = out
+        for i, part in enumerate(parents):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise DataError(
+                    f"override {item!r}: {'.'.join(parents[: i + 1])} is not a section",
+                    file=file,
+                    field=key,
+                )
+            node = child
+        node[leaf] = value
+    return out
+
+
+def load_config(cls: type[T], path: str | Path, overrides: Sequence[str] = ()) -> T:
     p = Path(path)
     if not p.exists():
         raise DataError("config file not found", file=str(p))
@@ -88,4 +122,8 @@ def load_config(cls: type[T], path: str | Path) -> T:
         data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise DataError(f"invalid YAML: {e}", file=str(p)) from e
+    if overrides:
+        if not isinstance(data, dict):
+            raise DataError(f"expected a mapping for {cls.__name__}", file=str(p))
+        data = apply_overrides(data, overrides, file=str(p))
     return from_dict(cls, data, file=str(p))

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memsifter.cli import app
-from memsifter.errors import MemSifterError
+from memsifter.errors import DataError, MemSifterError
 from memsifter.evaluation.metrics import evaluate_rankings
 from memsifter.evaluation.proxy_eval import (
     ProxyEvalConfig,
@@ -23,6 +23,7 @@ from memsifter.evaluation.proxy_eval import (
     per_question_metrics,
     read_split_lists,
     run_proxy_eval,
+    saved_run,
     split_pair,
 )
 from memsifter.ranker.backends import Generation
@@ -219,9 +220,55 @@ def test_rankers_hand_computed(rl_folder: Path, models, tmp_path: Path) -> None:
         "ranking": [],
         "parsed_ok": False,
         "completion": TRAINED["P1"],
+        "latency_ms": run.latency_ms[1],
     }
     assert (Path(cfg.out) / "runs" / "bm25.jsonl").is_file()
     assert (Path(cfg.out) / "runs" / "trained+bm25.jsonl").is_file()
+
+    # The saved run re-scores to the same row without generating (--run), and fuses the same.
+    again = _cfg(
+        rl_folder,
+        tmp_path / "again",
+        runs=[("trained", str(Path(cfg.out) / "runs" / "trained.jsonl"))],
+        fuse=["trained"],
+        pairs=["trained-bm25"],
+    )
+    res2 = run_proxy_eval(again, backend_factory=_factory({}))
+    for name in ("trained", "trained+bm25"):
+        for metric in ("ndcg@1", "ndcg@5", "mrr", "parse_rate"):
+            assert res2.rows[name][metric] == rows[name][metric], (name, metric)
+    assert res2.rows["trained"]["latency_ms_p50"] == rows["trained"]["latency_ms_p50"]
+    assert res2.rows["trained"]["spec"] == "saved run"
+    assert "--run trained=" in res2.command
+
+
+def test_saved_run_must_cover_the_questions_and_match_its_completions(
+    rl_folder: Path, tmp_path: Path
+) -> None:
+    data = load_eval_data(rl_folder, "test")
+    good = [
+        {"qid": "s/q0", "ranking": [1, 0], "completion": "<ranking>1, 0</ranking>"},
+        {"qid": "s/q1", "ranking": [], "completion": "nothing"},
+        {"qid": "s/q2", "ranking": [3], "completion": "<ranking>3</ranking>"},
+    ]
+
+    def write(recs: list[dict]) -> Path:
+        path = tmp_path / "run.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return path
+
+    run = saved_run("t", write(good), data)
+    assert run.rankings == [[1, 0], [], [3]] and run.parsed_ok == [True, False, True]
+    assert run.latency_ms is None  # not recorded: the row shows none rather than 0
+    with pytest.raises(DataError, match="1 of the 3 scored questions are not in the run"):
+        saved_run("t", write(good[:2]), data)
+    edited = [dict(good[0], ranking=[0, 1]), *good[1:]]
+    with pytest.raises(DataError, match="not what its completion parses to"):
+        saved_run("t", write(edited), data)
+    with pytest.raises(DataError, match="line 1"):
+        saved_run("t", write([{"ranking": []}]), data)
+    with pytest.raises(DataError, match="not found"):
+        saved_run("t", tmp_path / "missing.jsonl", data)
 
 
 def test_fuse_order_uses_rrf_over_all_candidates() -> None:

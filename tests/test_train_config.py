@@ -159,3 +159,52 @@ def test_train_cli_dry_run() -> None:
     assert "vllm_server_host: '10.0.0.3'" in res.output and "epsilon_high: 0.28" in res.output
     res = CliRunner().invoke(app, ["train", "configs/train/missing.yaml", "--dry-run"])
     assert res.exit_code == 2 and "not found" in res.output
+
+
+def test_set_overrides_are_checked_like_the_file() -> None:
+    path = ROOT / "configs/train/smollm2_cpu.yaml"
+    base = load_train_config(path)
+    cfg = load_train_config(
+        path,
+        [
+            "epochs.max_steps=12",
+            "grpo.learning_rate=2e-5",
+            "data=data/rl/other",
+            "epochs.validation_max_questions=null",
+        ],
+    )
+    assert (cfg.epochs.max_steps, cfg.grpo.learning_rate) == (12, 2e-5)
+    assert cfg.data == "data/rl/other" and cfg.epochs.validation_max_questions is None
+    assert cfg.grpo.num_generations == base.grpo.num_generations  # the rest is the file's
+    assert cfg.overrides == [
+        "epochs.max_steps=12",
+        "grpo.learning_rate=2e-5",
+        "data=data/rl/other",
+        "epochs.validation_max_questions=null",
+    ]
+    with pytest.raises(DataError, match="unknown key"):
+        load_train_config(path, ["grpo.num_generation=4"])
+    with pytest.raises(DataError, match="expected int"):
+        load_train_config(path, ["epochs.max_steps=many"])
+    with pytest.raises(DataError, match="not KEY=VALUE"):
+        load_train_config(path, ["epochs.max_steps"])
+    with pytest.raises(DataError, match="not a section"):
+        load_train_config(path, ["data.x=1"])
+
+
+def test_train_cli_set_reaches_the_dry_run() -> None:
+    from typer.testing import CliRunner
+
+    from memsifter.cli import app
+
+    res = CliRunner().invoke(
+        app,
+        ["train", str(ROOT / "configs/train/smollm2_cpu.yaml"), "--dry-run"]
+        + ["--set", "grpo.learning_rate=3e-5", "--set", "grpo.num_generations=2"],
+    )
+    assert res.exit_code == 0, res.output
+    assert "learning_rate: 3e-05" in res.output and "num_generations: 2" in res.output
+    res = CliRunner().invoke(
+        app, ["train", str(ROOT / "configs/train/smollm2_cpu.yaml"), "--set", "nope=1"]
+    )
+    assert res.exit_code == 2 and "unknown key" in res.output

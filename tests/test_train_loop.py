@@ -29,7 +29,12 @@ from memsifter.training.config import (  # noqa: E402
     TrackingSettings,
     TrainConfig,
 )
-from memsifter.training.rl_data import RLDataConfig, SourceConfig, prepare_rl_data  # noqa: E402
+from memsifter.training.rl_data import (  # noqa: E402
+    RLDataConfig,
+    SourceConfig,
+    load_rl_dataset,
+    prepare_rl_data,
+)
 
 
 def _reward_yaml(path: Path, model: Path) -> Path:
@@ -152,8 +157,10 @@ def test_epochs_validate_average_and_chain(run) -> None:
         edir = out / f"epoch-{epoch}"
         assert sorted(p.name for p in edir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
         results = json.loads((edir / "validation.json").read_text())
-        assert set(results) == {"start", "checkpoint-1", "checkpoint-2"}
+        # The average is validated too (keep_start_if_better compares it with the start).
+        assert set(results) == {"start", "checkpoint-1", "checkpoint-2", "averaged"}
         assert all(r["questions"] == 2 for r in results.values())
+        assert (edir / "rankings" / "averaged.jsonl").exists()
         assert (edir / "rankings" / "checkpoint-1.jsonl").exists()
         # The average is the element-wise mean of the two checkpoints (top_k=2 of 2).
         avg = load_file(edir / "averaged" / "model.safetensors")
@@ -161,10 +168,34 @@ def test_epochs_validate_average_and_chain(run) -> None:
         b = load_file(edir / "checkpoint-2" / "model.safetensors")
         for name in avg:
             torch.testing.assert_close(avg[name], (a[name] + b[name]) / 2)
-    # Epoch 0 starts from the SFT model, epoch 1 from epoch 0's average.
+    # Epoch 0 starts from the SFT model; epoch 1 from what epoch 0 carried forward: its average
+    # unless the start model validated strictly higher.
+    from memsifter.training.loop import keep_or_advance
+
     starts = [line for line in logs if "GRPO from" in line]
-    assert "sft/final" in starts[0] and "epoch-0/averaged" in starts[1]
-    assert summary["model"].endswith("epoch-1/averaged")
+    assert "sft/final" in starts[0]
+    state = json.loads((out / "run_state.json").read_text())
+    for epoch in (0, 1):
+        entry = state[f"epoch-{epoch}"]
+        expected = keep_or_advance(
+            entry["validation"], "reward", _start(out, epoch, state), entry["averaged"]
+        )
+        assert entry["next"] == expected
+    assert f"GRPO from {state['epoch-0']['next']}" in starts[1]
+    assert summary["model"] == state["epoch-1"]["next"]
+    # Epoch 1's prompts were re-selected by the curriculum from epoch 1's start model's rankings
+    # of the whole train pool; epoch 0 trained on the data folder's selection.
+    cdir = out / "epoch-1" / "curriculum"
+    pool = load_rl_dataset(cfg.data, pool=True)["train"]
+    ranked = [json.loads(x) for x in (cdir / "rankings.jsonl").read_text().splitlines()]
+    assert sorted(r["qid"] for r in ranked) == sorted(pool["qid"])
+    report = json.loads((cdir / "curriculum.json").read_text())
+    assert report["rankings_file"] == str(cdir / "rankings.jsonl")
+    assert report["scored_by"] == "rankings"
+    selected = {e["qid"] for e in report["examples"] if e["selected"]}
+    assert len(selected) == 4 and (cdir / "train.parquet").exists()
+    assert state["epoch-1"]["train_data"] == str(cdir / "train.parquet")
+    assert not (out / "epoch-0" / "curriculum").exists()
     assert (out / "curves.png").stat().st_size > 0
     assert "| 1 | checkpoint-2 |" in (out / "report.md").read_text()
     history = json.loads((out / "epoch-0" / "trainer_state.json").read_text())["log_history"]
@@ -177,6 +208,27 @@ def test_epochs_validate_average_and_chain(run) -> None:
         rows = json.loads((out / f"epoch-{epoch}" / "trainer_state.json").read_text())
         betas += [row["reward/beta"] for row in rows["log_history"] if "reward/beta" in row]
     assert betas == pytest.approx([0.5, 0.375, 0.25, 0.125])
+
+
+def _start(out: Path, epoch: int, state: dict) -> str:
+    return str(out / "sft" / "final") if epoch == 0 else state[f"epoch-{epoch - 1}"]["next"]
+
+
+def test_keep_or_advance_keeps_only_a_strictly_better_start() -> None:
+    from memsifter.training.loop import keep_or_advance
+
+    def res(start: float, avg: float) -> dict:
+        return {"start": {"ndcg_1": start}, "averaged": {"ndcg_1": avg}}
+
+    assert keep_or_advance(res(0.6, 0.5), "ndcg_1", "S", "A") == "S"
+    assert keep_or_advance(res(0.5, 0.6), "ndcg_1", "S", "A") == "A"
+    assert keep_or_advance(res(0.5, 0.5), "ndcg_1", "S", "A") == "A"  # a tie advances
+
+
+def test_keep_start_needs_start_validation() -> None:
+    with pytest.raises(ValueError, match="validate_start"):
+        EpochSettings(validate_start=False)
+    EpochSettings(validate_start=False, keep_start_if_better=False)
 
 
 @pytest.mark.slow

@@ -69,6 +69,9 @@ class ProxyEvalConfig:
     data: str  # RL data folder
     split: str = "test"
     models: list[tuple[str, str]] = field(default_factory=list)  # (NAME, PATH)
+    # (NAME, FILE): a model's saved run (runs/NAME.jsonl of an earlier eval of this split),
+    # re-parsed and re-scored instead of regenerated.
+    runs: list[tuple[str, str]] = field(default_factory=list)
     explicit_spec: list[str] = field(default_factory=list)  # models evaluated on the data's spec
     fuse: list[str] = field(default_factory=list)  # model names fused with the coarse order
     pairs: list[str] = field(default_factory=list)  # "A-B"
@@ -92,12 +95,12 @@ class ProxyEvalConfig:
         return Path(self.out_json) if self.out_json else Path(self.out) / "metrics.json"
 
 
-def parse_model_option(value: str) -> tuple[str, str]:
+def parse_model_option(value: str, flag: str = "--model") -> tuple[str, str]:
     """``NAME=PATH`` -> ``(NAME, PATH)``."""
     name, sep, path = value.partition("=")
     name, path = name.strip(), path.strip()
     if not sep or not name or not path:
-        raise MemSifterError(f"--model {value!r}: write NAME=PATH")
+        raise MemSifterError(f"{flag} {value!r}: write NAME=PATH")
     return name, path
 
 
@@ -324,6 +327,63 @@ def model_run(
     )
 
 
+def saved_run(name: str, path: str | Path, data: EvalData) -> RankerRun:
+    """A model row from a run file this command wrote earlier on the same split: every scored
+    question must be in it; each completion is parsed again and must give the ranking the file
+    records (so a hand-edited file or a changed parser is refused, not silently re-scored)."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError("saved run file not found", file=str(file))
+    records: dict[str, dict[str, Any]] = {}
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            qid, completion = str(rec["qid"]), rec["completion"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise DataError(
+                f"line {n}: not a run record with qid and completion ({e})", file=str(file)
+            ) from e
+        if not isinstance(completion, str):
+            raise DataError(f"line {n} ({qid}): a model run needs its completion", file=str(file))
+        records[qid] = rec
+    missing = [q.qid for q in data.questions if q.qid not in records]
+    if missing:
+        raise DataError(
+            f"{len(missing)} of the {len(data.questions)} scored questions are not in the run "
+            f"(first: {missing[0]}); it was made on other questions",
+            file=str(file),
+        )
+    rankings, ok, texts, errors, latency = [], [], [], [], []
+    for q in data.questions:
+        rec = records[q.qid]
+        parsed = parse_ranking(rec["completion"], q.n_candidates)
+        if "ranking" in rec and list(rec["ranking"]) != list(parsed.ids):
+            raise DataError(
+                f"{q.qid}: the recorded ranking {rec['ranking']} is not what its completion "
+                f"parses to {list(parsed.ids)}",
+                file=str(file),
+            )
+        rankings.append(list(parsed.ids))
+        ok.append(parsed.ok)
+        texts.append(rec["completion"])
+        errors.append(parsed.error.value if parsed.error else None)
+        latency.append(rec.get("latency_ms"))
+    return RankerRun(
+        name,
+        "model",
+        rankings,
+        parsed_ok=ok,
+        completions=texts,
+        errors=errors,
+        # Runs written before latency was recorded carry none: the row says so rather than 0.
+        latency_ms=None if any(x is None for x in latency) else [float(x) for x in latency],
+        path=str(file),
+        spec_check="saved run",
+    )
+
+
 def fuse_order(
     model_ids: Sequence[int], coarse_order: Sequence[int], k: float = RRF_K
 ) -> list[int]:
@@ -506,6 +566,8 @@ def command_line(cfg: ProxyEvalConfig) -> str:
     args = ["memsifter", "eval", "proxy", "--data", cfg.data, "--split", cfg.split]
     for name, path in cfg.models:
         args += ["--model", f"{name}={path}"]
+    for name, path in cfg.runs:
+        args += ["--run", f"{name}={path}"]
     for flag, values in (
         ("--explicit-spec", cfg.explicit_spec),
         ("--fuse", cfg.fuse),
@@ -532,14 +594,15 @@ def command_line(cfg: ProxyEvalConfig) -> str:
 
 def validate(cfg: ProxyEvalConfig, coarse_name: str) -> list[str]:
     """Ranker names in run order; every name the flags mention must exist."""
-    model_names = [n for n, _ in cfg.models]
+    model_names = [n for n, _ in cfg.models] + [n for n, _ in cfg.runs]
     dup = sorted({n for n in model_names if model_names.count(n) > 1})
     if dup:
-        raise MemSifterError(f"--model names must be unique; repeated: {dup}")
+        raise MemSifterError(f"--model and --run names must be unique; repeated: {dup}")
     if coarse_name in model_names:
         raise MemSifterError(f"--model name {coarse_name!r} is the coarse row's name")
     for flag, values in (("--explicit-spec", cfg.explicit_spec), ("--fuse", cfg.fuse)):
-        unknown = [v for v in values if v not in model_names]
+        known = [n for n, _ in cfg.models] if flag == "--explicit-spec" else model_names
+        unknown = [v for v in values if v not in known]
         if unknown:
             raise MemSifterError(
                 f"{flag} {', '.join(unknown)}: no --model with that name "
@@ -563,6 +626,7 @@ def write_runs(runs: Sequence[RankerRun], data: EvalData, folder: Path) -> list[
                     "ranking": run.rankings[i],
                     "parsed_ok": run.parsed_ok[i] if run.parsed_ok is not None else None,
                     "completion": run.completions[i] if run.completions is not None else None,
+                    "latency_ms": run.latency_ms[i] if run.latency_ms is not None else None,
                 }
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         files.append(path)
@@ -602,6 +666,7 @@ def run_proxy_eval(
             runs.append(run)
             del backend
             gc.collect()
+    runs += [saved_run(name, path, data) for name, path in cfg.runs]
     by_name = {r.name: r for r in runs}
     for f in dict.fromkeys(cfg.fuse):
         runs.append(fused_run(by_name[f], data, coarse_name))
@@ -749,6 +814,7 @@ __all__ = [
     "render_report",
     "render_table",
     "run_proxy_eval",
+    "saved_run",
     "spec_differences",
     "split_pair",
     "summarize",

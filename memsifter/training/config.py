@@ -13,6 +13,7 @@ rollouts are refused (``use_vllm`` needs a GPU).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,14 @@ class EpochSettings:
     validation_max_questions: int | None = None  # a seeded sample of the held-out split
     validation_max_new_tokens: int | None = None  # default: grpo.max_completion_length
     validate_start: bool = True  # also validate the model each epoch starts from
+    # The average is validated too; when the start model scores strictly higher on
+    # ``select_metric`` the next epoch (and the run) keeps the start: an epoch that made the
+    # policy worse on the held-out split is not carried forward. Needs ``validate_start``.
+    keep_start_if_better: bool = True
+    # Between epochs, rank the whole train pool with the next epoch's start model and let the
+    # curriculum select that epoch's prompts from those rankings (the paper's re-scoring with
+    # the current policy). Costs one greedy pass over the pool per epoch boundary.
+    rescore_curriculum: bool = True
 
     def __post_init__(self) -> None:
         if self.select_metric not in SELECT_METRICS:
@@ -153,6 +162,11 @@ class EpochSettings:
             )
         if self.top_k < 1:
             raise ValueError("epochs.top_k must be >= 1")
+        if self.keep_start_if_better and not self.validate_start:
+            raise ValueError(
+                "epochs.keep_start_if_better compares the average with the start model, so it "
+                "needs epochs.validate_start: true"
+            )
 
 
 @dataclass
@@ -176,11 +190,15 @@ class TrainConfig:
     threads: int | None = None  # torch CPU threads; None leaves torch's default
     # Where this config was loaded from; relative paths resolve against the repo root (cwd).
     source: str | None = None
+    overrides: list[str] = field(default_factory=list)  # `memsifter train --set`, in order
 
 
-def load_train_config(path: str | Path) -> TrainConfig:
-    cfg = load_config(TrainConfig, path)
+def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A training config, with ``KEY=VALUE`` overrides (``memsifter train --set``) applied
+    before validation, so an override is checked like a line of the file."""
+    cfg = load_config(TrainConfig, path, overrides)
     cfg.source = str(path)
+    cfg.overrides = list(overrides)
     return cfg
 
 

@@ -3,7 +3,10 @@
 Each epoch trains GRPO from the current start model and saves a checkpoint every
 ``epochs.save_steps`` (and at its last step); every checkpoint is validated on the held-out
 split; the ``epochs.top_k`` best by ``epochs.select_metric`` are averaged in fp32 (LoRA merged
-first) and the next epoch starts from that average. The last average is the run's model.
+first) and the next epoch starts from that average, unless the average scores below the epoch's
+start model on validation (``epochs.keep_start_if_better``): then the start is kept. Before each
+later epoch the curriculum re-scores the whole train pool with the new start model and selects
+that epoch's prompts (``epochs.rescore_curriculum``). The last kept model is the run's model.
 
 Resume: every phase writes its result before the next starts, and ``run_state.json`` records
 what is done. A rerun of the same command skips finished phases, resumes GRPO from the epoch's
@@ -14,12 +17,14 @@ state is the data folder itself.
 
 Layout of ``output_dir``::
 
-    run_state.json  config.yaml  summary.json  curves.png
+    run_state.json  config.yaml  config.effective.yaml  summary.json  curves.png
     sft/final/                      cold-start model (when enabled)
     epoch-0/checkpoint-N/           GRPO checkpoints
     epoch-0/validation.json         one result per checkpoint (and the start model)
     epoch-0/rankings/*.jsonl        validation rankings per checkpoint
-    epoch-0/averaged/               the average of the top-k: the next epoch's start
+    epoch-0/averaged/               the average of the top-k: the next epoch's start (or not)
+    epoch-1/curriculum/             rankings of the train pool by epoch 1's start, the selection
+                                    (train.parquet) and its curriculum report
     epoch-0/trainer_state.json      log history (reward components, dynamic sampling, loss)
 
 Every model folder it writes (``sft/final``, each checkpoint, each average) carries the RL data's
@@ -36,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from memsifter.errors import DataError
 from memsifter.training.config import TrainConfig, check_hardware, has_cuda
@@ -107,6 +114,60 @@ def spec_callback(spec: Any) -> Any:
     return _WriteSpec()
 
 
+def keep_or_advance(results: dict[str, Any], metric: str, start: str, averaged: str) -> str:
+    """The next epoch's start: the average, unless the start model scored strictly higher on
+    validation (a tie advances: the paper's loop carries the average forward)."""
+    if results["start"][metric] > results["averaged"][metric]:
+        return start
+    return averaged
+
+
+def rescore_curriculum(
+    data: str | Path,
+    model_path: str | Path,
+    cdir: Path,
+    *,
+    max_new_tokens: int,
+    threads: int | None,
+    log: Log = print,
+) -> Any:
+    """Rank the whole train pool with ``model_path`` (greedy) and let the curriculum select the
+    next epoch's prompts from those rankings. Writes ``cdir/rankings.jsonl``,
+    ``cdir/train.parquet`` and the curriculum report; a rerun reuses what exists."""
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+
+    from memsifter.training.curriculum import write_report as write_curriculum_report
+    from memsifter.training.rl_data import load_rl_dataset, reselect_train
+    from memsifter.training.validation import rank_rows
+
+    selected = cdir / "train.parquet"
+    if not selected.exists():
+        cdir.mkdir(parents=True, exist_ok=True)
+        rankings = cdir / "rankings.jsonl"
+        if not rankings.exists():
+            pool = load_rl_dataset(data, pool=True)["train"]
+            log(f"curriculum: ranking {len(pool)} train prompts with {model_path}")
+            partial = cdir / "rankings.partial.jsonl"
+            target = _merged_for_eval(Path(model_path), cdir / "merged-for-eval")
+            _, parse_rate = rank_rows(
+                target, pool, partial, max_new_tokens=max_new_tokens, threads=threads
+            )
+            partial.replace(rankings)
+            log(f"curriculum: parse rate {parse_rate:.2f}")
+        train, report = reselect_train(data, rankings)
+        write_curriculum_report(report, cdir)
+        partial = cdir / "train.partial.parquet"
+        train.to_parquet(str(partial))
+        partial.replace(selected)
+        for sel in report.sources:
+            log(
+                f"curriculum: {sel.source} NDCG@{report.k} mean {sel.ndcg_mean_before} -> "
+                f"{sel.ndcg_mean_after} ({sel.n_selected} of {sel.n_pool})"
+            )
+    return Dataset(pq.read_table(selected))  # not from_parquet: that writes to the HF cache
+
+
 def _merged_for_eval(ckpt: Path, scratch: Path) -> Path:
     """A folder transformers can load: LoRA checkpoints are merged into their base first."""
     if not (ckpt / "adapter_config.json").exists():
@@ -152,6 +213,10 @@ def run_training(
     state = RunState(out / "run_state.json")
     if cfg.source and Path(cfg.source).exists():
         shutil.copyfile(cfg.source, out / "config.yaml")
+    # What actually ran: the file with every `--set` override applied.
+    (out / "config.effective.yaml").write_text(
+        yaml.safe_dump(asdict(cfg), sort_keys=False), encoding="utf-8"
+    )
 
     if until not in (None, "sft"):
         raise ValueError(f"until must be sft (or nothing), got {until!r}")
@@ -227,10 +292,17 @@ def run_training(
         key = f"epoch-{epoch}"
         entry = state.done(key) or {}
         if entry.get("averaged"):
-            model_path = entry["averaged"]
+            model_path = entry.get("next", entry["averaged"])
             epochs_summary.append(entry)
             continue
         edir.mkdir(parents=True, exist_ok=True)
+        epoch_train = train
+        if epoch > 0 and cfg.epochs.rescore_curriculum:
+            epoch_train = rescore_curriculum(
+                cfg.data, model_path, edir / "curriculum", max_new_tokens=val_tokens,
+                threads=cfg.threads, log=log,
+            )  # fmt: skip
+            entry["train_data"] = str(edir / "curriculum" / "train.parquet")
 
         if not entry.get("trained"):
             ckpts = _checkpoints(edir)
@@ -243,7 +315,7 @@ def run_training(
                 (state.done(f"epoch-{i}") or {}).get("steps", 0) for i in range(epoch)
             )
             trainer = build_trainer(
-                cfg, model_path, train, reward_fn, edir, cuda=cuda,
+                cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
                 vllm_server_host=vllm_server_host, callbacks=[spec_callback(spec)],
             )  # fmt: skip
             trainer.train(resume_from_checkpoint=resume)
@@ -292,7 +364,7 @@ def run_training(
         # -- average the top-k checkpoints: the next epoch's start ---------------------------
         metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
         ranked = sorted(
-            (n for n in results if n != "start"),
+            (n for n in results if n.startswith("checkpoint-")),
             key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
         )
         top = ranked[: cfg.epochs.top_k]
@@ -304,10 +376,26 @@ def run_training(
         average_checkpoints([paths[n] for n in top], averaged)
         write_spec(spec, averaged)
         log(f"epoch {epoch}: averaged {', '.join(top)} (by {cfg.epochs.select_metric})")
-        entry.update(averaged=str(averaged), top=top, validation=results)
+        next_model = str(averaged)
+        if cfg.epochs.keep_start_if_better:
+            r = validate(
+                averaged, val, reward_fn, max_new_tokens=val_tokens,
+                rankings_out=edir / "rankings" / "averaged.jsonl", threads=cfg.threads,
+            )  # fmt: skip
+            results["averaged"] = result_dict(r)
+            results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")
+            log(f"epoch {epoch} averaged: NDCG@1 {r.ndcg_1:.3f} NDCG@5 {r.ndcg_5:.3f}")
+            next_model = keep_or_advance(results, metric, str(paths["start"]), next_model)
+            if next_model != str(averaged):
+                log(
+                    f"epoch {epoch}: the start model scores higher on validation "
+                    f"({cfg.epochs.select_metric} {results['start'][metric]:.3f} > "
+                    f"{results['averaged'][metric]:.3f}); the next epoch keeps it"
+                )
+        entry.update(averaged=str(averaged), next=next_model, top=top, validation=results)
         state.mark(key, entry)
         epochs_summary.append(entry)
-        model_path = str(averaged)
+        model_path = next_model
 
     summary = {
         "model": model_path,
@@ -333,6 +421,7 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
         "| epoch | model | NDCG@1 | NDCG@5 | reward | parse rate | questions | averaged |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    kept = []
     for epoch, entry in enumerate(summary["epochs"]):
         top = set(entry.get("top", []))
         for name, r in entry.get("validation", {}).items():
@@ -340,6 +429,11 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
                 f"| {epoch} | {name} | {r['ndcg_1']:.3f} | {r['ndcg_5']:.3f} | {r['reward']:.4f} "
                 f"| {r['parse_rate']:.2f} | {r['questions']} | {'yes' if name in top else ''} |"
             )
+        if entry.get("next"):
+            which = "the average" if entry["next"] == entry.get("averaged") else "its start model"
+            kept.append(f"- epoch {epoch} carried forward {which}: `{entry['next']}`")
+    if kept:
+        lines += ["", *kept]
     lines += ["", "Per epoch (from the trainer's log history; means over logged steps):", ""]
     keys = (
         "reward",
@@ -407,6 +501,8 @@ def plot_curves(out: Path, epochs: int) -> Path | None:
         vpath = edir / "validation.json"
         if vpath.exists():
             for name, r in json.loads(vpath.read_text(encoding="utf-8")).items():
+                if not name.startswith("checkpoint-") and name != "start":
+                    continue  # the average is not a point on the step axis
                 step = 0 if name == "start" else int(name.split("-")[1])
                 for k in val:
                     val[k].append((offset + step, float(r[k])))

@@ -764,6 +764,29 @@ def load_rl_dataset(path: str | Path, pool: bool = False) -> DatasetDict:
     return DatasetDict(splits)
 
 
+def reselect_train(folder: str | Path, rankings: str | Path) -> tuple[Any, CurriculumReport]:
+    """The curriculum's selection from the whole train pool of a written RL data folder, scored
+    with a model's rankings (``{"qid", "ranking"}`` JSONL over the pool): the next epoch's train
+    split when the epoch loop re-scores with the current policy. Counts, anchor, scale and seed
+    come from the recipe the folder was built with (``recipe.yaml``), so a re-selection differs
+    from the first only by the rankings."""
+    recipe = Path(folder) / "recipe.yaml"
+    if not recipe.is_file():
+        raise DataError("missing recipe.yaml; rebuild with `memsifter data rl`", file=str(recipe))
+    cfg = load_rl_data_config(recipe)
+    pool = load_rl_dataset(folder, pool=True)["train"]
+    n_candidates = {str(q): int(n) for q, n in zip(pool["qid"], pool["n_candidates"], strict=True)}
+    keep, report = select(
+        [Example.from_row(r) for r in pool],
+        {s.name: s.count for s in cfg.sources},
+        cfg.curriculum,
+        seed=cfg.seed,
+        rankings=read_rankings(rankings, n_candidates),
+        rankings_file=str(rankings),
+    )
+    return pool.select(keep), report
+
+
 __all__ = [
     "DEFAULT_LOCOMO_PATH",
     "HELDOUT_SPLITS",
@@ -785,6 +808,7 @@ __all__ = [
     "plan_sources",
     "prepare_rl_data",
     "render_card",
+    "reselect_train",
     "row_features",
     "split_conversations",
     "split_json",
