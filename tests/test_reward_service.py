@@ -181,14 +181,19 @@ def _random_batch(rng: random.Random, n_groups: int) -> list[RewardRequest]:
                 if rng.random() < 0.2:
                     ids = ids + [ids[0], n + 3]  # duplicates and out-of-range ids are dropped
                 comps.append(ranking_text(ids))
+        gold_ids = tuple(f"g{g % 3}/s{i}" for i in rng.sample(range(12), rng.randint(0, 3)))
+        source = rng.choice(["custom", "locomo", "exact"])
+        category = rng.choice(["1", "2", "3", "4", "5", None])
+        if source == "locomo" and category is None:
+            category = "4"  # LoCoMo's score refuses a row without a category, as LoCoMo does
         requests.append(
             _request(
                 comps,
                 n=n,
                 tag=f"g{g % 3}",
-                gold_ids=tuple(f"g{g % 3}/s{i}" for i in rng.sample(range(12), rng.randint(0, 3))),
-                data_source=rng.choice(["custom", "locomo", "exact"]),
-                category=rng.choice(["1", "2", "3", "4", "5", None]),
+                gold_ids=gold_ids,
+                data_source=source,
+                category=category,
             )
         )
     return requests

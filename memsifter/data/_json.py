@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,16 @@ _MISSING = object()
 
 
 def read_json(path: str | Path) -> Any:
+    """The JSON in ``path``; a ``.gz`` file is gunzipped first (LongMemEval-S ships compressed:
+    277 MB of JSON, about a tenth of that gzipped)."""
     p = Path(path)
     if not p.exists():
         raise DataError("file not found", file=str(p))
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+        return json.loads(raw.decode("utf-8"))
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise DataError(f"not a complete gzip file: {e}", file=str(p)) from e
     except UnicodeDecodeError as e:
         raise DataError(f"file is not UTF-8: {e}", file=str(p)) from e
     except json.JSONDecodeError as e:

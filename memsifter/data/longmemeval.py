@@ -5,6 +5,11 @@ Each record carries its own haystack: ``haystack_session_ids``, ``haystack_dates
 ``answer_session_ids``; abstention questions (``question_id`` ending in ``_abs``) have an
 unanswerable question by design, so their gold is kept for reference but they are excluded from
 retrieval metrics, like the benchmark's own retrieval eval does.
+
+The file may be ``.json`` or gzipped ``.json.gz`` (LongMemEval-S is shipped compressed). Each
+query's ``meta["answer_turn_ids"]`` lists the user turns of its answer sessions that carry
+``has_answer: true``: the benchmark's own retrieval labels, which
+:mod:`memsifter.evaluation.longmemeval` scores against.
 """
 
 from __future__ import annotations
@@ -16,6 +21,24 @@ from memsifter.data.dataset import LoadReport, MemoryDataset
 from memsifter.data.dates import parse_date_field
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import DataError
+
+
+def _answer_turns(sid: str, raw: object, *, file: str, record: str) -> list[str]:
+    """Turn ids of the user turns marked ``has_answer: true`` (assistant turns never count: the
+    benchmark keys its labels by user turns)."""
+    out: list[str] = []
+    for k, t in enumerate(raw if isinstance(raw, list) else ()):
+        flag = t.get("has_answer", False) if isinstance(t, dict) else False
+        if not isinstance(flag, bool):
+            raise DataError(
+                f"has_answer must be true or false, got {flag!r}",
+                file=file,
+                record=f"{record}/turn_{k}",
+                field="has_answer",
+            )
+        if flag and t.get("role") == "user":  # type: ignore[union-attr]
+            out.append(f"{sid}:{k}")
+    return out
 
 
 def _session(sid: str, date_text: str | None, raw: object, *, file: str, record: str) -> Session:
@@ -80,6 +103,13 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
                 record=qid,
                 field="answer_session_ids",
             )
+        answer_set = set(answer_ids)
+        answer_turns = [
+            tid
+            for sid, raw in zip(ids, raw_sessions, strict=True)
+            if sid in answer_set
+            for tid in _answer_turns(str(sid), raw, file=file, record=f"{qid}/{sid}")
+        ]
         abstention = qid.endswith("_abs")
         gold = () if abstention else tuple(dict.fromkeys(str(a) for a in answer_ids))
         if not gold:
@@ -95,7 +125,11 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
                 category=need(r, "question_type", str, file=file, record=qid),
                 source="longmemeval",
                 conversation_id=qid,
-                meta={"abstention": abstention, "answer_session_ids": list(answer_ids)},
+                meta={
+                    "abstention": abstention,
+                    "answer_session_ids": list(answer_ids),
+                    "answer_turn_ids": answer_turns,
+                },
             )
         )
     report.n_questions = len(queries)

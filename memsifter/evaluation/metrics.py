@@ -1,12 +1,15 @@
 """Ranking metrics through ``ir-measures`` (pytrec_eval underneath), never hand-written NDCG.
 
 Rankings are handed over as rank-derived scores (n - rank) so that pytrec_eval's own tie-breaking
-(by document id) can never reorder what a ranker actually returned.
+(by document id) can never reorder what a ranker actually returned. ``write_trec_run`` and
+``write_trec_qrels`` write exactly that run and those judgments, so any TREC tool re-scores an
+eval to our numbers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import ir_measures
 from ir_measures import RR, R, nDCG
@@ -69,3 +72,33 @@ def recall_curve(
     measures = {k: R @ k for k in range(1, max_k + 1)}
     means = _means(list(measures.values()), gold, rankings)
     return {k: means[m] for k, m in measures.items()}
+
+
+def _check_trec_id(kind: str, value: str) -> str:
+    # TREC files are whitespace-separated: an id with a space would shift every later column.
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{kind} {value!r} cannot go in a TREC file (empty or has whitespace)")
+    return value
+
+
+def write_trec_run(path: str | Path, rankings: Mapping[str, Sequence[str]], tag: str) -> None:
+    """``rankings`` as a TREC run (``qid Q0 docid rank score tag``), the score ``n - rank`` as
+    in :func:`rankings_to_run`, so trec_eval and ir-measures re-score exactly the order we
+    scored (the retriever's own scores can tie, and ties are broken by document id there)."""
+    tag = _check_trec_id("run tag", tag)
+    with Path(path).open("w", encoding="utf-8") as fh:
+        for qid, ids in rankings.items():
+            _check_trec_id("question id", qid)
+            for r, doc in enumerate(ids):
+                fh.write(f"{qid} Q0 {_check_trec_id('document id', doc)} {r + 1} ")
+                fh.write(f"{len(ids) - r} {tag}\n")
+
+
+def write_trec_qrels(path: str | Path, gold: Mapping[str, Sequence[str]]) -> None:
+    """The judgments our metrics used (``qid 0 docid 1``, relevant documents only); questions
+    without gold are left out, as :func:`evaluate_rankings` leaves them out of the means."""
+    with Path(path).open("w", encoding="utf-8") as fh:
+        for qid, docs in qrels_from_gold(gold).items():
+            _check_trec_id("question id", qid)
+            for doc, rel in docs.items():
+                fh.write(f"{qid} 0 {_check_trec_id('document id', doc)} {rel}\n")

@@ -6,7 +6,14 @@ Output of ``run_retrieval_eval`` (one folder per call):
 * ``metrics.json``: flat metrics for one retriever (``n_questions``, ``ndcg@1`` ...), or one
   sub-folder per retriever when several are run, each with its own ``metrics.json``;
 * ``report.md``: a table of every retriever run;
-* ``recall_at_k.png``: recall@k against k for every retriever run.
+* ``recall_at_k.png``: recall@k against k for every retriever run;
+* ``run.trec`` and ``qrels.txt`` beside each ``metrics.json``: the rankings as a TREC run and the
+  judgments the metrics used, so trec_eval or ir-measures re-score the run to the same numbers.
+
+On LongMemEval the benchmark's own metrics (:mod:`memsifter.evaluation.longmemeval`) are added,
+at session level from the same ranking and at turn level from ranking user turns (coarse filters
+only), with ``run_turn.trec``, ``qrels_turn.txt`` and ``qrels_benchmark.txt`` (the session labels
+after the benchmark's relabelling).
 """
 
 from __future__ import annotations
@@ -30,7 +37,14 @@ from memsifter.data.locomo import CATEGORY_NAMES
 from memsifter.data.tokens import get_counter
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
-from memsifter.evaluation.metrics import evaluate_rankings, recall_curve
+from memsifter.errors import MemSifterError
+from memsifter.evaluation import longmemeval as lme
+from memsifter.evaluation.metrics import (
+    evaluate_rankings,
+    recall_curve,
+    write_trec_qrels,
+    write_trec_run,
+)
 
 if TYPE_CHECKING:
     from memsifter.ranker.spec import PromptSpec
@@ -50,6 +64,9 @@ class RetrievalEvalConfig:
     tokenizer: str | None = None  # hub id / folder for exact token budgets; None = approx
     max_questions: int | None = None  # first N scoreable questions (smoke runs)
     recall_max_k: int = 20
+    # LongMemEval: "user" indexes a session by its user turns only, as the benchmark does (its
+    # published retrieval numbers); "all" ranks whole sessions like every other dataset here.
+    longmemeval_text: str = "user"  # user | all
     # --- the proxy (retriever "memsifter"): coarse -> proxy ---
     model: str = "smollm2-135m-instruct"  # hub id, folder, built-in name or adapter folder
     backend: str = "transformers"  # transformers | openai | vllm
@@ -71,6 +88,7 @@ class RetrieverResult:
     retriever: str
     metrics: dict[str, Any]
     recall_curve: dict[int, float]
+    rankings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # qid -> ids, best first
 
 
 def make_progress(console: Any) -> Progress:
@@ -121,13 +139,14 @@ def _by_category(
     }
 
 
-def evaluate_filter(
-    filt: CoarseFilter, queries: list[Query], cfg: RetrievalEvalConfig, progress: Progress | None
-) -> RetrieverResult:
+def rank_queries(
+    filt: CoarseFilter, queries: list[Query], progress: Progress | None, label: str | None = None
+) -> tuple[dict[str, tuple[str, ...]], list[float], float]:
+    """Every question's ranking, per-query scoring latencies (ms) and total indexing seconds."""
     rankings: dict[str, tuple[str, ...]] = {}
     latencies: list[float] = []
     index_s = 0.0
-    task = progress.add_task(escape(filt.name), total=len(queries)) if progress else None
+    task = progress.add_task(escape(label or filt.name), total=len(queries)) if progress else None
     for q in queries:
         t0 = time.perf_counter()
         filt.index(q.haystack)  # cached per haystack: pays once per conversation
@@ -137,6 +156,13 @@ def evaluate_filter(
         index_s += t1 - t0
         if progress is not None and task is not None:
             progress.advance(task)
+    return rankings, latencies, index_s
+
+
+def evaluate_filter(
+    filt: CoarseFilter, queries: list[Query], cfg: RetrievalEvalConfig, progress: Progress | None
+) -> RetrieverResult:
+    rankings, latencies, index_s = rank_queries(filt, queries, progress)
     gold = {q.qid: q.gold_session_ids for q in queries}
     metrics: dict[str, Any] = {"n_questions": len(queries)}
     metrics.update(evaluate_rankings(rankings, gold))
@@ -159,7 +185,9 @@ def evaluate_filter(
         "mean": float(np.mean(latencies)) if latencies else 0.0,
     }
     metrics["index_seconds_total"] = index_s
-    return RetrieverResult(filt.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k))
+    return RetrieverResult(
+        filt.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k), rankings
+    )
 
 
 def proxy_spec(cfg: RetrievalEvalConfig) -> PromptSpec:
@@ -252,7 +280,9 @@ def evaluate_proxy(
         "completion_tokens_mean": float(np.mean([r.generation.completion_tokens for r in results])),
         "coarse_cut_rate": sum(bool(r.prompt.dropped_ids) for r in results) / n,
     }
-    return RetrieverResult(proxy.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k))
+    return RetrieverResult(
+        proxy.name, metrics, recall_curve(rankings, gold, cfg.recall_max_k), rankings
+    )
 
 
 def _count(values) -> dict[Any, int]:
@@ -270,6 +300,18 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
     if pspec is not None:
         # Every retriever ranks what the proxy ranks, so the table compares like with like.
         queries = proxy_units(queries, pspec)
+    # LongMemEval's own metrics are defined on sessions and user turns, not on pages.
+    benchmark = cfg.dataset == "longmemeval" and (pspec is None or pspec.unit == "session")
+    turn_queries: list[Query] = []
+    if benchmark:
+        if cfg.longmemeval_text not in ("user", "all"):
+            raise MemSifterError(
+                f"longmemeval_text must be 'user' or 'all', got {cfg.longmemeval_text!r}"
+            )
+        # The turn corpus is cut from whole sessions: a turn's id counts the assistant turns.
+        turn_queries = [lme.user_turns(q) for q in queries]
+        if cfg.longmemeval_text == "user":
+            queries = [lme.user_sessions(q) for q in queries]
     if console is not None:
         console.print(dataset.report.summary())
     context = {
@@ -280,6 +322,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
         "token_counter": get_counter(cfg.tokenizer).name,
         "conversations": cfg.conversations or "all",
         "unit": "session" if pspec is None else pspec.unit,
+        **({"longmemeval_text": cfg.longmemeval_text} if benchmark else {}),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
         "n_questions_total": dataset.report.n_questions,
         "n_questions_without_evidence": dataset.report.n_no_evidence,
@@ -304,15 +347,65 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
                 filt = build_filter(spec)
                 load_s = time.perf_counter() - t0
                 res = evaluate_filter(filt, queries, cfg, progress)
+            turn_rankings = None
+            if benchmark and spec != "memsifter":
+                turn_rankings, _, _ = rank_queries(
+                    filt, turn_queries, progress, f"{filt.name} (user turns)"
+                )
             res.metrics.update(context, retriever=res.retriever, model_load_seconds=load_s)
+            if benchmark:
+                add_benchmark_metrics(res, queries, turn_rankings)
             results.append(res)
             target = out if len(cfg.retrievers) == 1 else out / slug(res.retriever)
             target.mkdir(parents=True, exist_ok=True)
             (target / "metrics.json").write_text(json.dumps(res.metrics, indent=2) + "\n")
+            write_run_files(target, res, queries, turn_rankings if benchmark else None)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
     (out / "report.md").write_text(render_report(results, context))
     plot_recall(results, out / "recall_at_k.png", title=f"{cfg.dataset} ({cfg.haystack})")
     return results
+
+
+def add_benchmark_metrics(
+    res: RetrieverResult,
+    queries: list[Query],
+    turn_rankings: dict[str, tuple[str, ...]] | None,
+) -> None:
+    """LongMemEval's own metrics into ``res.metrics``: flat (``session/recall_any@5`` ...), per
+    question type inside ``by_category``, and who they leave out under ``longmemeval``."""
+    report = lme.benchmark_report(queries, res.rankings, turn_rankings)
+    res.metrics.update(report["metrics"])
+    res.metrics["longmemeval"] = {
+        "definitions": "LongMemEval src/retrieval/eval_utils.py: recall_any, recall_all, "
+        "ndcg_any (DCG rel[0] + sum rel[i]/log2(i+1), i >= 1); documents are user turns",
+        "turn_level": turn_rankings is not None,
+        "n_scored": report["n_scored"],
+        "n_no_target": report["n_no_target"],
+        "no_target_qids": report["no_target_qids"],
+    }
+    for cat, m in report["by_category"].items():
+        res.metrics["by_category"].setdefault(cat, {"name": cat}).update(m)
+
+
+def write_run_files(
+    target: Path,
+    res: RetrieverResult,
+    queries: list[Query],
+    turn_rankings: dict[str, tuple[str, ...]] | None,
+) -> None:
+    """``run.trec`` and ``qrels.txt`` (what ``ndcg@k``... were computed from) and, on
+    LongMemEval, the benchmark's session judgments and the turn-level run."""
+    tag = slug(res.retriever)
+    write_trec_run(target / "run.trec", res.rankings, tag)
+    write_trec_qrels(target / "qrels.txt", {q.qid: q.gold_session_ids for q in queries})
+    if "longmemeval" not in res.metrics:
+        return
+    write_trec_qrels(
+        target / "qrels_benchmark.txt", {q.qid: lme.session_targets(q) for q in queries}
+    )
+    if turn_rankings is not None:
+        write_trec_run(target / "run_turn.trec", turn_rankings, tag)
+        write_trec_qrels(target / "qrels_turn.txt", {q.qid: lme.turn_targets(q) for q in queries})
 
 
 def slug(name: str) -> str:
@@ -340,6 +433,39 @@ def render_table(results: list[RetrieverResult], haystack: str | None = None) ->
     return "\n".join(rows) + "\n"
 
 
+# The metrics LongMemEval's print_retrieval_metrics.py reports, plus session recall_any@5.
+LONGMEMEVAL_COLUMNS = (
+    "session/recall_any@5",
+    "session/recall_all@5",
+    "session/ndcg_any@5",
+    "session/recall_all@10",
+    "session/ndcg_any@10",
+    "turn/recall_all@5",
+    "turn/ndcg_any@5",
+    "turn/recall_all@10",
+    "turn/ndcg_any@10",
+    "turn/recall_all@50",
+    "turn/ndcg_any@50",
+)
+
+
+BY_TYPE_COLUMNS = ("session/recall_all@5", "session/ndcg_any@5", "turn/recall_all@10")
+
+
+def render_longmemeval_table(
+    results: list[RetrieverResult], columns: tuple[str, ...] = LONGMEMEVAL_COLUMNS
+) -> str:
+    """One row per retriever; ``-`` where a level was not run (the proxy has no turn level)."""
+    head = ["retriever", "n scored", "no target"] + list(columns)
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        m, info = r.metrics, r.metrics["longmemeval"]
+        cells = [r.retriever, str(info["n_scored"]), str(info["n_no_target"])]
+        cells += [f"{m[c]:.3f}" if c in m else "-" for c in columns]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def render_report(results: list[RetrieverResult], context: dict[str, Any]) -> str:
     lines = [f"# Retrieval report: {context['dataset']}, haystack {context['haystack']}", ""]
     lines += [f"- {k}: {v}" for k, v in context.items()]
@@ -362,17 +488,23 @@ def render_report(results: list[RetrieverResult], context: dict[str, Any]) -> st
                 f"{r.metrics['latency_ms']['p50']:.0f} |"
             )
         lines.append("")
+    benchmark = [r for r in results if "longmemeval" in r.metrics]
+    if benchmark:
+        lines += ["## LongMemEval's own metrics", "", render_longmemeval_table(benchmark)]
     lines += ["## By category", ""]
     for r in results:
         lines.append(f"### {r.retriever}")
         lines.append("")
-        lines.append("| category | n | ndcg@1 | ndcg@5 | recall@5 | mrr |")
-        lines.append("|---|---|---|---|---|---|")
+        extra = BY_TYPE_COLUMNS if "longmemeval" in r.metrics else ()
+        head = ["category", "n", "ndcg@1", "ndcg@5", "recall@5", "mrr", *extra]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
         for cat, m in r.metrics["by_category"].items():
-            lines.append(
-                f"| {cat} {m['name']} | {m['n_questions']} | {m['ndcg@1']:.3f} | "
-                f"{m['ndcg@5']:.3f} | {m['recall@5']:.3f} | {m['mrr']:.3f} |"
-            )
+            name = cat if m["name"] == cat else f"{cat} {m['name']}"
+            cells = [name, str(m["n_questions"])]
+            cells += [f"{m[c]:.3f}" for c in ("ndcg@1", "ndcg@5", "recall@5", "mrr")]
+            cells += [f"{m[c]:.3f}" if c in m else "-" for c in extra]
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
