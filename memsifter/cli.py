@@ -138,6 +138,13 @@ def eval_qa(
     memory_order: Annotated[
         str, typer.Option(help="how the answerer shows the top k: rank | chronological")
     ] = "rank",
+    prompt: Annotated[
+        str,
+        typer.Option(
+            help="answerer prompt: ours, or locomo (LoCoMo's published prompting: category-5 "
+            "forced choice, category-2 date hint; LoCoMo only)"
+        ),
+    ] = "ours",
     conversations: Annotated[str | None, typer.Option(help="comma-separated ids/indexes")] = None,
     max_questions: Annotated[int | None, typer.Option(help="first N questions")] = None,
     model: Annotated[str, typer.Option(help="proxy model (retriever memsifter)")] = (
@@ -159,8 +166,29 @@ def eval_qa(
         ),
     ] = None,
     out: Annotated[str, typer.Option(help="output folder")] = "outputs/qa",
+    judge_model: Annotated[
+        str | None,
+        typer.Option(
+            help="LLM judge (J); none by default. LongMemEval uses its own per-type prompts; "
+            "smollm2-135m-instruct with --judge-backend transformers is an offline pipeline "
+            "check, not a result"
+        ),
+    ] = None,
+    judge_backend: Annotated[str, typer.Option(help="judge backend: openai | transformers")] = (
+        "openai"
+    ),
+    judge_base_url: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible judge server URL (http://host:port/v1)")
+    ] = None,
+    judge_rubric: Annotated[
+        str,
+        typer.Option(help="J's rubric (not LongMemEval): mem0 (the Mem0 paper's) | memsifter"),
+    ] = "mem0",
 ) -> None:
-    """Answer questions from the top-k retrieved sessions; write metrics.json (f1, em)."""
+    """Answer questions from the top-k retrieved sessions; write metrics.json, report.md and
+    predictions.jsonl (per question: id, category, prediction, gold, scores). On LoCoMo:
+    LoCoMo's own score by category, with and without category 5; J with --judge-model; on
+    LongMemEval the benchmark judge's accuracy."""
     from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
 
     cfg = QAEvalConfig(
@@ -173,6 +201,7 @@ def eval_qa(
         answerer_window=answerer_window,
         top_k=top_k,
         memory_order=memory_order,
+        answer_prompt=prompt,
         max_questions=max_questions,
         conversations=[c.strip() for c in conversations.split(",")] if conversations else None,
         model=model,
@@ -183,17 +212,36 @@ def eval_qa(
         proxy_completion_tokens=completion_tokens,
         prompt=prompt_spec,
         out=out,
+        judge_model=judge_model,
+        judge_backend=judge_backend,
+        judge_base_url=judge_base_url,
+        judge_rubric=judge_rubric,
     )
     try:
         m = run_qa_eval(cfg, console=console)
     except MemSifterError as e:
         _fail(e)
         return
-    typer.echo(
-        f"{retriever}: n={m['n_questions']} f1={m['f1']:.3f} em={m['em']:.3f} "
-        f"locomo={m['locomo_score']:.3f}"
-    )
-    console.print(f"wrote {out}/metrics.json, predictions.jsonl")
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    line = f"{retriever}: n={m['n_questions']} f1={num(m['f1'])} em={num(m['em'])}"
+    if "locomo" in m:  # LoCoMo's own score; f1/em above leave category 5 out
+        lo = m["locomo"]
+        line += (
+            f" locomo={num(lo['overall'])}"
+            f" locomo_without_5={num(lo['overall_without_adversarial'])}"
+            f" adversarial_acc={num(lo['adversarial_accuracy'])}"
+        )
+    if m.get("judge") is not None:
+        line += f" J={num(m['judge'])} ({m['judge_rubric']['name']})"
+    typer.echo(line)
+    if "longmemeval" in m:
+        j = m["longmemeval"]
+        label = " (PIPELINE CHECK: offline judge, not a result)" if j["pipeline_check"] else ""
+        typer.echo(f"LongMemEval judge {j['judge_model']}: accuracy={j['accuracy']:.3f}{label}")
+    console.print(f"wrote {out}/metrics.json, report.md, predictions.jsonl")
 
 
 @eval_app.command("proxy")
@@ -398,6 +446,11 @@ def data_rl(
             f"  {sel.source}: NDCG@{rep.k} mean {before} -> {after}; histogram "
             f"{sel.hist_before} -> {sel.hist_after}"
         )
+        if sel.coarse_top1_gold_before is not None:
+            console.print(
+                f"  {sel.source}: coarse top-1 is gold in {sel.coarse_top1_gold_before:.3f} of "
+                f"the pool -> {sel.coarse_top1_gold_after or 0.0:.3f} of the selection"
+            )
     console.print(f"wrote {out} in {result.seconds:.1f}s")
 
 
@@ -445,6 +498,13 @@ def train(
     answerer_url: Annotated[
         str | None, typer.Option(help="OpenAI-compatible working LLM for the reward")
     ] = None,
+    judge_url: Annotated[
+        str | None,
+        typer.Option(
+            help="OpenAI-compatible server of the reward config's judge (sources whose task "
+            "metric is judge, e.g. LongMemEval)"
+        ),
+    ] = None,
     output_dir: Annotated[str | None, typer.Option(help="override output_dir")] = None,
     dry_run: Annotated[
         bool, typer.Option(help="build and print the GRPO config, load no model")
@@ -487,6 +547,7 @@ def train(
             cfg,
             vllm_server_host=vllm_server_host,
             answerer_url=answerer_url,
+            judge_url=judge_url,
             log=lambda m: console.print(escape(m)),
             until=until,
         )

@@ -10,6 +10,8 @@
 #     --vllm-server-host  -- prompts -->  generates G completions
 #                         <-- completions; weights pushed back (NCCL) after each step
 #     --answerer-url      -- reward: batched, deduplicated, greedy prompts (HTTP) -->
+#     --judge-url         -- (question, gold, answer) for judged sources -->  judge node
+#                                                                   (JUDGE_TP GPUs, vllm serve)
 #
 # Rollouts: GRPO with `use_vllm: true, vllm_mode: server` sends generation to the rollout node.
 # The server loads POLICY_MODEL (the config's model.name) once; the trainer pushes the policy's
@@ -19,13 +21,18 @@
 # Reward: the working LLM answers the question from the proxy's top-k sessions. The reward service
 # renders prompts with the answerer's tokenizer locally and calls /v1/completions, so the reward
 # config's answerer.model must name the same model as ANSWERER_MODEL (answerer.served_model_name
-# when the server uses another name).
+# when the server uses another name). Qwen3 answerers and judges are prompted with thinking off.
+# Judge: data sources whose task metric is `judge` (LongMemEval in configs/rewards/default.yaml)
+# are scored by an LLM judge; its server is the judge role, its model the reward config's
+# judge.model (= JUDGE_MODEL). Without JUDGE_URL a run with judged rows refuses to start,
+# naming the source; choose `task_metrics.<source>: f1` in the reward config to run without one.
 #
 # Usage (start the servers first, then the trainer on every training node):
 #   ANSWERER_MODEL=Qwen/Qwen3-8B            scripts/train_multinode.sh --role answerer
+#   JUDGE_MODEL=Qwen/Qwen3-8B               scripts/train_multinode.sh --role judge
 #   POLICY_MODEL=Qwen/Qwen3-4B VLLM_DP=8    scripts/train_multinode.sh --role rollout
 #   CONFIG=configs/train/qwen3_4b.yaml NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 \
-#     VLLM_HOST=10.0.0.3 ANSWERER_URL=http://10.0.0.4:8001/v1 \
+#     VLLM_HOST=10.0.0.3 ANSWERER_URL=http://10.0.0.4:8001/v1 JUDGE_URL=http://10.0.0.5:8002/v1 \
 #     scripts/train_multinode.sh --role trainer
 #   ... the same with NODE_RANK=1 on the second training node.
 #   --dry-run prints the command instead of running it. Arguments after `--` are appended to it
@@ -33,7 +40,8 @@
 #
 # Environment (defaults in brackets; "required" ones stop the script with a message when unset):
 #   trainer:  CONFIG (required), ANSWERER_URL (required), VLLM_HOST (required unless
-#             VLLM_MODE=colocate), VLLM_MODE [server], STRATEGY [deepspeed_zero3] (ddp |
+#             VLLM_MODE=colocate), JUDGE_URL (the judge role's URL; needed when the reward
+#             config judges a data source of the run), VLLM_MODE [server], STRATEGY [deepspeed_zero3] (ddp |
 #             deepspeed_zero3 | fsdp: configs/accelerate/$STRATEGY.yaml), NNODES [1],
 #             NPROC_PER_NODE [8], NODE_RANK and MASTER_ADDR (required when NNODES > 1; 0 and
 #             127.0.0.1 on one node), MASTER_PORT [29500]
@@ -43,6 +51,8 @@
 #             (optional)
 #   answerer: ANSWERER_MODEL [Qwen/Qwen3-8B], ANSWERER_TP [1], ANSWERER_PORT [8001],
 #             ANSWERER_SERVED_NAME (optional), ANSWERER_MAX_MODEL_LEN (optional)
+#   judge:    JUDGE_MODEL [Qwen/Qwen3-8B], JUDGE_TP [1], JUDGE_PORT [8002],
+#             JUDGE_SERVED_NAME (optional), JUDGE_MAX_MODEL_LEN (optional)
 # Use CUDA_VISIBLE_DEVICES to split one node's GPUs between pieces. The training config's
 # output_dir should be on storage every training node sees.
 set -euo pipefail
@@ -60,7 +70,7 @@ dry_run=0
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --role) [ $# -ge 2 ] || die "--role needs a value: trainer | rollout | answerer"
+    --role) [ $# -ge 2 ] || die "--role needs a value: trainer | rollout | answerer | judge"
             role="$2"; shift 2 ;;
     --role=*) role="${1#--role=}"; shift ;;
     --dry-run) dry_run=1; shift ;;
@@ -111,6 +121,7 @@ case "$role" in
       -m memsifter.cli train "$config")
     if [ "$VLLM_MODE" = server ]; then cmd+=(--vllm-server-host "$VLLM_HOST"); fi
     cmd+=(--answerer-url "$ANSWERER_URL")
+    if [ -n "${JUDGE_URL:-}" ]; then cmd+=(--judge-url "$JUDGE_URL"); fi
     ;;
   rollout)
     cmd=(trl vllm-serve --model "${POLICY_MODEL:-Qwen/Qwen3-4B}"
@@ -131,8 +142,14 @@ case "$role" in
       cmd+=(--max-model-len "$ANSWERER_MAX_MODEL_LEN")
     fi
     ;;
-  "") die "no role given: --role trainer | rollout | answerer" ;;
-  *) die "unknown role '$role': expected trainer | rollout | answerer" ;;
+  judge)
+    cmd=(vllm serve "${JUDGE_MODEL:-Qwen/Qwen3-8B}"
+      --host 0.0.0.0 --port "${JUDGE_PORT:-8002}" --tensor-parallel-size "${JUDGE_TP:-1}")
+    if [ -n "${JUDGE_SERVED_NAME:-}" ]; then cmd+=(--served-model-name "$JUDGE_SERVED_NAME"); fi
+    if [ -n "${JUDGE_MAX_MODEL_LEN:-}" ]; then cmd+=(--max-model-len "$JUDGE_MAX_MODEL_LEN"); fi
+    ;;
+  "") die "no role given: --role trainer | rollout | answerer | judge" ;;
+  *) die "unknown role '$role': expected trainer | rollout | answerer | judge" ;;
 esac
 cmd+=("${extra[@]}")
 

@@ -80,6 +80,10 @@ def test_selection_takes_top_priority_per_source(scale: str) -> None:
     by = {s.source: s for s in report.sources}
     assert by["a"].n_pool == 8 and by["a"].n_selected == 3 and sum(by["a"].hist_after) == 3
     assert sum(report.hist_before) == 16 and sum(report.hist_after) == 8
+    # Source a's pool (with gold) has the coarse top-1 gold once in 8; near tau = 0.2 the
+    # selection keeps none of it: the position prior the selection shows the policy.
+    assert by["a"].coarse_top1_gold_before == pytest.approx(1 / 8)
+    assert by["a"].coarse_top1_gold_after == 0.0
     # The formula over every row picks the gold-less example (priority 0.8) over rank 3 (0.77).
     loose, _ = select(
         exs, {"a": 5, "b": 0}, CurriculumConfig(require_gold=False, scale=scale), seed=0

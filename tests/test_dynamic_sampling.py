@@ -136,3 +136,28 @@ def test_refuses_groups_split_across_processes() -> None:
     check_whole_groups(12, 6)
     with pytest.raises(ValueError, match="multiple of num_generations"):
         check_whole_groups(3, 6)  # e.g. 2 processes x 3 rows for groups of 6
+
+
+def test_refills_differ_between_epochs_at_the_same_epoch_step() -> None:
+    """Each epoch is a new trainer whose global_step restarts at 0: the run's step (offset by
+    the earlier epochs' steps) seeds the refill, so epoch 1 does not redraw epoch 0's prompts."""
+    from types import SimpleNamespace
+
+    from memsifter.training.dynamic_sampling import DynamicSamplingGRPOTrainer
+
+    def fake(offset: int, step: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            args=SimpleNamespace(seed=0),
+            state=SimpleNamespace(global_step=step),
+            accelerator=SimpleNamespace(num_processes=1, process_index=0),
+            num_generations=2,
+            train_dataset=[{"i": i} for i in range(64)],
+            step_offset=offset,
+        )
+
+    refill = DynamicSamplingGRPOTrainer._refill_inputs
+    epoch0 = refill(fake(0, 3), 8, 0)  # type: ignore[arg-type]
+    assert refill(fake(0, 3), 8, 0) == epoch0  # seeded: a resumed run draws the same
+    assert refill(fake(12, 3), 8, 0) != epoch0  # epoch 1, same epoch step: other prompts
+    assert refill(fake(12, 3), 8, 0) == refill(fake(0, 15), 8, 0)  # the run's step 15 either way
+    assert [r["i"] for r in epoch0[::2]] == [r["i"] for r in epoch0[1::2]]  # whole groups

@@ -157,6 +157,31 @@ def test_answerer_dry_run() -> None:
     ]  # fmt: skip
 
 
+def test_judge_dry_run() -> None:
+    argv = _command(_run("--role", "judge", "--dry-run", JUDGE_TP="2", JUDGE_SERVED_NAME="judge"))
+    assert argv == [
+        "vllm", "serve", "Qwen/Qwen3-8B", "--host", "0.0.0.0", "--port", "8002",
+        "--tensor-parallel-size", "2", "--served-model-name", "judge",
+    ]  # fmt: skip
+
+
+def test_trainer_forwards_the_judge_url() -> None:
+    import typer.main
+
+    from memsifter.cli import app
+
+    env = {**TRAINER_ENV, "JUDGE_URL": "http://10.0.0.5:8002/v1"}
+    argv = _command(_run("--role", "trainer", "--dry-run", **env))
+    i = argv.index("--judge-url")
+    assert argv[i + 1] == "http://10.0.0.5:8002/v1"
+    train = typer.main.get_command(app).commands["train"]  # type: ignore[attr-defined]
+    ctx = train.make_context("train", argv[argv.index("train") + 1 :])
+    assert ctx.params["judge_url"] == "http://10.0.0.5:8002/v1"
+    # Without JUDGE_URL nothing is passed: the run itself refuses judged sources (tested in
+    # tests/test_scorers.py).
+    assert "--judge-url" not in _command(_run("--role", "trainer", "--dry-run", **TRAINER_ENV))
+
+
 @pytest.mark.parametrize(
     ("missing", "extra"),
     [
@@ -180,7 +205,7 @@ def test_missing_variable_is_named(missing: str, extra: dict[str, str]) -> None:
     ("args", "env", "message"),
     [
         ((), {}, "no role given"),
-        (("--role", "judge"), {}, "unknown role 'judge'"),
+        (("--role", "referee"), {}, "unknown role 'referee'"),
         (("--role", "trainer"), {**TRAINER_ENV, "STRATEGY": "zero2"}, "STRATEGY=zero2"),
         (("--role", "trainer"), {**TRAINER_ENV, "CONFIG": "nope.yaml"}, "CONFIG=nope.yaml"),
         (("--role", "trainer"), {**TRAINER_ENV, "NNODES": "two"}, "NNODES must be"),

@@ -6,6 +6,15 @@ service keys its cache on a hash of exactly this text, so nothing random or time
 enter it. Which sessions fit the window is decided by rank (the lowest-ranked are dropped first);
 how the kept ones are shown is ``memory_order``: ``rank`` (best first) or ``chronological``
 (oldest first, as a chat history reads). Each is shown with its date.
+
+Reasoning models answer directly: a chat template with Qwen3's ``enable_thinking`` switch is
+rendered with it off (a Qwen3 working LLM would otherwise spend its few answer tokens inside
+``<think>`` and never reach ``<answer>``), and any ``<think>…</think>`` a model writes anyway is
+dropped before the answer is read; an unclosed ``<think>`` means no answer came.
+
+``style`` picks the prompt: ``ours`` (above) or ``locomo``, LoCoMo's published prompting
+(:mod:`memsifter.qa.locomo`: its instruction, its session layout, no question date, the whole
+reply as the answer), for numbers that sit next to the LoCoMo paper's.
 """
 
 from __future__ import annotations
@@ -13,8 +22,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from memsifter.data.types import Session
+from memsifter.qa.locomo import LocomoQuestion, build_locomo_messages, locomo_reply
 from memsifter.ranker.backends.base import Backend, SamplingConfig
 
 SYSTEM = (
@@ -28,6 +39,7 @@ SYSTEM_ZH = (
     "如果记忆中没有答案，请写 <answer>No information available</answer>。"
 )
 MEMORY_ORDERS = ("rank", "chronological")
+PROMPT_STYLES = ("ours", "locomo")
 _ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
 
 
@@ -49,9 +61,29 @@ def build_answer_messages(
     ]
 
 
+def without_thinking(text: str) -> str:
+    """``text`` after its last ``</think>``; empty when a ``<think>`` is never closed (the
+    model ran out of tokens while reasoning: it gave no answer)."""
+    close = text.rfind("</think>")
+    if close >= 0:
+        return text[close + len("</think>") :]
+    return "" if "<think>" in text else text
+
+
+def chat_template_kwargs(tokenizer: Any) -> dict[str, Any]:
+    """``enable_thinking=False`` for a chat template with Qwen3's switch; nothing otherwise
+    (other templates would ignore it, and a prompt's text must not depend on ignored flags)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates
+        template = " ".join(str(t) for t in template.values())
+    return {"enable_thinking": False} if "enable_thinking" in str(template or "") else {}
+
+
 def extract_answer(text: str) -> str:
-    """The text inside <answer>; without tags, the first non-empty line (small models often
-    answer plainly; scoring that line is fairer than scoring their whole ramble)."""
+    """The text inside <answer> (after any thinking); without tags, the first non-empty line
+    (small models often answer plainly; scoring that line is fairer than scoring their whole
+    ramble)."""
+    text = without_thinking(text)
     m = _ANSWER.search(text)
     if m:
         return m.group(1).strip()
@@ -68,6 +100,7 @@ class Answerer:
     max_new_tokens: int = 48
     language: str = "en"
     memory_order: str = "rank"
+    style: str = "ours"  # ours | locomo (see the module docstring)
     _counts: dict[str, int] = field(default_factory=dict, repr=False)  # fingerprint -> tokens
 
     def __post_init__(self) -> None:
@@ -75,6 +108,24 @@ class Answerer:
             raise ValueError(
                 f"memory_order must be one of {MEMORY_ORDERS}, got {self.memory_order!r}"
             )
+        if self.style not in PROMPT_STYLES:
+            raise ValueError(f"style must be one of {PROMPT_STYLES}, got {self.style!r}")
+
+    def messages(
+        self,
+        question: str | LocomoQuestion,
+        sessions: Sequence[Session],
+        question_date: str | None = None,
+    ) -> list[dict[str, str]]:
+        """The chat for ``sessions`` in the order shown. ``locomo`` takes the question as
+        :func:`memsifter.qa.locomo.locomo_question` phrases it and shows no question date."""
+        if self.style == "locomo":
+            if not isinstance(question, LocomoQuestion):
+                raise TypeError("style 'locomo' needs a LocomoQuestion (see locomo_question)")
+            return build_locomo_messages(question, sessions)
+        if isinstance(question, LocomoQuestion):
+            raise TypeError("a LocomoQuestion needs style='locomo'")
+        return build_answer_messages(question, sessions, question_date, self.language)
 
     def _count(self, text: str) -> int:
         return len(self.backend.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -88,7 +139,7 @@ class Answerer:
 
     def render(
         self,
-        question: str,
+        question: str | LocomoQuestion,
         sessions: Sequence[Session],
         question_date: str | None = None,
         times: Sequence[int] | None = None,
@@ -104,16 +155,17 @@ class Answerer:
                 f"({len(sessions)} sessions, {None if times is None else len(times)} keys)"
             )
 
+        template_kwargs = chat_template_kwargs(self.backend.tokenizer)
+
         def render(kept: int) -> str:
             shown = range(kept)
             if chronological:
                 shown = sorted(shown, key=lambda i: times[i])  # type: ignore[index]
             return self.backend.tokenizer.apply_chat_template(
-                build_answer_messages(
-                    question, [sessions[i] for i in shown], question_date, self.language
-                ),
+                self.messages(question, [sessions[i] for i in shown], question_date),
                 tokenize=False,
                 add_generation_prompt=True,
+                **template_kwargs,
             )
 
         budget = self.window_tokens - self.max_new_tokens
@@ -136,4 +188,6 @@ class Answerer:
         gens = self.backend.generate(
             prompts, SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0)
         )
+        if self.style == "locomo":
+            return [locomo_reply(without_thinking(g[0].text)) for g in gens]
         return [extract_answer(g[0].text) for g in gens]

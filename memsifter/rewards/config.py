@@ -24,7 +24,8 @@ Two rules keep the reward from paying for the wrong thing:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memsifter.config import load_config
@@ -70,12 +71,19 @@ class AnswererConfig:
             )
 
 
+# The judge of configs/rewards/default.yaml (LongMemEval's answers); its URL comes at launch.
+DEFAULT_JUDGE_MODEL = "Qwen/Qwen3-8B"
+
+
 @dataclass(frozen=True)
 class JudgeConfig:
-    """The LLM judge for datasets whose task metric is ``judge`` (OpenAI-compatible server)."""
+    """The LLM judge for datasets whose task metric is ``judge`` (OpenAI-compatible server).
+    ``base_url`` may be left null in a shipped config and given at launch (``memsifter train
+    --judge-url``, the judge role of ``scripts/train_multinode.sh``); a run refuses to start
+    without it when a data source is judged."""
 
     model: str
-    base_url: str
+    base_url: str | None = None
     served_model_name: str | None = None
     max_new_tokens: int = 16
     max_concurrency: int = 16
@@ -117,9 +125,9 @@ class RewardConfig:
     default_task_metric: str | None = "f1"  # for a data_source not in task_metrics; null: error
     cache_size: int = 200_000  # answers kept across steps (LRU, keyed by prompt hash)
     answerer: AnswererConfig = field(default_factory=AnswererConfig)
-    # Needed only once a judge-scored row arrives (the service raises then), so the default
-    # config, which names the judge for LongMemEval, still loads where no judge server runs.
-    judge: JudgeConfig | None = None
+    # Loads without a URL (the URL usually comes at launch); `memsifter train` refuses to start
+    # when a judged data source meets a judge without one (check_scorers).
+    judge: JudgeConfig | None = field(default_factory=lambda: JudgeConfig(DEFAULT_JUDGE_MODEL))
     retry: RetryConfig = field(default_factory=RetryConfig)
 
     def __post_init__(self) -> None:
@@ -180,6 +188,40 @@ class RewardConfig:
             return False
         return str(category) in self.exclude_categories[data_source]  # type: ignore[index]
 
+    def scorer_problem(self, data_source: str) -> str | None:
+        """Why rows of ``data_source`` could not be scored (None when they can): no task metric,
+        a judge metric without a judge endpoint, or a working LLM on a server without its URL."""
+        if self.alpha == 0:
+            return None  # retrieval only: no answer is scored
+        if data_source not in self.task_metrics and self.default_task_metric is None:
+            return (
+                f"data source {data_source!r} has no task metric (task_metrics.{data_source}) "
+                "and default_task_metric is null"
+            )
+        metric = self.task_metric(data_source)
+        if metric == "judge" and (self.judge is None or not self.judge.base_url):
+            what = "no judge" if self.judge is None else f"no URL for its judge {self.judge.model}"
+            return (
+                f"data source {data_source!r} is scored by the LLM judge "
+                f"(task_metrics.{data_source}: judge) but the reward config has {what}: pass "
+                "--judge-url (the judge role of scripts/train_multinode.sh), set judge.base_url, "
+                f"or choose token F1 explicitly (task_metrics.{data_source}: f1)"
+            )
+        if self.answerer.backend == "openai" and not self.answerer.base_url:
+            return (
+                f"data source {data_source!r} needs the working LLM's answers but answerer "
+                f"backend openai has no base_url: pass --answerer-url (the answerer role of "
+                "scripts/train_multinode.sh) or set answerer.base_url"
+            )
+        return None
+
+    def check_scorers(self, data_sources: Iterable[str], where: str = "the reward config") -> None:
+        """Refuse (DataError naming the source) when any of ``data_sources`` has no scorer: a
+        run would otherwise crash on the first batch that holds one of its rows."""
+        problems = [p for s in sorted(set(data_sources)) if (p := self.scorer_problem(s))]
+        if problems:
+            raise DataError("; ".join(problems), file=where, field="task_metrics")
+
     def task_metric(self, data_source: str | None) -> str:
         """The task score for rows from ``data_source``."""
         if data_source in self.task_metrics:
@@ -190,6 +232,27 @@ class RewardConfig:
                 field="task_metrics",
             )
         return self.default_task_metric
+
+
+def with_endpoints(
+    config: RewardConfig, *, answerer_url: str | None = None, judge_url: str | None = None
+) -> RewardConfig:
+    """``config`` with the servers given at launch: the working LLM behind ``answerer_url``
+    (OpenAI-compatible), the judge behind ``judge_url``. A judge URL needs the config to name
+    the judge model (its tokenizer renders the prompts locally)."""
+    if answerer_url:
+        config = replace(
+            config, answerer=replace(config.answerer, backend="openai", base_url=answerer_url)
+        )
+    if judge_url:
+        if config.judge is None:
+            raise DataError(
+                "--judge-url given but the reward config names no judge model; add "
+                "judge: {model: MODEL} (the model the judge server runs)",
+                field="judge",
+            )
+        config = replace(config, judge=replace(config.judge, base_url=judge_url))
+    return config
 
 
 def load_reward_config(path: str | Path) -> RewardConfig:

@@ -224,7 +224,8 @@ class RewardService:
             memory_order=a.memory_order,
         )
         judge = None
-        if config.judge is not None:
+        # A judge without a URL is no judge (check_scorers refuses runs that need one).
+        if config.judge is not None and config.judge.base_url:
             j = config.judge
             judge = LLMJudge(
                 build_backend(
@@ -339,7 +340,7 @@ class RewardService:
             if judge is None:
                 raise RewardError(
                     "a row's task metric is 'judge' but the reward service has no judge "
-                    "(set judge: in the reward config)"
+                    "(set judge: in the reward config, or pass --judge-url)"
                 )
             before = judge.calls
             verdicts = self._retrying("the judge", judge.judge_many, [j[2] for j in judged])

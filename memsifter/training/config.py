@@ -188,6 +188,9 @@ class TrainConfig:
     epochs: EpochSettings = field(default_factory=EpochSettings)
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
     threads: int | None = None  # torch CPU threads; None leaves torch's default
+    # Multi-process runs: how long the other processes wait at a barrier (the process group's
+    # timeout) while the main process validates, averages and re-scores the curriculum alone.
+    barrier_timeout_s: int = 4 * 3600
     # Where this config was loaded from; relative paths resolve against the repo root (cwd).
     source: str | None = None
     overrides: list[str] = field(default_factory=list)  # `memsifter train --set`, in order

@@ -133,6 +133,12 @@ class SourceSelection:
     ndcg_mean_after: float | None
     hist_before: list[int]
     hist_after: list[int]
+    # Share of examples (with gold shown) whose coarse filter's first pick is gold, in the pool
+    # and in the selection. When prompts list candidates in the coarse order, a selection that
+    # moves this share moves the position prior the policy learns: a curriculum scored by the
+    # coarse order near a low anchor keeps exactly the prompts where the first shown is wrong.
+    coarse_top1_gold_before: float | None = None
+    coarse_top1_gold_after: float | None = None
 
 
 @dataclass
@@ -301,6 +307,10 @@ def histogram(values: Sequence[float], bins: int = 10) -> tuple[list[int], list[
     return [int(c) for c in counts], [round(float(e), 6) for e in edges]
 
 
+def _coarse_top1_gold(ex: Example) -> float:
+    return float(bool(ex.coarse_order) and ex.coarse_order[0] in ex.gold_positions)
+
+
 def _mean(xs: Sequence[float]) -> float | None:
     return float(np.mean(xs)) if xs else None
 
@@ -348,6 +358,8 @@ def select(
         chosen.update(keep)
         before = [scored[i].ndcg for i in pool]
         after = [scored[i].ndcg for i in keep]
+        top1_before = [_coarse_top1_gold(examples[i]) for i in pool if examples[i].gold_positions]
+        top1_after = [_coarse_top1_gold(examples[i]) for i in keep if examples[i].gold_positions]
         selections.append(
             SourceSelection(
                 source=name,
@@ -358,6 +370,8 @@ def select(
                 ndcg_mean_after=_mean(after),
                 hist_before=histogram(before, config.bins)[0],
                 hist_after=histogram(after, config.bins)[0],
+                coarse_top1_gold_before=_mean(top1_before),
+                coarse_top1_gold_after=_mean(top1_after),
             )
         )
 

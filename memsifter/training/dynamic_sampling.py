@@ -23,8 +23,9 @@ needs ``per_device_train_batch_size * steps_per_generation`` to be a multiple of
 ``num_generations`` (checked). The token count used by the DAPO loss normaliser
 (``num_items_in_batch``) is recomputed for the rebuilt batch over the informative groups
 only: padding groups add no gradient, and counting their tokens would shrink every real
-token's weight by the fraction of the batch that was padding. Multimodal inputs and tool
-masks are not supported (refused).
+token's weight by the fraction of the batch that was padding. Multimodal inputs, tool masks
+and any batch key not listed here are refused, by name. The TRL range is pinned in
+``pyproject.toml``; ``tests/test_trl_contract.py`` fails when TRL's methods change shape.
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ _RIGHT_PADDED = {
     "sampling_per_token_logps": 0.0,
     "importance_sampling_ratio": 1.0,
 }
-_UNSUPPORTED = {"pixel_values", "image_grid_thw", "tool_mask", "num_images", "token_type_ids"}
+# One value per row: kept by row index, nothing to pad.
+_PER_ROW = {"advantages"}
+# Everything else TRL may put in a batch (images, tool masks, token type ids, and whatever a later
+# release adds) is refused by name rather than merged by a guess at its layout.
+_MERGED = set(_LEFT_PADDED) | set(_RIGHT_PADDED) | _PER_ROW
 
 
 def zero_std_groups(rewards: torch.Tensor, num_generations: int, min_std: float) -> torch.Tensor:
@@ -96,9 +101,12 @@ def merge_batches(
     caller (it is a cross-process sum)."""
     keys = [k for k in parts[0][0] if k != "num_items_in_batch"]
     for batch, _ in parts:
-        bad = _UNSUPPORTED & {k for k, v in batch.items() if v is not None}
+        bad = {k for k, v in batch.items() if v is not None} - _MERGED - {"num_items_in_batch"}
         if bad:
-            raise NotImplementedError(f"dynamic sampling does not support batches with {bad}")
+            raise NotImplementedError(
+                f"dynamic sampling does not support batches with {sorted(bad)} (multimodal "
+                "inputs, tool masks, or a key a newer TRL added)"
+            )
         if [k for k in batch if k != "num_items_in_batch"] != keys:
             raise ValueError("generation batches disagree on their keys; cannot merge them")
     out: dict[str, Any] = {}
@@ -121,11 +129,19 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` with DAPO's dynamic sampling (see the module docstring)."""
 
     def __init__(
-        self, *args: Any, max_extra_rounds: int = 2, min_std: float = 1e-6, **kwargs: Any
+        self,
+        *args: Any,
+        max_extra_rounds: int = 2,
+        min_std: float = 1e-6,
+        step_offset: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.max_extra_rounds = max_extra_rounds
         self.min_std = min_std
+        # Steps of earlier epochs: each epoch is a new trainer whose global_step restarts at 0,
+        # and without the offset every epoch would refill from the same prompts.
+        self.step_offset = step_offset
         self._last_rewards: torch.Tensor | None = None
         check_whole_groups(
             self.args.per_device_train_batch_size * self.args.steps_per_generation,
@@ -145,8 +161,9 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
 
     def _refill_inputs(self, n_rows: int, round_: int) -> list[dict[str, Any]]:
         """This process's slice of a fresh generation batch: prompts drawn without replacement
-        from the training set, seeded by (seed, step, round), each repeated per generation."""
-        seed = (self.args.seed * 1_000_003 + self.state.global_step) * 101 + round_
+        from the training set, seeded by (seed, run step, round), each repeated per generation."""
+        step = self.step_offset + self.state.global_step
+        seed = (self.args.seed * 1_000_003 + step) * 101 + round_
         g = torch.Generator().manual_seed(seed)
         world = self.accelerator.num_processes
         n_prompts = n_rows * world // self.num_generations

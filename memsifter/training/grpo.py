@@ -201,7 +201,10 @@ def build_trainer(
     cuda: bool | None = None,
     vllm_server_host: str | None = None,
     callbacks: list[Any] | None = None,
+    step_offset: int = 0,
 ) -> Any:
+    """The GRPO trainer for one epoch; ``step_offset`` is the optimiser steps of the run's
+    earlier epochs (it seeds dynamic sampling's refills, so epochs draw different prompts)."""
     from memsifter.training.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     cuda = has_cuda() if cuda is None else cuda
@@ -222,7 +225,10 @@ def build_trainer(
     ds = cfg.dynamic_sampling
     if ds.enabled:
         return DynamicSamplingGRPOTrainer(
-            **common, max_extra_rounds=ds.max_extra_rounds, min_std=ds.min_std
+            **common,
+            max_extra_rounds=ds.max_extra_rounds,
+            min_std=ds.min_std,
+            step_offset=step_offset,
         )
     from trl import GRPOTrainer
 

@@ -29,6 +29,13 @@ Layout of ``output_dir``::
 
 Every model folder it writes (``sft/final``, each checkpoint, each average) carries the RL data's
 ``prompt_spec.json``, so validation, eval and serving render the prompt it was trained on.
+
+Several processes (``accelerate launch``): SFT and GRPO run on every process; validation,
+averaging, the curriculum's re-score and every state, report and config write run on the main
+process only, and the others take its decisions (which checkpoints were averaged, which model
+starts the next epoch) from a broadcast, then read the files it wrote (see
+:mod:`memsifter.training.distributed`). So every process starts each epoch from the same folder
+and the same selected prompts, and every file is written once.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +64,12 @@ def _checkpoints(folder: Path) -> list[Path]:
 
 
 class RunState:
-    def __init__(self, path: Path) -> None:
+    """``run_state.json``: every process keeps the same copy in memory (``mark`` is called with
+    the same values everywhere), only the writer (the main process) writes the file."""
+
+    def __init__(self, path: Path, *, writer: bool = True) -> None:
         self.path = path
+        self.writer = writer
         self.data: dict[str, Any] = (
             json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
         )
@@ -67,6 +79,8 @@ class RunState:
 
     def mark(self, key: str, value: Any = True) -> None:
         self.data[key] = value
+        if not self.writer:
+            return
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2), encoding="utf-8")
         tmp.replace(self.path)  # atomic: a crash never leaves a half-written state
@@ -130,13 +144,11 @@ def rescore_curriculum(
     max_new_tokens: int,
     threads: int | None,
     log: Log = print,
-) -> Any:
+) -> Path:
     """Rank the whole train pool with ``model_path`` (greedy) and let the curriculum select the
     next epoch's prompts from those rankings. Writes ``cdir/rankings.jsonl``,
-    ``cdir/train.parquet`` and the curriculum report; a rerun reuses what exists."""
-    import pyarrow.parquet as pq
-    from datasets import Dataset
-
+    ``cdir/train.parquet`` (returned; read it with :func:`read_selection`) and the curriculum
+    report; a rerun reuses what exists."""
     from memsifter.training.curriculum import write_report as write_curriculum_report
     from memsifter.training.rl_data import load_rl_dataset, reselect_train
     from memsifter.training.validation import rank_rows
@@ -165,7 +177,15 @@ def rescore_curriculum(
                 f"curriculum: {sel.source} NDCG@{report.k} mean {sel.ndcg_mean_before} -> "
                 f"{sel.ndcg_mean_after} ({sel.n_selected} of {sel.n_pool})"
             )
-    return Dataset(pq.read_table(selected))  # not from_parquet: that writes to the HF cache
+    return selected
+
+
+def read_selection(path: Path) -> Any:
+    """An epoch's selected prompts (``rescore_curriculum``'s parquet) as a ``Dataset``."""
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+
+    return Dataset(pq.read_table(path))  # not from_parquet: that writes to the HF cache
 
 
 def _merged_for_eval(ckpt: Path, scratch: Path) -> Path:
@@ -188,6 +208,7 @@ def run_training(
     *,
     vllm_server_host: str | None = None,
     answerer_url: str | None = None,
+    judge_url: str | None = None,
     log: Log = print,
     until: str | None = None,
 ) -> dict[str, Any]:
@@ -196,33 +217,50 @@ def run_training(
     from memsifter.models import resolve_model
     from memsifter.ranker.spec import read_spec, write_spec
     from memsifter.rewards import load_reward_config
+    from memsifter.rewards.config import with_endpoints
     from memsifter.rewards.service import RewardService
     from memsifter.rewards.trl import make_reward_function
-    from memsifter.training.averaging import average_checkpoints
+    from memsifter.training.distributed import start_processes
     from memsifter.training.grpo import build_trainer, lora_config, precision, tracking_kwargs
     from memsifter.training.sft import run_sft
-    from memsifter.training.validation import result_dict, validate
 
     t_start = time.perf_counter()
     cuda = has_cuda()
     check_hardware(cfg, cuda)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = RunState(out / "run_state.json")
-    if cfg.source and Path(cfg.source).exists():
-        shutil.copyfile(cfg.source, out / "config.yaml")
-    # What actually ran: the file with every `--set` override applied.
-    (out / "config.effective.yaml").write_text(
-        yaml.safe_dump(asdict(cfg), sort_keys=False), encoding="utf-8"
-    )
-
     if until not in (None, "sft"):
         raise ValueError(f"until must be sft (or nothing), got {until!r}")
     if until == "sft" and not cfg.sft.enabled:
         raise ValueError("--until sft, but sft.enabled is false in the config")
+    # Before any model loads: a source without a scorer would crash the first batch that holds it.
+    rcfg = with_endpoints(
+        load_reward_config(cfg.reward), answerer_url=answerer_url, judge_url=judge_url
+    )
+    procs = start_processes(cfg.barrier_timeout_s)
+    if not procs.is_main:
+        log = _quiet  # one log, the main process's
+    if procs.distributed and cuda and cfg.epochs.validation_max_questions is None:
+        raise DataError(
+            "a multi-GPU run validates on its main process while the others wait: bound it with "
+            "epochs.validation_max_questions",
+            field="epochs.validation_max_questions",
+        )
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.output_dir)
+    if procs.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        if cfg.source and Path(cfg.source).exists():
+            shutil.copyfile(cfg.source, out / "config.yaml")
+        # What actually ran: the file with every `--set` override applied.
+        (out / "config.effective.yaml").write_text(
+            yaml.safe_dump(asdict(cfg), sort_keys=False), encoding="utf-8"
+        )
+    procs.barrier()  # the folder exists, and every process reads the same run_state.json
+    state = RunState(out / "run_state.json", writer=procs.is_main)
+    procs.barrier()  # ... before the main process writes it again
+
     train, val = load_rl_data(cfg.data)
+    rcfg.check_scorers(data_sources(cfg.data), where=str(cfg.reward))
     spec = read_spec(cfg.data)
     if cfg.grpo.max_completion_length > spec.completion_tokens:
         raise DataError(
@@ -236,6 +274,8 @@ def run_training(
         n = min(len(val), cfg.epochs.validation_max_questions)
         val = val.shuffle(seed=cfg.grpo.seed).select(range(n))
     log(f"RL data {cfg.data}: {len(train)} training prompts, {len(val)} held-out")
+    if procs.distributed:
+        log(f"{procs.world} processes; validation, averaging and state writes on the main one")
 
     bf16, _ = precision(cfg, cuda)
     if "chat_template_kwargs" in cfg.grpo.extra:
@@ -270,18 +310,15 @@ def run_training(
                 think=spec.ask_think,
                 peft_config=lora_config(cfg, n_layers),
             )
-            write_spec(spec, final)
+            if procs.is_main:
+                write_spec(spec, final)
             state.mark("sft", str(final))
+            procs.barrier()  # sft/final is complete before any process loads it
         model_path = state.done("sft")
         if until == "sft":
             log(f"stopped after SFT: {model_path}")
             return {"model": model_path, "stage": "sft"}
 
-    rcfg = load_reward_config(cfg.reward)
-    if answerer_url:
-        rcfg = replace(
-            rcfg, answerer=replace(rcfg.answerer, backend="openai", base_url=answerer_url)
-        )
     service = RewardService.from_config(rcfg)
     reward_fn = make_reward_function(service)
     reward_fn.set_total_steps(total_steps(cfg, len(train)))
@@ -295,16 +332,22 @@ def run_training(
             model_path = entry.get("next", entry["averaged"])
             epochs_summary.append(entry)
             continue
-        edir.mkdir(parents=True, exist_ok=True)
+        if procs.is_main:
+            edir.mkdir(parents=True, exist_ok=True)
         epoch_train = train
         if epoch > 0 and cfg.epochs.rescore_curriculum:
-            epoch_train = rescore_curriculum(
-                cfg.data, model_path, edir / "curriculum", max_new_tokens=val_tokens,
-                threads=cfg.threads, log=log,
+            selected = procs.run_on_main(
+                partial(
+                    rescore_curriculum, cfg.data, model_path, edir / "curriculum",
+                    max_new_tokens=val_tokens, threads=cfg.threads, log=log,
+                ),
+                "the curriculum's re-score",
             )  # fmt: skip
-            entry["train_data"] = str(edir / "curriculum" / "train.parquet")
+            epoch_train = read_selection(selected)
+            entry["train_data"] = str(selected)
 
         if not entry.get("trained"):
+            procs.barrier()  # every process sees the same checkpoints to resume from
             ckpts = _checkpoints(edir)
             resume = str(ckpts[-1]) if ckpts else None
             log(
@@ -317,85 +360,38 @@ def run_training(
             trainer = build_trainer(
                 cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
                 vllm_server_host=vllm_server_host, callbacks=[spec_callback(spec)],
+                step_offset=reward_fn.step_offset,
             )  # fmt: skip
             trainer.train(resume_from_checkpoint=resume)
             step = trainer.state.global_step
             last = edir / f"checkpoint-{step}"
-            if not last.exists():  # the final step, when save_steps does not divide it
+            procs.barrier()  # the main process's last save is on disk
+            # Saving is collective under ZeRO-3/FSDP, so every process takes the main's answer.
+            if procs.broadcast(not last.exists()):  # the final step, when save_steps missed it
                 trainer.save_model(str(last))
-                write_spec(spec, last)
-            trainer.state.save_to_json(str(edir / "trainer_state.json"))
+                if procs.is_main:
+                    write_spec(spec, last)
+            if procs.is_main:
+                trainer.state.save_to_json(str(edir / "trainer_state.json"))
             del trainer
             gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()  # the main process validates next, on this GPU
             entry["trained"] = True
             entry["steps"] = step
             state.mark(key, entry)
 
-        # -- validate every checkpoint (and the start model) -------------------------------
-        results_path = edir / "validation.json"
-        results: dict[str, Any] = (
-            json.loads(results_path.read_text(encoding="utf-8")) if results_path.exists() else {}
-        )
-        candidates = [*(_checkpoints(edir))]
-        names = [c.name for c in candidates]
-        paths = dict(zip(names, candidates, strict=True))
-        if cfg.epochs.validate_start:
-            names = ["start", *names]
-            paths["start"] = Path(model_path)
-        for name in names:
-            if name in results:
-                continue
-            target = _merged_for_eval(paths[name], edir / "merged-for-eval")
-            r = validate(
-                target,
-                val,
-                reward_fn,
-                max_new_tokens=val_tokens,
-                rankings_out=edir / "rankings" / f"{name}.jsonl",
-                threads=cfg.threads,
-            )
-            results[name] = result_dict(r)
-            log(
-                f"epoch {epoch} {name}: NDCG@1 {r.ndcg_1:.3f} NDCG@5 {r.ndcg_5:.3f} "
-                f"reward {r.reward:.4f} parse {r.parse_rate:.2f} ({r.seconds:.0f} s)"
-            )
-            results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")
-
-        # -- average the top-k checkpoints: the next epoch's start ---------------------------
-        metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
-        ranked = sorted(
-            (n for n in results if n.startswith("checkpoint-")),
-            key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
-        )
-        top = ranked[: cfg.epochs.top_k]
-        if not top:
-            raise RuntimeError(f"epoch {epoch} produced no checkpoints to average in {edir}")
-        averaged = edir / "averaged"
-        if averaged.exists():
-            shutil.rmtree(averaged)  # a crash mid-write; recompute
-        average_checkpoints([paths[n] for n in top], averaged)
-        write_spec(spec, averaged)
-        log(f"epoch {epoch}: averaged {', '.join(top)} (by {cfg.epochs.select_metric})")
-        next_model = str(averaged)
-        if cfg.epochs.keep_start_if_better:
-            r = validate(
-                averaged, val, reward_fn, max_new_tokens=val_tokens,
-                rankings_out=edir / "rankings" / "averaged.jsonl", threads=cfg.threads,
-            )  # fmt: skip
-            results["averaged"] = result_dict(r)
-            results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")
-            log(f"epoch {epoch} averaged: NDCG@1 {r.ndcg_1:.3f} NDCG@5 {r.ndcg_5:.3f}")
-            next_model = keep_or_advance(results, metric, str(paths["start"]), next_model)
-            if next_model != str(averaged):
-                log(
-                    f"epoch {epoch}: the start model scores higher on validation "
-                    f"({cfg.epochs.select_metric} {results['start'][metric]:.3f} > "
-                    f"{results['averaged'][metric]:.3f}); the next epoch keeps it"
-                )
-        entry.update(averaged=str(averaged), next=next_model, top=top, validation=results)
+        outcome = procs.run_on_main(
+            partial(
+                _validate_and_average, cfg, epoch, edir, model_path, val, reward_fn, spec,
+                val_tokens=val_tokens, log=log,
+            ),
+            f"epoch {epoch}'s validation and averaging",
+        )  # fmt: skip
+        entry.update(outcome)
         state.mark(key, entry)
         epochs_summary.append(entry)
-        model_path = next_model
+        model_path = outcome["next"]
 
     summary = {
         "model": model_path,
@@ -403,11 +399,108 @@ def run_training(
         "wall_s": time.perf_counter() - t_start,
         "config": asdict(cfg),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), "utf-8")
-    plot_curves(out, cfg.epochs.epochs)
-    write_report(out, summary)
+    if procs.is_main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str), "utf-8")
+        plot_curves(out, cfg.epochs.epochs)
+        write_report(out, summary)
+    procs.barrier()  # no process leaves (and no launcher reports success) before the report
     log(f"done: {model_path} (report: {out / 'report.md'})")
     return summary
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def data_sources(folder: str | Path) -> set[str]:
+    """The ``data_source`` of every row in the RL data (train pool and held-out split): the
+    sources whose task score the reward will need."""
+    from memsifter.training.rl_data import load_rl_dataset
+
+    data = load_rl_dataset(folder, pool=True)
+    return {str(s) for split in ("train", "validation") for s in data[split]["data_source"]}
+
+
+def _validate_and_average(
+    cfg: TrainConfig,
+    epoch: int,
+    edir: Path,
+    model_path: str,
+    val: Any,
+    reward_fn: Any,
+    spec: Any,
+    *,
+    val_tokens: int,
+    log: Log,
+) -> dict[str, Any]:
+    """The main process's part of an epoch's end: validate every checkpoint (and the start
+    model), average the top-k, validate the average and choose the next epoch's start. Returns
+    the state entry's ``averaged``, ``next``, ``top`` and ``validation``."""
+    from memsifter.ranker.spec import write_spec
+    from memsifter.training.averaging import average_checkpoints
+    from memsifter.training.validation import result_dict, validate
+
+    results_path = edir / "validation.json"
+    results: dict[str, Any] = (
+        json.loads(results_path.read_text(encoding="utf-8")) if results_path.exists() else {}
+    )
+    candidates = [*(_checkpoints(edir))]
+    names = [c.name for c in candidates]
+    paths = dict(zip(names, candidates, strict=True))
+    if cfg.epochs.validate_start:
+        names = ["start", *names]
+        paths["start"] = Path(model_path)
+    for name in names:
+        if name in results:
+            continue
+        target = _merged_for_eval(paths[name], edir / "merged-for-eval")
+        r = validate(
+            target,
+            val,
+            reward_fn,
+            max_new_tokens=val_tokens,
+            rankings_out=edir / "rankings" / f"{name}.jsonl",
+            threads=cfg.threads,
+        )
+        results[name] = result_dict(r)
+        log(
+            f"epoch {epoch} {name}: NDCG@1 {r.ndcg_1:.3f} NDCG@5 {r.ndcg_5:.3f} "
+            f"reward {r.reward:.4f} parse {r.parse_rate:.2f} ({r.seconds:.0f} s)"
+        )
+        results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")
+
+    # -- average the top-k checkpoints: the next epoch's start -------------------------------
+    metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
+    ranked = sorted(
+        (n for n in results if n.startswith("checkpoint-")),
+        key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
+    )
+    top = ranked[: cfg.epochs.top_k]
+    if not top:
+        raise RuntimeError(f"epoch {epoch} produced no checkpoints to average in {edir}")
+    averaged = edir / "averaged"
+    if averaged.exists():
+        shutil.rmtree(averaged)  # a crash mid-write; recompute
+    average_checkpoints([paths[n] for n in top], averaged)
+    write_spec(spec, averaged)
+    log(f"epoch {epoch}: averaged {', '.join(top)} (by {cfg.epochs.select_metric})")
+    next_model = str(averaged)
+    if cfg.epochs.keep_start_if_better:
+        r = validate(
+            averaged, val, reward_fn, max_new_tokens=val_tokens,
+            rankings_out=edir / "rankings" / "averaged.jsonl", threads=cfg.threads,
+        )  # fmt: skip
+        results["averaged"] = result_dict(r)
+        results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        log(f"epoch {epoch} averaged: NDCG@1 {r.ndcg_1:.3f} NDCG@5 {r.ndcg_5:.3f}")
+        next_model = keep_or_advance(results, metric, str(paths["start"]), next_model)
+        if next_model != str(averaged):
+            log(
+                f"epoch {epoch}: the start model scores higher on validation "
+                f"({cfg.epochs.select_metric} {results['start'][metric]:.3f} > "
+                f"{results['averaged'][metric]:.3f}); the next epoch keeps it"
+            )
+    return {"averaged": str(averaged), "next": next_model, "top": top, "validation": results}
 
 
 def write_report(out: Path, summary: dict[str, Any]) -> Path:

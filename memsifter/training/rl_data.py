@@ -666,16 +666,26 @@ def render_card(result: RLDataResult) -> str:
         + "; only the train split is selected, validation and test stay whole. Details: "
         "`curriculum.json`, `curriculum_ndcg.png`.",
         "",
-        "| source | pool | count | selected | mean NDCG before | mean NDCG after |",
-        "|---|---|---|---|---|---|",
+        "| source | pool | count | selected | mean NDCG before | mean NDCG after "
+        "| coarse top-1 is gold: pool | selected |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+
+    def fmt(x: float | None) -> str:
+        return "–" if x is None else f"{x:.3f}"
+
     for sel in rep.sources:
-        before = "–" if sel.ndcg_mean_before is None else f"{sel.ndcg_mean_before:.3f}"
-        after = "–" if sel.ndcg_mean_after is None else f"{sel.ndcg_mean_after:.3f}"
         count = "all" if sel.count is None else str(sel.count)
         lines.append(
-            f"| {sel.source} | {sel.n_pool} | {count} | {sel.n_selected} | {before} | {after} |"
+            f"| {sel.source} | {sel.n_pool} | {count} | {sel.n_selected} "
+            f"| {fmt(sel.ndcg_mean_before)} | {fmt(sel.ndcg_mean_after)} "
+            f"| {fmt(sel.coarse_top1_gold_before)} | {fmt(sel.coarse_top1_gold_after)} |"
         )
+    lines += [
+        "",
+        "With candidates shown in the coarse order, the last two columns are the share of "
+        "prompts whose first shown candidate is gold: the position prior GRPO sees.",
+    ]
     lines += [
         "",
         "## Columns",

@@ -128,11 +128,15 @@ def run_sft(
     )
     trainer.train()
     final = out / "final"
+    main = trainer.is_world_process_zero()
     if peft_config is not None:
-        trainer.save_model(str(out / "adapter"))
-        trainer.model.merge_and_unload().save_pretrained(str(final))
+        trainer.save_model(str(out / "adapter"))  # every process: collective under ZeRO-3
+        if main:
+            trainer.model.merge_and_unload().save_pretrained(str(final))
     else:
         trainer.save_model(str(final))
-    tok.save_pretrained(str(final))
-    trainer.state.save_to_json(str(out / "trainer_state.json"))
+    # In a multi-process run one process writes; the caller waits for it before loading.
+    if main:
+        tok.save_pretrained(str(final))
+        trainer.state.save_to_json(str(out / "trainer_state.json"))
     return final
