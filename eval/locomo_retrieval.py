@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from memsifter.config import load_config
+from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.evaluation.retrieval import (
     RetrievalEvalConfig,
     RetrieverResult,
@@ -76,7 +77,7 @@ def paper_section(ours: list[RetrieverResult]) -> list[str]:
 
 
 def main(
-    data: Annotated[str, typer.Option()] = "../shared/data/locomo/locomo10.json",
+    data: Annotated[str, typer.Option()] = DEFAULT_LOCOMO,
     out: Annotated[Path, typer.Option()] = Path("outputs"),
     reuse: Annotated[bool, typer.Option(help="read existing outputs/locomo_*/")] = False,
     result: Annotated[Path, typer.Option()] = ROOT / "eval/results/locomo_retrieval.md",

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from memsifter.config import load_config
+from memsifter.data.locations import LONGMEMEVAL_FILES, SHARED_DATA
 from memsifter.evaluation.retrieval import (
     RetrievalEvalConfig,
     RetrieverResult,
@@ -32,10 +33,9 @@ from memsifter.evaluation.retrieval import (
 from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = "../shared/data/longmemeval"
 SPLITS = {
-    "s": ("LongMemEval-S", f"{SHARED}/longmemeval_s_cleaned_498.json.gz"),
-    "oracle": ("LongMemEval oracle", f"{SHARED}/longmemeval_oracle.json"),
+    "s": ("LongMemEval-S", f"{SHARED_DATA}/{LONGMEMEVAL_FILES['s']}"),
+    "oracle": ("LongMemEval oracle", f"{SHARED_DATA}/{LONGMEMEVAL_FILES['oracle']}"),
 }
 TYPES = (
     "single-session-user",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from memsifter.data.locations import locomo_path
 from memsifter.errors import MemSifterError
 
 app = typer.Typer(
@@ -24,7 +24,7 @@ app.add_typer(eval_app, name="eval")
 app.add_typer(data_app, name="data")
 console = Console(stderr=True)
 
-DEFAULT_LOCOMO = os.environ.get("MEMSIFTER_LOCOMO", "../shared/data/locomo/locomo10.json")
+DEFAULT_LOCOMO = locomo_path()
 
 
 def _fail(e: Exception) -> None:
@@ -383,8 +383,8 @@ def data_rl(
     and curriculum_ndcg.png."""
     from rich.table import Table
 
+    from memsifter.data.splits import SPLITS
     from memsifter.training.rl_data import (
-        SPLITS,
         load_rl_data_config,
         parse_data_overrides,
         plan_sources,
@@ -509,6 +509,20 @@ def train(
     dry_run: Annotated[
         bool, typer.Option(help="build and print the GRPO config, load no model")
     ] = False,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            help="print the batch and the memory per GPU (weights, gradients, optimizer, "
+            "activations, logits, vLLM) against the config's plan section; load no model"
+        ),
+    ] = False,
+    vllm_args: Annotated[
+        bool,
+        typer.Option(
+            help="print, one per line, the rollout server's arguments for this config's policy "
+            "(model, --max-model-len, --hf-overrides rope scaling); used by train_multinode.sh"
+        ),
+    ] = False,
     until: Annotated[
         str | None,
         typer.Option(help="stop after this stage: sft (the rest resumes on the next run)"),
@@ -528,6 +542,19 @@ def train(
         cfg = load_train_config(config, set_ or [])
         if output_dir:
             cfg.output_dir = output_dir
+        if vllm_args:
+            from memsifter.training.grpo import vllm_serve_args
+
+            print("\n".join(vllm_serve_args(cfg)))
+            return
+        if plan:
+            from memsifter.training.plan import plan_report
+
+            text, memory = plan_report(cfg)
+            print(text)  # plain: a table that rich would wrap at the terminal's width
+            if not memory.fits:
+                raise typer.Exit(1)
+            return
         if dry_run:
             from memsifter.training.config import has_cuda
             from memsifter.training.grpo import grpo_config_kwargs
@@ -638,12 +665,27 @@ def serve(
         bool, typer.Option("--seed-sample", help="store a sample user 'alice' and print a curl")
     ] = False,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error")] = "info",
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="worker processes (uvicorn); over 1, /metrics sums every worker "
+            "(Prometheus multiprocess mode, $PROMETHEUS_MULTIPROC_DIR or a temporary folder)",
+        ),
+    ] = 1,
 ) -> None:
     """Run the recall service (FastAPI; OpenAPI at /docs)."""
     from memsifter.serving.server import serve as run_server
 
     try:
-        run_server(config, host=host, port=port, sample=seed_sample, log_level=log_level)
+        run_server(
+            config,
+            host=host,
+            port=port,
+            sample=seed_sample,
+            log_level=log_level,
+            workers=workers,
+        )
     except MemSifterError as e:
         _fail(e)
 

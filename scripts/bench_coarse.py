@@ -50,11 +50,12 @@ import typer
 
 from memsifter.data import MemoryDataset, Ranking, Session, Turn, load_locomo
 from memsifter.data.haystack import HaystackBuilder, parse_budget
+from memsifter.data.locations import locomo_file
 from memsifter.data.tokens import SessionTokenCache, get_counter
 from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL_LOCOMO = Path("/work/shared/data/locomo/locomo10.json")
+REAL_LOCOMO = locomo_file()
 FIXTURE = ROOT / "data" / "fixtures" / "locomo_mini.json"
 DEFAULT_FILTERS = "bm25,raw-bm25s,minilm,wordllama,hybrid:bm25+minilm"
 RAW = "raw-bm25s"

@@ -23,20 +23,25 @@ import typer
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
+from memsifter.data.locations import DEFAULT_LOCOMO
+from memsifter.data.splits import LOCOMO_TEST
 from memsifter.evaluation.agreement import compare_greedy
 from memsifter.evaluation.retrieval import RetrievalEvalConfig, render_table, run_retrieval_eval
+from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+from memsifter.llm.vllm_cpu import launch_vllm_cpu_server
 from memsifter.machine import cpu_model, memory_gib
 from memsifter.models import resolve_model
 from memsifter.ranker import PromptBuilder, parse_ranking
-from memsifter.ranker.backends import SamplingConfig, build_backend
-from memsifter.serving.vllm_cpu import launch_vllm_cpu_server
 
 HERE = Path(__file__).resolve().parent
 
 
+HELD_OUT = ",".join(LOCOMO_TEST)  # the test conversations: "8,9"
+
+
 def main(
-    data: Annotated[str, typer.Option()] = "../shared/data/locomo/locomo10.json",
-    conversations: Annotated[str, typer.Option(help="held-out conversation indexes")] = "8,9",
+    data: Annotated[str, typer.Option()] = DEFAULT_LOCOMO,
+    conversations: Annotated[str, typer.Option(help="held-out conversation indexes")] = HELD_OUT,
     n_prompts: Annotated[int, typer.Option()] = 64,
     prompt_budget: Annotated[int, typer.Option()] = 2048,
     completion_tokens: Annotated[int, typer.Option()] = 256,
@@ -50,7 +55,9 @@ def main(
     ds = load_locomo(data).filter_conversations(convs)
     queries = [q for q in ds.queries if q.has_evidence][:n_prompts]
 
-    hf = build_backend("transformers", model_dir, batch_size=batch_size, threads=2)
+    hf = build_backend(
+        BackendSpec(kind="transformers", model=model_dir, batch_size=batch_size, threads=2)
+    )
     builder = PromptBuilder(
         hf.tokenizer,
         prompt_budget + completion_tokens,
@@ -67,7 +74,13 @@ def main(
 
     with launch_vllm_cpu_server(model_dir, served_model_name=model, timeout=300) as url:
         http = build_backend(
-            "openai", model_dir, base_url=url, served_model_name=model, max_concurrency=64
+            BackendSpec(
+                kind="openai",
+                model=model_dir,
+                base_url=url,
+                served_model_name=model,
+                max_concurrency=64,
+            )
         )
         http.generate(texts[:2], SamplingConfig(max_new_tokens=8))  # warm-up
         t0 = time.perf_counter()

@@ -61,13 +61,14 @@ import typer
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
+from memsifter.data.locations import locomo_file
+from memsifter.data.splits import LOCOMO_TEST
 from memsifter.data.types import Query, Session
 from memsifter.data.units import to_units
+from memsifter.llm import BackendSpec, Generation, SamplingConfig, build_backend
 from memsifter.machine import cpu_model, memory_gib
 from memsifter.qa.answerer import Answerer
 from memsifter.ranker import BuiltPrompt, PromptBuilder, parse_ranking
-from memsifter.ranker.backends import build_backend
-from memsifter.ranker.backends.base import Generation, SamplingConfig
 from memsifter.rewards import (
     AnswererConfig,
     RewardConfig,
@@ -78,9 +79,10 @@ from memsifter.rewards import (
 from memsifter.rewards.service import prompt_key, render_prefix
 
 HERE = Path(__file__).resolve().parent
-REAL_LOCOMO = Path("/work/shared/data/locomo/locomo10.json")
+REAL_LOCOMO = locomo_file()
 FIXTURE = HERE.parent / "data" / "fixtures" / "locomo_mini.json"
 MODEL = "smollm2-135m-instruct"
+LOCAL_PROXY = BackendSpec(kind="transformers", model=MODEL, batch_size=1, threads=2)
 PARTIAL = Path(tempfile.gettempdir()) / "bench_rewards.partial.jsonl"  # rows, if the run dies
 
 
@@ -206,9 +208,12 @@ def _sample_group(backend: Any, text: str, n: int, max_new_tokens: int, seed: in
     return out
 
 
+HELD_OUT = ",".join(LOCOMO_TEST)  # the test conversations: "8,9"
+
+
 def main(
     data: Annotated[Path, typer.Option()] = REAL_LOCOMO,
-    conversations: Annotated[str, typer.Option(help="held-out conversation indexes")] = "8,9",
+    conversations: Annotated[str, typer.Option(help="held-out conversation indexes")] = HELD_OUT,
     n_questions: Annotated[int, typer.Option()] = 20,
     n_samples: Annotated[int, typer.Option(help="rankings per question (GRPO group)")] = 6,
     proxy_window: Annotated[int, typer.Option(help="proxy prompt + completion tokens")] = 768,
@@ -234,7 +239,7 @@ def main(
     queries = _pick(dataset.queries, n_questions)
 
     # -- rankings from the proxy --------------------------------------------------------------
-    proxy = build_backend("transformers", MODEL, batch_size=1, threads=2)
+    proxy = build_backend(LOCAL_PROXY)
     bm25 = build_filter("bm25")
     builder = PromptBuilder(
         proxy.tokenizer, proxy_window, proxy_tokens, coarse=bm25, ask_think=False
@@ -279,7 +284,7 @@ def main(
         task_metrics={"locomo": "locomo"},
         answerer=AnswererConfig(memory_order=memory_order),
     )
-    recording = Recording(build_backend("transformers", MODEL, batch_size=1, threads=2))
+    recording = Recording(build_backend(LOCAL_PROXY))
     answerer = Answerer(recording, answerer_window, answer_tokens, memory_order=memory_order)
     answerer.answer_texts([answerer.render("warm up", [], times=[])])  # first-call overheads
     naive_backend = Recording(recording.backend)

@@ -14,7 +14,10 @@
 #                                                                   (JUDGE_TP GPUs, vllm serve)
 #
 # Rollouts: GRPO with `use_vllm: true, vllm_mode: server` sends generation to the rollout node.
-# The server loads POLICY_MODEL (the config's model.name) once; the trainer pushes the policy's
+# The server loads the config's policy once, with the config's window and rope scaling (YaRN for
+# Qwen3-4B at 128K): `memsifter train CONFIG --vllm-args` prints them (--model, --max-model-len,
+# --hf-overrides '{"rope_parameters": ...}'), so the server and the trainer read one config and
+# cannot disagree. POLICY_MODEL replaces the model (e.g. a local copy). The trainer pushes the policy's
 # weights to it before each generation round, so it serves the current policy, the averaged start
 # of each epoch included. With `vllm_mode: colocate` (VLLM_MODE=colocate) vLLM runs inside every
 # training process instead and no rollout node is needed.
@@ -30,7 +33,7 @@
 # Usage (start the servers first, then the trainer on every training node):
 #   ANSWERER_MODEL=Qwen/Qwen3-8B            scripts/train_multinode.sh --role answerer
 #   JUDGE_MODEL=Qwen/Qwen3-8B               scripts/train_multinode.sh --role judge
-#   POLICY_MODEL=Qwen/Qwen3-4B VLLM_DP=8    scripts/train_multinode.sh --role rollout
+#   CONFIG=configs/train/qwen3_4b.yaml VLLM_DP=8 scripts/train_multinode.sh --role rollout
 #   CONFIG=configs/train/qwen3_4b.yaml NNODES=2 NODE_RANK=0 MASTER_ADDR=10.0.0.1 \
 #     VLLM_HOST=10.0.0.3 ANSWERER_URL=http://10.0.0.4:8001/v1 JUDGE_URL=http://10.0.0.5:8002/v1 \
 #     scripts/train_multinode.sh --role trainer
@@ -45,10 +48,11 @@
 #             deepspeed_zero3 | fsdp: configs/accelerate/$STRATEGY.yaml), NNODES [1],
 #             NPROC_PER_NODE [8], NODE_RANK and MASTER_ADDR (required when NNODES > 1; 0 and
 #             127.0.0.1 on one node), MASTER_PORT [29500]
-#   rollout:  POLICY_MODEL [Qwen/Qwen3-4B], VLLM_TP [1] (tensor parallel), VLLM_DP [1] (data
-#             parallel; VLLM_TP x VLLM_DP GPUs), VLLM_PORT [8000] (must equal the config's
-#             grpo.vllm_server_port), VLLM_MAX_MODEL_LEN (optional), VLLM_GPU_MEMORY_UTILIZATION
-#             (optional)
+#   rollout:  CONFIG (required: the training config; its model.name, model.context_tokens and
+#             model.rope_scaling), POLICY_MODEL (optional: replaces model.name), VLLM_TP [1]
+#             (tensor parallel), VLLM_DP [1] (data parallel; VLLM_TP x VLLM_DP GPUs), VLLM_PORT
+#             [8000] (must equal the config's grpo.vllm_server_port), VLLM_GPU_MEMORY_UTILIZATION
+#             (optional), PYTHON [python3] (the environment with memsifter installed)
 #   answerer: ANSWERER_MODEL [Qwen/Qwen3-8B], ANSWERER_TP [1], ANSWERER_PORT [8001],
 #             ANSWERER_SERVED_NAME (optional), ANSWERER_MAX_MODEL_LEN (optional)
 #   judge:    JUDGE_MODEL [Qwen/Qwen3-8B], JUDGE_TP [1], JUDGE_PORT [8002],
@@ -65,6 +69,14 @@ need() {  # need VAR why: stop with a message naming VAR when it is unset or emp
 
 caller_pwd="$PWD"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+resolve_config() {  # the CONFIG path, resolved against the caller's folder (commands run from ROOT)
+  local config="$CONFIG"
+  if [[ "$config" != /* ]] && [ -e "$caller_pwd/$config" ]; then
+    config="$caller_pwd/$config"
+  fi
+  [ -f "$config" ] || [ -f "$ROOT/$config" ] || die "CONFIG=$CONFIG does not exist"
+  printf '%s' "$config"
+}
 role=""
 dry_run=0
 extra=()
@@ -108,12 +120,7 @@ case "$role" in
     NODE_RANK="${NODE_RANK:-0}"
     MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
     MASTER_PORT="${MASTER_PORT:-29500}"
-    config="$CONFIG"
-    # Resolve against the caller's folder: the command itself runs from the repository root.
-    if [[ "$config" != /* ]] && [ -e "$caller_pwd/$config" ]; then
-      config="$caller_pwd/$config"
-    fi
-    [ -f "$config" ] || [ -f "$ROOT/$config" ] || die "CONFIG=$CONFIG does not exist"
+    config="$(resolve_config)"
     cmd=(accelerate launch --config_file "$accel_config"
       --num_machines "$NNODES" --num_processes "$((NNODES * NPROC_PER_NODE))"
       --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR"
@@ -124,10 +131,16 @@ case "$role" in
     if [ -n "${JUDGE_URL:-}" ]; then cmd+=(--judge-url "$JUDGE_URL"); fi
     ;;
   rollout)
-    cmd=(trl vllm-serve --model "${POLICY_MODEL:-Qwen/Qwen3-4B}"
+    need CONFIG "by the rollout: the training config whose policy, window and rope scaling the server serves"
+    config="$(resolve_config)"
+    serve_args="$(cd "$ROOT" && "${PYTHON:-python3}" -m memsifter.cli train "$config" --vllm-args)" \
+      || die "could not read the rollout arguments from CONFIG=$CONFIG (memsifter train --vllm-args)"
+    mapfile -t policy_args <<< "$serve_args"
+    [ "${policy_args[0]:-}" = --model ] || die "unexpected --vllm-args output: $serve_args"
+    if [ -n "${POLICY_MODEL:-}" ]; then policy_args[1]="$POLICY_MODEL"; fi
+    cmd=(trl vllm-serve "${policy_args[@]}"
       --tensor-parallel-size "${VLLM_TP:-1}" --data-parallel-size "${VLLM_DP:-1}"
       --host 0.0.0.0 --port "${VLLM_PORT:-8000}")
-    if [ -n "${VLLM_MAX_MODEL_LEN:-}" ]; then cmd+=(--max-model-len "$VLLM_MAX_MODEL_LEN"); fi
     if [ -n "${VLLM_GPU_MEMORY_UTILIZATION:-}" ]; then
       cmd+=(--gpu-memory-utilization "$VLLM_GPU_MEMORY_UTILIZATION")
     fi

@@ -23,6 +23,7 @@ overhead is its whole latency. ``--proxy stub`` runs the full proxy path against
     python serve/bench_load.py --proxy openai --proxy-base-url http://127.0.0.1:8000/v1 \\
         --proxy-served-model-name smollm2-135m-instruct
     python serve/bench_load.py --proxy stub --stub-latency-ms 50
+    python serve/bench_load.py --workers 2 --db postgres   # several workers (own section)
 
 Results go to ``serve/bench_load.md`` / ``.json`` (``--out``): one section per ranker, so a
 proxy run updates its own section and keeps the coarse-only one.
@@ -428,6 +429,7 @@ def main(
         HERE / "bench_load.md"
     ),
     keep: Annotated[bool, typer.Option(help="keep the temp dir (server log, database)")] = False,
+    workers: Annotated[int, typer.Option(min=1, help="memsifter serve --workers")] = 1,
 ) -> None:
     if proxy not in PROXIES:
         raise typer.BadParameter(f"--proxy must be one of {PROXIES}")
@@ -464,13 +466,15 @@ def main(
                         str(stub_port),
                         "--latency-ms",
                         str(stub_latency_ms),
+                        "--tokenizer",  # the service sends the prompt's token ids
+                        proxy_model,
                     ]
                 )
                 options.base_url = f"http://127.0.0.1:{stub_port}/v1"
                 options.served_model_name = "stub"
             config = tmp / "serve.yaml"
             write_config(config, database.url, options)
-            server = Server(config, free_port(), new_key(), tmp / "server.log")
+            server = Server(config, free_port(), new_key(), tmp / "server.log", workers=workers)
             server.start(timeout_s=600.0)  # a local transformers proxy loads its model first
             try:
                 print(f"seeding {sessions} sessions ...", file=sys.stderr, flush=True)
@@ -507,6 +511,8 @@ def main(
 
     endpoints = _by_op(samples, wall)
     label = f"proxy:stub ({stub_latency_ms:g} ms)" if proxy == "stub" else ranker
+    if workers > 1:
+        label += f", {workers} workers, {db}"  # its own section beside the one-worker run
     result = {
         "ranker": label,
         "ranker_reported": ranker,
@@ -531,6 +537,7 @@ def main(
             "proxy_concurrency": options.max_concurrency,
             "stub_latency_ms": stub_latency_ms if proxy == "stub" else None,
             "seed": seed,
+            "workers": workers,
         },
         "single_user": _breakdown(single),
         "load": {

@@ -224,6 +224,7 @@ class Server:
     key: str
     log: Path
     log_level: str = "warning"
+    workers: int = 1  # memsifter serve --workers
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     start_seconds: list[float] = field(default_factory=list)
@@ -250,6 +251,7 @@ class Server:
             str(self.port),
             "--log-level",
             self.log_level,
+            *(("--workers", str(self.workers)) if self.workers > 1 else ()),
         ]
         t0 = time.perf_counter()
         with self.log.open("ab") as log:

@@ -1,6 +1,7 @@
 """A stand-in proxy model for ``bench_load.py --proxy stub``: an OpenAI-compatible
 ``/v1/completions`` server that answers every prompt after a fixed delay with a well-formed
-ranking of its candidates (in the order shown).
+ranking of its candidates (in the order shown). A prompt sent as token ids (the recall service
+sends ids to an OpenAI backend) is decoded with ``--tokenizer`` first.
 
 The service cannot tell it from vLLM, so the whole proxy path runs (prompt building with the
 real tokenizer, the HTTP call, parsing), while the model's own time is known exactly. That
@@ -16,7 +17,7 @@ import json
 import re
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,7 +32,7 @@ def answer(prompt: str) -> str:
     return f"<think>stub</think><ranking>{', '.join(str(i) for i in range(n))}</ranking>"
 
 
-def make_handler(latency_s: float) -> type[BaseHTTPRequestHandler]:
+def make_handler(latency_s: float, tokenizer: Any = None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, like a real inference server
         # TCP_NODELAY, as uvicorn (under vLLM) sets it: headers and body go out in two writes,
@@ -64,7 +65,13 @@ def make_handler(latency_s: float) -> type[BaseHTTPRequestHandler]:
                 return
             if latency_s > 0:
                 time.sleep(latency_s)
-            text = answer(str(body.get("prompt", "")))
+            prompt = body.get("prompt", "")
+            if isinstance(prompt, list):
+                if tokenizer is None:
+                    self._send(400, {"error": "token ids sent; start the stub with --tokenizer"})
+                    return
+                prompt = tokenizer.decode(prompt)
+            text = answer(str(prompt))
             n = int(body.get("n", 1))
             self._send(
                 200,
@@ -85,8 +92,16 @@ def main(
     port: Annotated[int, typer.Option()] = 8001,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     latency_ms: Annotated[float, typer.Option(help="the model's simulated time per call")] = 0.0,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="decodes prompts sent as token ids (a model name)")
+    ] = None,
 ) -> None:
-    server = ThreadingHTTPServer((host, port), make_handler(latency_ms / 1000))
+    tok = None
+    if tokenizer:
+        from memsifter.models import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    server = ThreadingHTTPServer((host, port), make_handler(latency_ms / 1000, tok))
     server.daemon_threads = True
     try:
         server.serve_forever()

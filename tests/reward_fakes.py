@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsifter.data.types import Session, Turn
-from memsifter.ranker.backends.base import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingConfig
 
 FACTS = ["blue", "Lisbon", "violin", "nurse", "Max", "Seattle", "chess", "October", "tea", "rain"]
 

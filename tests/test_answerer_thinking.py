@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from memsifter.data.types import Session, Turn
+from memsifter.llm import Generation
 from memsifter.qa.answerer import Answerer, chat_template_kwargs, extract_answer, without_thinking
-from memsifter.ranker.backends.base import Generation
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"  # Qwen3's template with enable_thinking=False
 

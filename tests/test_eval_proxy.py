@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from memsifter.cli import app
 from memsifter.errors import DataError, MemSifterError
-from memsifter.evaluation.metrics import evaluate_rankings
 from memsifter.evaluation.proxy_eval import (
     ProxyEvalConfig,
     fuse_order,
@@ -26,7 +25,8 @@ from memsifter.evaluation.proxy_eval import (
     saved_run,
     split_pair,
 )
-from memsifter.ranker.backends import Generation
+from memsifter.ir_metrics import evaluate_rankings
+from memsifter.llm import Generation
 from memsifter.ranker.spec import PromptSpec, write_spec
 
 SPEC = PromptSpec(window_tokens=1024, completion_tokens=64)
@@ -395,12 +395,12 @@ def test_cli_end_to_end(
     answers = {str(models["trained"]): TRAINED, str(models["base"]): BASE}
     seen: dict[str, dict] = {}
 
-    def fake_build_backend(kind, model, **options):
-        assert kind == "transformers"
-        seen[model] = options
-        return FakeBackend(model, answers[model])
+    def fake_build_backend(spec):
+        assert spec.kind == "transformers"
+        seen[spec.model] = spec.kwargs()
+        return FakeBackend(spec.model, answers[spec.model])
 
-    monkeypatch.setattr("memsifter.ranker.backends.build_backend", fake_build_backend)
+    monkeypatch.setattr("memsifter.llm.build_backend", fake_build_backend)
     out = tmp_path / "cli"
     args = [
         "eval",

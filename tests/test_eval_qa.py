@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from memsifter.data import load_locomo
 from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
-from memsifter.ranker.backends.base import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingConfig
 
 
 class OracleBackend:
@@ -51,9 +51,7 @@ def oracle(monkeypatch: pytest.MonkeyPatch, tiny_qwen3: Path, locomo_mini_path: 
         for q in ds.queries
         if q.has_evidence
     }
-    monkeypatch.setattr(
-        "memsifter.ranker.backends.build_backend", lambda *a, **k: OracleBackend(tok, gold)
-    )
+    monkeypatch.setattr("memsifter.llm.build_backend", lambda *a, **k: OracleBackend(tok, gold))
     return ds
 
 

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from memsifter.ranker.backends import SamplingConfig, build_backend
+from memsifter.llm import BackendSpec, SamplingConfig, build_backend
 
 
 @pytest.fixture(scope="module")
 def backend(tiny_qwen3: Path):
-    return build_backend("transformers", str(tiny_qwen3), batch_size=4, threads=2)
+    return build_backend(
+        BackendSpec(kind="transformers", model=str(tiny_qwen3), batch_size=4, threads=2)
+    )
 
 
 def _prompts(backend) -> list[str]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from memsifter.llm.openai_http import OpenAIBackend
 from memsifter.qa.judge import JudgeError, LLMJudge, parse_verdict
 from memsifter.qa.scores import task_score
-from memsifter.ranker.backends.openai_http import OpenAIBackend
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 from memsifter.data import load_locomo
 from memsifter.errors import MemSifterError
 from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
+from memsifter.llm import BackendSpec, Generation, SamplingConfig
 from memsifter.qa.judge import JudgeError, LLMJudge, get_rubric, parse_mem0_label
 from memsifter.qa.locomo import (
     DATE_HINT,
@@ -23,7 +24,6 @@ from memsifter.qa.locomo import (
     locomo_reply,
     resolve_choice,
 )
-from memsifter.ranker.backends.base import Generation, SamplingConfig
 
 
 def test_official_question_forms() -> None:
@@ -130,11 +130,12 @@ def scripted(monkeypatch: pytest.MonkeyPatch, tiny_qwen3: Path, locomo_mini_path
     gold = {q.question: q.answer for q in load_locomo(locomo_mini_path).queries}
     made: dict[str, Scripted] = {}
 
-    def build(kind: str, model: str, **options: Any) -> Scripted:
+    def build(spec: BackendSpec) -> Scripted:
+        model = spec.model
         made[model] = Scripted(tok, gold, None if model == "oracle" else model)
         return made[model]
 
-    monkeypatch.setattr("memsifter.ranker.backends.build_backend", build)
+    monkeypatch.setattr("memsifter.llm.build_backend", build)
     return made
 
 

@@ -8,18 +8,14 @@ covers the same cases in test_loaders.py.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from memsifter.data import load_locomo
+from memsifter.data.locations import locomo_file
 
-LOCOMO = Path(
-    os.environ.get("MEMSIFTER_LOCOMO")
-    or Path(__file__).parents[1] / ".." / "shared" / "data" / "locomo" / "locomo10.json"
-)
+LOCOMO = locomo_file()
 
 pytestmark = [
     pytest.mark.shared_data,

@@ -13,8 +13,8 @@ import pytest
 from reward_fakes import FakeTokenizer
 
 from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
+from memsifter.llm import Generation, SamplingConfig
 from memsifter.qa import longmemeval_judge as lj
-from memsifter.ranker.backends.base import Generation, SamplingConfig
 
 _JUDGED = re.compile(r"(?:Correct Answer|Rubric|Explanation): (.*?)\n\nModel Response: (.*?)\n\n")
 
@@ -113,7 +113,7 @@ def test_eval_qa_longmemeval_judged(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, longmemeval_mini_path: Path
 ) -> None:
     backend = ScriptedBackend()
-    monkeypatch.setattr("memsifter.ranker.backends.build_backend", lambda *a, **k: backend)
+    monkeypatch.setattr("memsifter.llm.build_backend", lambda *a, **k: backend)
     m = run_qa_eval(
         QAEvalConfig(
             dataset="longmemeval",
@@ -157,7 +157,7 @@ def test_cli_labels_the_offline_judge_a_pipeline_check(
     from memsifter.cli import app
 
     backend = ScriptedBackend()
-    monkeypatch.setattr("memsifter.ranker.backends.build_backend", lambda *a, **k: backend)
+    monkeypatch.setattr("memsifter.llm.build_backend", lambda *a, **k: backend)
     args = ["eval", "qa", "--dataset", "longmemeval", "--data", str(longmemeval_mini_path)]
     args += ["--judge-model", lj.OFFLINE_JUDGE, "--judge-backend", "transformers"]
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])

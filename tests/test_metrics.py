@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from memsifter.evaluation.metrics import evaluate_rankings, recall_curve
+from memsifter.ir_metrics import evaluate_rankings, recall_curve
 
 
 def test_hand_computed_case() -> None:

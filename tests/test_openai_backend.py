@@ -9,8 +9,8 @@ import json
 import httpx
 import pytest
 
-from memsifter.ranker.backends import SamplingConfig, build_backend
-from memsifter.ranker.backends.openai_http import BackendError, OpenAIBackend
+from memsifter.llm import BackendError, BackendSpec, SamplingConfig, build_backend
+from memsifter.llm.openai_http import OpenAIBackend
 
 
 def _ok(body: dict) -> httpx.Response:
@@ -130,4 +130,4 @@ def test_build_backend_unknown() -> None:
     from memsifter.errors import UnknownNameError
 
     with pytest.raises(UnknownNameError, match="unknown backend"):
-        build_backend("tgi", "m")
+        build_backend(BackendSpec(kind="tgi", model="m"))

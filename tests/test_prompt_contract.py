@@ -17,7 +17,7 @@ from memsifter.data import load_locomo
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
 from memsifter.errors import DataError
-from memsifter.ranker.backends.base import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingConfig
 from memsifter.ranker.proxy import PromptSpecError, Proxy, merge_settings, resolve_spec
 from memsifter.ranker.spec import PromptSpec, write_spec
 from memsifter.serving.config import ProxySettings, ServeConfig, load_serve_config

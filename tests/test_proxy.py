@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from memsifter.coarse import BM25Filter
 from memsifter.data import load_locomo
 from memsifter.data.types import Session, Turn
-from memsifter.ranker.backends.base import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingConfig
 from memsifter.ranker.proxy import Proxy, ProxyConfig, RankRequest
 from memsifter.ranker.spec import PromptSpec
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memsifter.evaluation.metrics import evaluate_rankings
+from memsifter.ir_metrics import evaluate_rankings
 from memsifter.rewards import (
     ShapingSchedule,
     fibonacci_tiers,

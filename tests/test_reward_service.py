@@ -17,10 +17,10 @@ import pytest
 from reward_fakes import FakeTokenizer, FakeWorkingLLM, fact_sessions, ranking_text
 
 from memsifter.errors import DataError
+from memsifter.llm import BackendError, Generation, SamplingConfig
+from memsifter.llm.openai_http import OpenAIBackend
 from memsifter.qa.answerer import Answerer
 from memsifter.qa.judge import JudgeError, LLMJudge
-from memsifter.ranker.backends.base import Generation, SamplingConfig
-from memsifter.ranker.backends.openai_http import BackendError, OpenAIBackend
 from memsifter.rewards import (
     AnswererConfig,
     RetryConfig,
@@ -28,6 +28,7 @@ from memsifter.rewards import (
     RewardError,
     RewardRequest,
     RewardService,
+    TierRepeatWarning,
     answer_ranking,
     load_reward_config,
     naive_rewards,
@@ -154,7 +155,9 @@ def test_same_question_twice_in_a_batch_shares_s0() -> None:
 def test_window_cut_prompts_are_shared_by_hash() -> None:
     """Top-5 and top-8 cut to the same sessions by the answerer's window send one prompt."""
     service = _service(window=120)
-    batch = service.score([_request([ranking_text(range(8))])])
+    with pytest.warns(TierRepeatWarning, match="full at tier 3"):
+        batch = service.score([_request([ranking_text(range(8))])])
+    assert batch.stats.window_full_k == {"custom": 3}
     rendered = {
         k: service.answerer.render("q", fact_sessions(k), None, times=list(range(k)))
         for k in (3, 5, 8)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from memsifter.data import load_locomo
+from memsifter.llm import BackendSpec, build_backend
 from memsifter.qa.answerer import Answerer
-from memsifter.ranker.backends import build_backend
 from memsifter.rewards import RewardConfig, RewardRequest, RewardService, naive_rewards
 
 
@@ -18,7 +18,9 @@ from memsifter.rewards import RewardConfig, RewardRequest, RewardService, naive_
 def test_service_matches_naive_with_smollm2(smollm2_dir: Path, locomo_mini_path: Path) -> None:
     # Batch size 1: with left-padded batches an answer can depend (at a near tie) on the batch it
     # was generated in, and the two paths batch differently; see memsifter.rewards.service.
-    backend = build_backend("transformers", str(smollm2_dir), batch_size=1, threads=2)
+    backend = build_backend(
+        BackendSpec(kind="transformers", model=str(smollm2_dir), batch_size=1, threads=2)
+    )
     cfg = RewardConfig(max_k=3, beta0=0.5, decay_steps=10)
     answerer = Answerer(backend, 512, 12, memory_order=cfg.answerer.memory_order)
     rng = random.Random(0)

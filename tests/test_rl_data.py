@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 
 from memsifter.cli import app
 from memsifter.data import load_locomo
+from memsifter.data.splits import SPLITS
 from memsifter.data.types import Query
 from memsifter.errors import DataError, UnknownNameError
 from memsifter.ranker.spec import SPEC_FILE, PromptSpec, read_spec
 from memsifter.rewards.columns import REWARD_COLUMNS, sessions_from_column
 from memsifter.training.rl_data import (
     POOL_FILE,
-    SPLITS,
     RLDataConfig,
     RLDataResult,
     SourceConfig,

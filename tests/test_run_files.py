@@ -10,8 +10,8 @@ import ir_measures
 import pytest
 from ir_measures import RR, R, nDCG
 
-from memsifter.evaluation.metrics import write_trec_qrels, write_trec_run
 from memsifter.evaluation.retrieval import RetrievalEvalConfig, run_retrieval_eval
+from memsifter.ir_metrics import write_trec_qrels, write_trec_run
 
 MEASURES = {
     "ndcg@1": nDCG @ 1,

@@ -138,15 +138,35 @@ def test_trainer_forwards_until_sft() -> None:
 
 
 def test_rollout_dry_run_parses_as_trl_vllm_serve() -> None:
+    """The rollout server serves the training config's policy with its 128K window and YaRN:
+    trl vllm-serve takes the window, and hands --hf-overrides on to `vllm serve` unchanged."""
+    import json
+    import sys
+
     from trl.scripts.vllm_serve import make_parser
 
-    env = {"POLICY_MODEL": "Qwen/Qwen3-4B", "VLLM_TP": "2", "VLLM_DP": "4"}
-    argv = _command(_run("--role", "rollout", "--dry-run", VLLM_MAX_MODEL_LEN="147456", **env))
+    env = {"CONFIG": TRAINER_ENV["CONFIG"], "VLLM_TP": "2", "VLLM_DP": "4"}
+    argv = _command(_run("--role", "rollout", "--dry-run", PYTHON=sys.executable, **env))
     assert argv[:2] == ["trl", "vllm-serve"]
-    (args,) = make_parser().parse_args_and_config(argv[2:])
+    args, rest = make_parser().parse_args_and_config(argv[2:], return_remaining_strings=True)
     assert args.model == "Qwen/Qwen3-4B"
     assert (args.tensor_parallel_size, args.data_parallel_size) == (2, 4)
-    assert (args.host, args.port, args.max_model_len) == ("0.0.0.0", 8000, 147456)
+    assert (args.host, args.port, args.max_model_len) == ("0.0.0.0", 8000, 131072)
+    assert rest[0] == "--hf-overrides" and len(rest) == 2
+    assert json.loads(rest[1]) == {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 32768,
+            "rope_theta": 1000000,
+        }
+    }
+    local = _command(
+        _run("--role", "rollout", "--dry-run", PYTHON=sys.executable, POLICY_MODEL="/m", **env)
+    )
+    assert local[local.index("--model") + 1] == "/m"
+    res = _run("--role", "rollout", "--dry-run", PYTHON=sys.executable)
+    assert res.returncode != 0 and "CONFIG is not set" in res.stderr
 
 
 def test_answerer_dry_run() -> None:

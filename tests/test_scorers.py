@@ -49,8 +49,11 @@ def test_the_recipes_produce_locomo_and_longmemeval() -> None:
 @pytest.mark.parametrize("path", REWARD_CONFIGS, ids=lambda p: p.name)
 def test_every_reward_config_scores_every_source_once_launched(path: Path) -> None:
     cfg = load_reward_config(path)
+    # A working LLM on a server gets its URL at launch too (train_multinode.sh always passes it).
     launched = with_endpoints(
-        cfg, judge_url=JUDGE_URL if cfg.judge is not None else None, answerer_url=None
+        cfg,
+        judge_url=JUDGE_URL if cfg.judge is not None else None,
+        answerer_url=ANSWERER_URL if cfg.answerer.backend == "openai" else None,
     )
     launched.check_scorers(_recipe_sources(), where=str(path))
 
@@ -68,12 +71,17 @@ def test_every_train_config_has_a_scorer_or_refuses_to_start(path: Path) -> None
             assert "--judge-url" in problem or "--answerer-url" in problem
             with pytest.raises(DataError, match=f"data source '{source}'"):
                 cfg.check_scorers(sources)
-    with_endpoints(cfg, judge_url=JUDGE_URL if cfg.judge else None).check_scorers(sources)
+    answerer_url = ANSWERER_URL if cfg.answerer.backend == "openai" else None
+    launched = with_endpoints(
+        cfg, judge_url=JUDGE_URL if cfg.judge else None, answerer_url=answerer_url
+    )
+    launched.check_scorers(sources)
 
 
 def test_the_paper_recipe_needs_the_judge_url_for_longmemeval() -> None:
     train = load_train_config(ROOT / "configs" / "train" / "qwen3_4b.yaml")
-    cfg = load_reward_config(ROOT / train.reward)
+    # Its working LLM is a server (Qwen3-8B); --answerer-url is always given at launch.
+    cfg = with_endpoints(load_reward_config(ROOT / train.reward), answerer_url=ANSWERER_URL)
     assert cfg.task_metric("longmemeval") == "judge" and cfg.judge is not None
     with pytest.raises(DataError, match="'longmemeval' is scored by the LLM judge") as e:
         cfg.check_scorers({"locomo", "longmemeval"})

@@ -369,8 +369,8 @@ def test_total_steps() -> None:
 
 
 def test_validation_feeds_the_prompt_text_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    import memsifter.ranker.backends as backends
-    from memsifter.ranker.backends.base import Generation
+    import memsifter.llm as llm
+    from memsifter.llm import Generation
     from memsifter.training.validation import generate_completions
 
     seen: list[str] = []
@@ -380,7 +380,7 @@ def test_validation_feeds_the_prompt_text_as_is(monkeypatch: pytest.MonkeyPatch)
             seen.extend(texts)
             return [[Generation("<ranking>0</ranking>", 1, 1, "stop", 0.0)] for _ in texts]
 
-    monkeypatch.setattr(backends, "build_backend", lambda *a, **k: _Backend())
+    monkeypatch.setattr(llm, "build_backend", lambda *a, **k: _Backend())
     rows = [{"prompt": "<|im_start|>user\nrendered<|im_end|>\n<|im_start|>assistant\n"}]
     assert generate_completions("m", rows, max_new_tokens=4) == ["<ranking>0</ranking>"]
     assert seen == [rows[0]["prompt"]]  # not templated again

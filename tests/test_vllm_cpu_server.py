@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from memsifter.serving import vllm_cpu
-from memsifter.serving.vllm_cpu import VllmServerError, launch_vllm_cpu_server, vllm_venv
+from memsifter.llm import vllm_cpu
+from memsifter.llm.vllm_cpu import VllmServerError, launch_vllm_cpu_server, vllm_venv
 
 # ---- fast: stand-in scripts ------------------------------------------------------------------
 
@@ -183,17 +183,23 @@ def test_proxy_rankings_over_http_agree_with_transformers(
     from memsifter.coarse import BM25Filter
     from memsifter.data import load_locomo
     from memsifter.evaluation.agreement import compare_greedy
+    from memsifter.llm import BackendSpec, SamplingConfig, build_backend
     from memsifter.ranker import PromptBuilder, parse_ranking
-    from memsifter.ranker.backends import SamplingConfig, build_backend
 
-    hf = build_backend("transformers", str(smollm2_dir), batch_size=1, threads=2)
+    hf = build_backend(
+        BackendSpec(kind="transformers", model=str(smollm2_dir), batch_size=1, threads=2)
+    )
     builder = PromptBuilder(hf.tokenizer, 1264, 48, coarse=BM25Filter())
     queries = [q for q in load_locomo(locomo_mini_path).queries if q.has_evidence][:4]
     prompts = [builder.build_query(q) for q in queries]
     sampling = SamplingConfig(max_new_tokens=48)
     name = "smollm2-135m-instruct"
     with launch_vllm_cpu_server(smollm2_dir, served_model_name=name, timeout=300) as base_url:
-        http = build_backend("openai", str(smollm2_dir), base_url=base_url, served_model_name=name)
+        http = build_backend(
+            BackendSpec(
+                kind="openai", model=str(smollm2_dir), base_url=base_url, served_model_name=name
+            )
+        )
         served = [g[0] for g in http.generate([p.text for p in prompts], sampling)]
     local = [g[0] for g in hf.generate([p.text for p in prompts], sampling)]
 

@@ -10,18 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from memsifter.serving.vllm_cpu import vllm_venv
+from memsifter.llm.vllm_cpu import vllm_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = "What is the capital of France? Answer in one sentence."
 
 _SCRIPT = """
 import json, sys
-from memsifter.ranker.backends import SamplingConfig, build_backend
+from memsifter.llm import BackendSpec, SamplingConfig, build_backend
 
 if __name__ == "__main__":  # vLLM spawns its engine process
-    be = build_backend("vllm", sys.argv[1], dtype="float32", max_model_len=1024,
-                       gpu_memory_utilization=0, enforce_eager=True)
+    be = build_backend(BackendSpec(kind="vllm", model=sys.argv[1], dtype="float32",
+                       options={"max_model_len": 1024, "gpu_memory_utilization": 0,
+                                "enforce_eager": True}))
     p = be.tokenizer.apply_chat_template([{"role": "user", "content": sys.argv[2]}],
                                          tokenize=False, add_generation_prompt=True)
     g = be.generate([p], SamplingConfig(max_new_tokens=24))[0][0]
@@ -61,9 +62,11 @@ def test_vllm_engine_backend_matches_transformers(
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     got = json.loads(lines[-1].removeprefix("RESULT "))
 
-    from memsifter.ranker.backends import SamplingConfig, build_backend
+    from memsifter.llm import BackendSpec, SamplingConfig, build_backend
 
-    hf = build_backend("transformers", str(smollm2_dir), batch_size=1, threads=2)
+    hf = build_backend(
+        BackendSpec(kind="transformers", model=str(smollm2_dir), batch_size=1, threads=2)
+    )
     prompt = hf.tokenizer.apply_chat_template(
         [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
     )

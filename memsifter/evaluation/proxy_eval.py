@@ -16,7 +16,7 @@ prompt positions. Rankers:
   (:func:`memsifter.coarse.hybrid.rrf`) of the model's parsed ranking with the coarse order,
   over every candidate (ties keep the coarse order).
 
-Metrics (ir-measures, through :mod:`memsifter.evaluation.metrics`) are means over the questions
+Metrics (ir-measures, through :mod:`memsifter.ir_metrics`) are means over the questions
 whose prompt shows gold (``gold_in_prompt > 0``); the others cannot score any ranker. Pairs
 ``A-B`` get paired-bootstrap 95% CIs of the per-question differences A − B.
 """
@@ -41,7 +41,7 @@ from ir_measures import RR, R, nDCG
 
 from memsifter.coarse.hybrid import rrf
 from memsifter.errors import DataError, MemSifterError
-from memsifter.evaluation.metrics import qrels_from_gold, rankings_to_run
+from memsifter.ir_metrics import qrels_from_gold, rankings_to_run
 from memsifter.ranker.parse import parse_ranking
 from memsifter.ranker.spec import PromptSpec, has_spec, read_spec
 
@@ -284,9 +284,10 @@ def coarse_run(data: EvalData) -> RankerRun:
 
 
 def default_backend_factory(path: str, batch_size: int, threads: int | None) -> Any:
-    from memsifter.ranker.backends import build_backend
+    from memsifter import llm
 
-    return build_backend("transformers", path, batch_size=batch_size, threads=threads)
+    spec = llm.BackendSpec(kind="transformers", model=path, batch_size=batch_size, threads=threads)
+    return llm.build_backend(spec)
 
 
 def model_run(
@@ -298,7 +299,7 @@ def model_run(
 ) -> RankerRun:
     """Greedy generation on every scored prompt, ``batch_size`` prompts a call; latency per
     question is the call's wall time shared by its prompts."""
-    from memsifter.ranker.backends import SamplingConfig
+    from memsifter.llm import SamplingConfig
 
     sampling = SamplingConfig(max_new_tokens=data.spec.completion_tokens, temperature=0.0)
     qs = data.questions
@@ -644,7 +645,7 @@ def run_proxy_eval(
 ) -> ProxyEvalResult:
     """Load the split, check every model's spec (before loading any model), run the rankers,
     score them, bootstrap the pairs, write run files, the markdown report and the json."""
-    from memsifter.evaluation.retrieval import make_progress
+    from memsifter.progress import make_progress
 
     factory = backend_factory or default_backend_factory
     data = load_eval_data(cfg.data, cfg.split, cfg.max_questions, cfg.seed)

@@ -37,10 +37,12 @@ from rich.markup import escape
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_dataset
+from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.data.locomo import CATEGORY_NAMES
 from memsifter.data.types import Query, Session
 from memsifter.errors import MemSifterError
-from memsifter.evaluation.retrieval import make_progress
+from memsifter.llm import BackendSpec
+from memsifter.progress import make_progress
 from memsifter.qa.answerer import PROMPT_STYLES, Answerer
 from memsifter.qa.judge import RUBRICS, LLMJudge, get_rubric
 from memsifter.qa.locomo import LocomoQuestion, locomo_question, resolve_choice
@@ -50,7 +52,7 @@ from memsifter.qa.scores import exact_match, score_locomo, token_f1
 @dataclass
 class QAEvalConfig:
     dataset: str = "locomo"
-    data: str = "../shared/data/locomo/locomo10.json"
+    data: str = DEFAULT_LOCOMO
     retriever: str = "bm25"  # coarse spec | memsifter | full | none
     top_k: int = 5
     answerer: str = "smollm2-135m-instruct"
@@ -81,6 +83,18 @@ class QAEvalConfig:
     coarse_budget: int | None = None  # spec.budget_tokens
     proxy_completion_tokens: int | None = None  # spec.completion_tokens
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def answerer_spec(self) -> BackendSpec:
+        """The working LLM that answers from the retrieved memory."""
+        return BackendSpec(
+            kind=self.answerer_backend, model=self.answerer, base_url=self.answerer_base_url
+        )
+
+    def judge_spec(self) -> BackendSpec:
+        """The LLM judge (only meaningful when ``judge_model`` is set)."""
+        return BackendSpec(
+            kind=self.judge_backend, model=str(self.judge_model), base_url=self.judge_base_url
+        )
 
 
 def _retrieve(cfg: QAEvalConfig, queries: list[Query]) -> tuple[list[Query], list[list[Session]]]:
@@ -133,11 +147,10 @@ def _judge_longmemeval(
 ) -> dict[str, Any]:
     """LongMemEval's own judge (one prompt per question type; ``judge_rubric`` does not apply)
     sets every row's ``judge``. The offline SmolLM2 judge is reported as a pipeline check."""
+    from memsifter import llm
     from memsifter.qa.longmemeval_judge import OFFLINE_JUDGE, LongMemEvalJudge, judge_qa_rows
-    from memsifter.ranker.backends import build_backend
 
-    options = {"base_url": cfg.judge_base_url} if cfg.judge_backend == "openai" else {}
-    judge = LongMemEvalJudge(build_backend(cfg.judge_backend, str(cfg.judge_model), **options))
+    judge = LongMemEvalJudge(llm.build_backend(cfg.judge_spec()))
     report = judge_qa_rows(
         rows,
         [bool(q.meta.get("abstention")) for q in queries],
@@ -178,12 +191,11 @@ def _is_adversarial(cfg: QAEvalConfig, q: Query) -> bool:
 def _build_judge(cfg: QAEvalConfig) -> LLMJudge | None:
     if not cfg.judge_model or cfg.dataset == "longmemeval":  # its own judge: _judge_longmemeval
         return None
-    from memsifter.ranker.backends import build_backend
+    from memsifter import llm
 
     rubric = get_rubric(cfg.judge_rubric)
-    options = {"base_url": cfg.judge_base_url} if cfg.judge_backend == "openai" else {}
     return LLMJudge(
-        build_backend(cfg.judge_backend, cfg.judge_model, **options),
+        llm.build_backend(cfg.judge_spec()),
         max_new_tokens=cfg.judge_max_new_tokens or rubric.max_new_tokens,
         rubric=rubric,
     )
@@ -276,7 +288,7 @@ def _report(cfg: QAEvalConfig, metrics: dict[str, Any]) -> str:
 
 
 def run_qa_eval(cfg: QAEvalConfig, console: Any = None) -> dict[str, Any]:
-    from memsifter.ranker.backends import build_backend
+    from memsifter import llm
 
     _check(cfg)
     dataset = load_dataset(cfg.dataset, cfg.data).filter_conversations(cfg.conversations)
@@ -290,9 +302,8 @@ def run_qa_eval(cfg: QAEvalConfig, console: Any = None) -> dict[str, Any]:
     queries, contexts = _retrieve(cfg, queries)
     retrieve_s = time.perf_counter() - t0
 
-    options = {"base_url": cfg.answerer_base_url} if cfg.answerer_backend == "openai" else {}
     answerer = Answerer(
-        build_backend(cfg.answerer_backend, cfg.answerer, **options),
+        llm.build_backend(cfg.answerer_spec()),
         window_tokens=cfg.answerer_window,
         max_new_tokens=cfg.answer_tokens,
         memory_order=cfg.memory_order,

@@ -28,23 +28,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from memsifter.coarse import CoarseFilter, build_filter
 from memsifter.data import MemoryDataset, load_dataset
 from memsifter.data.haystack import HaystackBuilder, HaystackStats, parse_budget
+from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.data.locomo import CATEGORY_NAMES
 from memsifter.data.tokens import get_counter
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
 from memsifter.errors import MemSifterError
 from memsifter.evaluation import longmemeval as lme
-from memsifter.evaluation.metrics import (
+from memsifter.ir_metrics import (
     evaluate_rankings,
     recall_curve,
     write_trec_qrels,
     write_trec_run,
 )
+from memsifter.llm import BackendSpec
+from memsifter.progress import make_progress
 
 if TYPE_CHECKING:
     from memsifter.ranker.spec import PromptSpec
@@ -55,7 +58,7 @@ class RetrievalEvalConfig:
     """Everything the retrieval benchmark needs; the CLI flags override these fields."""
 
     dataset: str = "locomo"  # locomo | longmemeval | jsonl
-    data: str = "../shared/data/locomo/locomo10.json"
+    data: str = DEFAULT_LOCOMO
     retrievers: list[str] = field(default_factory=lambda: ["bm25"])
     haystack: str = "native"  # native | 32k | 128k | 1m | <tokens>
     conversations: list[str] | None = None  # ids or 0-based indexes; None = all
@@ -82,6 +85,10 @@ class RetrievalEvalConfig:
     proxy_completion_tokens: int | None = None  # spec.completion_tokens
     proxy_language: str | None = None  # spec.language
 
+    def backend_spec(self) -> BackendSpec:
+        """The proxy's LLM (retriever ``memsifter``)."""
+        return BackendSpec(kind=self.backend, model=self.model, base_url=self.base_url)
+
 
 @dataclass
 class RetrieverResult:
@@ -89,18 +96,6 @@ class RetrieverResult:
     metrics: dict[str, Any]
     recall_curve: dict[int, float]
     rankings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # qid -> ids, best first
-
-
-def make_progress(console: Any) -> Progress:
-    """The rich progress bar every eval loop shows (disabled without a console, e.g. in tests)."""
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=console is None,
-    )
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -215,16 +210,13 @@ def proxy_spec(cfg: RetrievalEvalConfig) -> PromptSpec:
 
 
 def build_proxy(cfg: RetrievalEvalConfig, spec: PromptSpec | None = None):
-    from memsifter.ranker.backends import build_backend
+    from memsifter import llm
     from memsifter.ranker.proxy import Proxy, ProxyConfig
 
     spec = spec or proxy_spec(cfg)  # before the model loads: a refusal costs nothing
-    options = {"base_url": cfg.base_url} if cfg.backend == "openai" and cfg.base_url else {}
     if cfg.backend == "openai" and not cfg.base_url:
-        from memsifter.errors import MemSifterError
-
         raise MemSifterError("--backend openai needs --base-url http://host:port/v1")
-    backend = build_backend(cfg.backend, cfg.model, **options)
+    backend = llm.build_backend(cfg.backend_spec())
     return Proxy(backend, spec, config=ProxyConfig(batch_size=cfg.proxy_batch_size))
 
 

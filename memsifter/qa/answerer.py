@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memsifter.data.types import Session
+from memsifter.llm import Backend, SamplingConfig
 from memsifter.qa.locomo import LocomoQuestion, build_locomo_messages, locomo_reply
-from memsifter.ranker.backends.base import Backend, SamplingConfig
 
 SYSTEM = (
     "You answer questions about a user's past conversations. Use only the memory given. "

@@ -3,7 +3,7 @@
 Token F1 undervalues correct paraphrases and long-form answers (LongMemEval's questions above
 all), so a dataset can choose this score instead (``task_score(..., metric="judge")``, or
 ``task_metrics`` in the reward config). The judge is any backend, in practice an
-OpenAI-compatible server (:class:`memsifter.ranker.backends.openai_http.OpenAIBackend`), and it
+OpenAI-compatible server (:class:`memsifter.llm.openai_http.OpenAIBackend`), and it
 decodes greedily so the same answer always gets the same verdict.
 
 A judge follows a :class:`Rubric` (its prompt and the parser of its verdict):
@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from memsifter.errors import MemSifterError
+from memsifter.llm import Backend, SamplingConfig
 from memsifter.qa.answerer import chat_template_kwargs
-from memsifter.ranker.backends.base import Backend, SamplingConfig
 
 JUDGE_SYSTEM = (
     "You grade answers to questions about a user's past conversations. You compare a response "

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
+from memsifter.llm import Backend
 from memsifter.qa.judge import LLMJudge, Rubric
-from memsifter.ranker.backends.base import Backend
 
 SOURCE = "LongMemEval src/evaluation/evaluate_qa.py (xiaowu0162/LongMemEval, MIT)"
 MAX_NEW_TOKENS = 10  # the benchmark's max_tokens for the judge

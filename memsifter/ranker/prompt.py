@@ -29,17 +29,46 @@ with its date, the question with its date, and the answer format
   would become a real control token and could close the user turn and forge an assistant one.
   ``PromptBuilder`` breaks each such occurrence with a zero-width space (``<\u200b|im_end|>``),
   which reads the same to a person and tokenizes as plain text.
+* **Token ids, exact by construction.** ``BuiltPrompt.token_ids`` are the ids the prompt is
+  counted by *and* sent as (``OpenAIBackend`` posts them as the completion's ``prompt``), so the
+  budget can never disagree with what the server sees. They are assembled, not re-tokenized:
+  the chat template is rendered once with a placeholder where the candidates go, and the prompt
+  is cut into pieces that are tokenized on their own and concatenated:
+
+      prefix (template, system, intro) | "[Session i] Date: …" | turns | … | "Question: …"
+
+  Every cut sits in a line break followed by text (after the intro, after each header, after
+  each page's turns). Byte-level BPE merges only inside the pieces its pre-tokenizer regex
+  splits the text into, so a cut at a regex boundary changes no id, and where that boundary
+  lies is a property of the regex. Qwen2/3's regex keeps newlines with what precedes them
+  (``.\\n\\n`` is one piece), so the cut goes *after* the line break (``cut == "after"``);
+  GPT-2-style regexes (SmolLM2) split a whitespace run before its last character when text
+  follows, so the cut goes just *before* the break's last newline (``cut == "before"``). The
+  builder tries both on a probe prompt at construction (punctuation and whitespace at page
+  ends, CJK, emoji, an empty page, a turn starting with a space) and keeps the one that equals
+  tokenizing the whole (``tests/test_prompt_ids.py``: on SmolLM2's tokenizer the other cut
+  changes the ids). The page
+  piece (turns plus its share of the line break) depends on the page alone and is cached by
+  content fingerprint (a history is tokenized once, at ingest in the recall service); a prompt
+  then costs the tokenization of its instructions, headers and question. A page whose turns
+  begin with whitespace or an added token (which may strip its left) is tokenized together
+  with its header. A tokenizer for which neither cut holds on the probe (SentencePiece adds a
+  space at every encode), or that adds special tokens when encoding (a BOS the server would add
+  to text but not to ids), gets ``token_ids = None`` (``token_ids_off`` says why): the
+  rendered text is counted and sent as before.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from memsifter.data.tokens import HFCounter, SessionTokenCache
-from memsifter.data.types import Query, Session
+from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import PromptBudgetError
 from memsifter.ranker.parse import ParsedRanking
 
@@ -174,6 +203,10 @@ class BuiltPrompt:
     dropped_ids: tuple[str, ...] = ()  # left out by the coarse filter, its rank order
     truncated_ids: tuple[str, ...] = ()  # shown only in part
     coarse_order: tuple[int, ...] | None = None  # positions, coarse best first, when it ranked
+    # ``text`` as the model's token ids (exactly ``tokenizer(text)`` without special tokens):
+    # what n_tokens counts and what a backend that takes ids is sent. None when the tokenizer
+    # fails the builder's probe (see the module doc): backends then get ``text``.
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def num_candidates(self) -> int:
@@ -196,6 +229,47 @@ class _WithHeader:
 
     def count(self, text: str) -> int:
         return self.counter.count(text) + self.extra
+
+
+_BLOCKS = "\u2063MEMSIFTER-CANDIDATES\u2063"  # where the candidates go in a rendered template
+_PROBE_TEXTS = (
+    "I adopted a golden retriever named Max.",
+    "Trailing spaces and a list:   \n- one\n- two  ",
+    "我的猫叫小白，它很喜欢睡觉。!!",
+    "Code: `x = [1, 2]`\n\n\nend.\t",
+    "emoji 🐕‍🦺 and 123456 digits...",
+)
+
+
+class PageIds:
+    """Token ids of each page's prompt piece (its turns and the line break after them; see the
+    module doc), keyed by content fingerprint and bounded like :class:`SessionTokenCache`
+    (``max_size``, least recently used out first). ``piece`` is the text a page is cut to."""
+
+    def __init__(self, encode: Any, piece: Any, max_size: int | None = None) -> None:
+        self._encode = encode
+        self.piece = piece
+        self.max_size = max_size
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, session: Session) -> tuple[int, ...]:
+        key = session.fingerprint
+        with self._lock:  # request threads share it; an eviction must not race a hit's move
+            ids = self._cache.get(key)
+            if ids is not None:
+                if self.max_size is not None:
+                    self._cache.move_to_end(key)
+                return ids
+        ids = tuple(self._encode([self.piece(_turns(session))])[0])
+        with self._lock:
+            self._cache[key] = ids
+            if self.max_size is not None and len(self._cache) > self.max_size:
+                self._cache.popitem(last=False)
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
 
 class PromptBuilder:
@@ -257,6 +331,110 @@ class PromptBuilder:
         self._specials = sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
         # One cache per builder: a long haystack is tokenized once, not once per question.
         self.session_tokens = SessionTokenCache(_WithHeader(self.counter, extra))
+        self._added = tuple(
+            str(getattr(t, "content", t))
+            for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+        )
+        self._headers: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # Where each piece ends (see the module doc): after a line break's last newline
+        # ("after"), or just before it ("before"); the probe picks the one this tokenizer keeps.
+        self.cut: Literal["after", "before"] = "after"
+        self.page_ids = PageIds(self._encode, self._page_piece)
+        self.token_ids_off: str | None = None  # why prompts are not built as ids, if they are not
+        self.token_ids_off = self._check_token_ids()
+
+    def _encode(self, texts: Sequence[str], special: bool = False) -> list[list[int]]:
+        """Token ids of each text (fast path: no offsets computed), no special tokens added."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        fast = getattr(backend, "encode_batch_fast", None)
+        if fast is not None:
+            return [e.ids for e in fast(list(texts), add_special_tokens=special)]
+        return [list(self.tokenizer(t, add_special_tokens=special)["input_ids"]) for t in texts]
+
+    def _check_token_ids(self) -> str | None:
+        """None if prompts may be built as ids (see the module doc), else the reason not; picks
+        ``self.cut`` on the way."""
+        if self._encode(["a"], special=True) != self._encode(["a"]):
+            return "the tokenizer adds special tokens when encoding (the server would add them too)"
+        probe = [
+            Session(
+                id=f"probe-{i}",
+                turns=(Turn("user", text), Turn("assistant", text[::-1])),
+                date_text=("8 May, 2023" + " " * (i % 3)) if i % 2 else None,
+            )
+            for i, text in enumerate(_PROBE_TEXTS)
+        ]
+        probe.append(Session(id="probe-empty", turns=()))
+        probe.append(Session(id="probe-space", turns=(Turn(" lead", "x  "),)))
+        question = "What did I name my dog?  \n"
+        for cut in ("after", "before"):
+            self.cut = cut  # type: ignore[assignment]
+            try:
+                ids, text = self._assemble_ids(question, probe, "9 May, 2023", cache=False)
+            except _NotSplittable as e:
+                return str(e)
+            if ids == self._encode([text])[0]:
+                return None
+        self.cut = "after"
+        return (
+            "prompt pieces tokenized apart differ from the whole prompt on a probe (cut after "
+            "or before a line break's last newline)"
+        )
+
+    def _page_piece(self, turns: str) -> str:
+        return turns + "\n\n" if self.cut == "after" else "\n" + turns + "\n"
+
+    def warm(self, session: Session) -> None:
+        """Tokenize a page now (at ingest) so a query finds its count and ids cached."""
+        session = self._defang_session(session)
+        self.session_tokens(session)
+        if self.token_ids_off is None:
+            self.page_ids(session)
+
+    def _header_ids(self, header: str) -> tuple[int, ...]:
+        ids = self._headers.get(header)
+        if ids is None:
+            ids = self._headers[header] = tuple(self._encode([header])[0])
+            if len(self._headers) > 4096:
+                self._headers.popitem(last=False)
+        return ids
+
+    def _assemble_ids(
+        self,
+        question: str,
+        ordered: Sequence[Session],
+        question_date: str | None,
+        cache: bool = True,
+    ) -> tuple[list[int], str]:
+        """The prompt of ``ordered`` as token ids and as text, built from cached pieces."""
+        lang = self.language
+        messages = _messages(question, [_BLOCKS], len(ordered), question_date, lang, self.ask_think)
+        prefix, sep, suffix = self.render(messages).partition(_BLOCKS)
+        if not (sep and _BLOCKS not in suffix and prefix.endswith("\n\n")):
+            raise _NotSplittable("the chat template does not show the user message verbatim")
+        if not suffix.startswith("\n\n"):
+            raise _NotSplittable("the chat template does not show the user message verbatim")
+        before = self.cut == "before"  # pieces end before a line break's last newline
+        texts = [prefix[:-1], suffix[1:]] if before else [prefix, suffix[2:]]
+        ids, suffix_ids = self._encode(texts)
+        pieces = [prefix]
+        for i, session in enumerate(ordered):
+            header = _header(i, session, lang)
+            turns = _turns(session)
+            if not turns or turns[0].isspace() or turns.startswith(self._added):
+                # No clean cut between header and turns: one piece for the block.
+                block = header + "\n" + turns + "\n\n"
+                ids.extend(self._encode(["\n" + block[:-1] if before else block])[0])
+            else:
+                ids.extend(self._header_ids("\n" + header if before else header + "\n"))
+                if cache:
+                    ids.extend(self.page_ids(session))
+                else:
+                    ids.extend(self._encode([self._page_piece(turns)])[0])
+            pieces += (header, "\n", turns, "\n\n")
+        ids.extend(suffix_ids)
+        pieces.append(suffix[2:])
+        return ids, "".join(pieces)
 
     def defang(self, text: str) -> str:
         """``text`` with every special-token string of this tokenizer broken (see module doc)."""
@@ -363,12 +541,18 @@ class PromptBuilder:
         dropped_ids: tuple[str, ...] | None = None,
         ranking: Any = None,
     ) -> BuiltPrompt:
+        token_ids: list[int] | None = None
         if blocks is None:
             blocks = [_block(i, s, self.language) for i, s in enumerate(ordered)]
+            if self.token_ids_off is None:
+                token_ids, text = self._assemble_ids(question, ordered, question_date)
         messages = _messages(
             question, blocks, len(ordered), question_date, self.language, self.ask_think
         )
-        text = self.render(messages)
+        if token_ids is None:
+            text = self.render(messages)
+            if self.token_ids_off is None:
+                token_ids = self._encode([text])[0]  # a truncated block: tokenized whole
         position = {s.id: i for i, s in enumerate(ordered)}
         if ranking is None:
             ranking = selection.ranking if selection is not None else None
@@ -381,11 +565,12 @@ class PromptBuilder:
             messages=messages,
             text=text,
             candidate_ids=tuple(position),
-            n_tokens=self.counter.count(text),
+            n_tokens=len(token_ids) if token_ids is not None else self.counter.count(text),
             budget_tokens=self.budget_tokens,
             dropped_ids=dropped_ids,
             truncated_ids=truncated_ids,
             coarse_order=coarse_order,
+            token_ids=tuple(token_ids) if token_ids is not None else None,
         )
 
     def _truncated_top(
@@ -453,6 +638,10 @@ class PromptBuilder:
             f"and truncation marker take over {budget} tokens (window {self.window_tokens} - "
             f"completion {self.completion_tokens}; instructions and question alone: {fixed})"
         )
+
+
+class _NotSplittable(ValueError):
+    """The rendered prompt cannot be cut into independently tokenized pieces."""
 
 
 def _chronological(sessions: Sequence[Session], input_order: Sequence[str]) -> list[Session]:

@@ -10,6 +10,10 @@ recall service) gets that spec: the ``prompt_spec.json`` in the model's folder, 
 for a model without one (an untrained base) the settings the caller states explicitly. A model
 with neither is refused, and so are explicit settings that contradict the model's own spec.
 
+Backends that take token ids (``accepts_token_ids``: the OpenAI HTTP backend, since vLLM's and
+llama.cpp's ``/v1/completions`` accept a list of ids as ``prompt``) are sent
+``BuiltPrompt.token_ids``, the ids the budget counted; the others the rendered text.
+
 When the model's ranking is partial or unparseable, ``complete_with_coarse`` (the default for
 inference) appends the missing candidates in the caller's order when the request carries one
 (``RankRequest.prior``: the recall service's fused coarse + bookmark order, so a failed parse
@@ -29,7 +33,7 @@ from typing import Any
 
 from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError
-from memsifter.ranker.backends.base import Backend, Generation, SamplingConfig
+from memsifter.llm import Backend, Generation, SamplingConfig
 from memsifter.ranker.parse import ParsedRanking, parse_ranking
 from memsifter.ranker.prompt import BuiltPrompt
 from memsifter.ranker.spec import SPEC_FILE, PromptSpec
@@ -226,6 +230,13 @@ class Proxy:
         shown = [by_id[sid] for sid in prompt.candidate_ids]
         return tuple(pos[sid] for sid in self.coarse.score(req.question, shown).ids)
 
+    def _payload(self, prompt: BuiltPrompt) -> Any:
+        """What the backend is sent: the prompt's token ids when it takes ids (the ids counted
+        are the ids the model sees, and the server skips tokenizing), else the rendered text."""
+        if prompt.token_ids is not None and getattr(self.backend, "accepts_token_ids", False):
+            return list(prompt.token_ids)
+        return prompt.text
+
     def rank_many(self, requests: Sequence[RankRequest]) -> list[ProxyRanking]:
         prompts = [self.builder.build(r.question, r.sessions, r.question_date) for r in requests]
         sampling = SamplingConfig(
@@ -234,7 +245,7 @@ class Proxy:
         out: list[ProxyRanking] = []
         for start in range(0, len(prompts), self.config.batch_size):
             chunk = prompts[start : start + self.config.batch_size]
-            gens = self.backend.generate([p.text for p in chunk], sampling)
+            gens = self.backend.generate([self._payload(p) for p in chunk], sampling)
             for req, prompt, gen in zip(requests[start:], chunk, gens, strict=False):
                 out.append(self._read(req, prompt, gen[0]))
         return out

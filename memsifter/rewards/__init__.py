@@ -31,6 +31,7 @@ from memsifter.rewards.service import (
     RewardRequest,
     RewardService,
     RewardStats,
+    TierRepeatWarning,
     naive_rewards,
 )
 from memsifter.rewards.shaping import ShapingSchedule
@@ -51,6 +52,7 @@ __all__ = [
     "RewardService",
     "RewardStats",
     "ShapingSchedule",
+    "TierRepeatWarning",
     "fibonacci_tiers",
     "load_reward_config",
     "make_reward_function",

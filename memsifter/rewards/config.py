@@ -102,6 +102,13 @@ class RetryConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     max_k: int = 8  # deepest Fibonacci tier (capped by the number of candidates)
+    # data_source -> its own deepest tier, for sources whose sessions the answerer's window cannot
+    # hold max_k of: SmolLM2's 8,192 tokens hold about 3 LongMemEval sessions (~2,600 tokens
+    # each), so tiers 5 and 8 would repeat tier 3's prompt. A dropped tier leaves the weight
+    # normalisation (memsifter.rewards.tiers: the last kept tier gets C(F_last)); with exact
+    # repeats R_ans is the same number, but the reward no longer claims tiers it cannot see.
+    # The service still reports (and warns about) any tier that repeats the one before.
+    tier_max_k: dict[str, int] = field(default_factory=lambda: {"longmemeval": 3})
     retrieval_k: int = DEFAULT_RETRIEVAL_K  # NDCG cutoff of R_ret
     alpha: float = 1.0  # weight of R_ans; 0: a retrieval-only stage (no working-LLM calls)
     beta0: float = 0.5  # initial weight of R_ret
@@ -133,6 +140,9 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.max_k < 1:
             raise ValueError(f"max_k must be >= 1, got {self.max_k}")
+        for source, k in dict(self.tier_max_k).items():
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise ValueError(f"tier_max_k.{source} must be an integer >= 1, got {k!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         metrics = dict(self.task_metrics)
@@ -181,6 +191,13 @@ class RewardConfig:
             self.schedule,  # type: ignore[arg-type]
             self.decay_fraction,
         )
+
+    def max_k_for(self, data_source: str | None) -> int:
+        """The deepest tier for rows of ``data_source``: ``tier_max_k``'s entry, else ``max_k``
+        (either is capped by the number of candidates when the tiers are made)."""
+        if data_source in self.tier_max_k:
+            return self.tier_max_k[data_source]  # type: ignore[index]
+        return self.max_k
 
     def answer_excluded(self, data_source: str | None, category: str | int | None) -> bool:
         """Whether rows of this source and category are left out of R_ans."""

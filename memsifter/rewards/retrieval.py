@@ -7,7 +7,7 @@ sessions lead the ranking.
 
 NDCG comes from ``ir-measures`` (pytrec_eval), the same code as the retrieval benchmark, never a
 hand-written DCG. Rankings are handed over with rank-derived scores, so pytrec_eval cannot reorder
-them (see :mod:`memsifter.evaluation.metrics`). Measured cost: about 0.1 ms per ranking, nothing
+them (see :mod:`memsifter.ir_metrics`). Measured cost: about 0.1 ms per ranking, nothing
 next to one working-LLM call. A ranking that names no gold session, an empty ranking, and an empty
 gold set all score 0.
 """
@@ -19,7 +19,7 @@ from collections.abc import Collection, Hashable, Sequence
 import ir_measures
 from ir_measures import nDCG
 
-from memsifter.evaluation.metrics import qrels_from_gold, rankings_to_run
+from memsifter.ir_metrics import qrels_from_gold, rankings_to_run
 
 DEFAULT_RETRIEVAL_K = 10
 

@@ -41,20 +41,20 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import httpx
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import Retrying
 
 from memsifter.data.types import Session
 from memsifter.errors import MemSifterError
+from memsifter.llm import CALL_ERRORS, BackendSpec, retry_policy
 from memsifter.qa.answerer import Answerer
 from memsifter.qa.judge import LLMJudge
 from memsifter.qa.scores import task_score
-from memsifter.ranker.backends.openai_http import BackendError
 from memsifter.ranker.parse import ParsedRanking, parse_ranking
 from memsifter.rewards.config import RewardConfig
 from memsifter.rewards.marginal_utility import marginal_utility
@@ -64,19 +64,10 @@ from memsifter.rewards.shaping import ShapingSchedule
 from memsifter.rewards.tiers import fibonacci_tiers
 
 T = TypeVar("T")
-CALL_ERRORS: tuple[type[BaseException], ...] = (BackendError, ConnectionError, TimeoutError)
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Worth another attempt: connection trouble, timeouts, 429 and 5xx. A 4xx answer (a bad
-    request, an unknown model) would only fail again."""
-    if not isinstance(exc, CALL_ERRORS):
-        return False
-    cause = exc.__cause__
-    if isinstance(cause, httpx.HTTPStatusError):
-        code = cause.response.status_code
-        return code == 429 or code >= 500
-    return True
+class TierRepeatWarning(UserWarning):
+    """A tier's answerer prompt repeats the previous tier's: the window was already full."""
 
 
 class RewardError(MemSifterError):
@@ -137,6 +128,11 @@ class RewardStats:
     answer_calls: int = 0  # prompts actually sent to the working LLM
     cache_hits: int = 0  # unique prompts answered by an earlier call
     judge_calls: int = 0
+    # A tier whose prompt equals the previous tier's: the answerer's window was already full, so
+    # the tier measured nothing new. Per data source: completions with such a repeat, and the
+    # smallest tier k at which the window was full (the tier the repeats copy).
+    tier_repeats: dict[str, int] = field(default_factory=dict)
+    window_full_k: dict[str, int] = field(default_factory=dict)
     answer_s: float = 0.0
     total_s: float = 0.0
 
@@ -166,6 +162,10 @@ class RewardStats:
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.step, self.beta = other.step, other.beta
+        for source, n in other.tier_repeats.items():
+            self.tier_repeats[source] = self.tier_repeats.get(source, 0) + n
+        for source, k in other.window_full_k.items():
+            self.window_full_k[source] = min(k, self.window_full_k.get(source, k))
 
 
 @dataclass
@@ -200,24 +200,25 @@ class RewardService:
         self.total_steps: int | None = None
         self._cache: OrderedDict[str, str] = OrderedDict()
         self.totals = RewardStats()
+        self._warned: set[tuple[str, int]] = set()  # (data source, full-at tier) warned about
 
     @classmethod
     def from_config(cls, config: RewardConfig) -> RewardService:
         """Build the answerer (and judge) backends the config names."""
-        from memsifter.ranker.backends import build_backend
+        from memsifter import llm
 
         a = config.answerer
-        options: dict[str, Any] = {}
-        if a.backend == "transformers":
-            options["batch_size"] = a.batch_size
-        elif a.backend == "openai":
-            options.update(
-                base_url=a.base_url,
-                served_model_name=a.served_model_name,
-                max_concurrency=a.max_concurrency,
-            )
         answerer = Answerer(
-            build_backend(a.backend, a.model, **options),
+            llm.build_backend(
+                BackendSpec(
+                    kind=a.backend,
+                    model=a.model,
+                    batch_size=a.batch_size,
+                    base_url=a.base_url,
+                    served_model_name=a.served_model_name,
+                    max_concurrency=a.max_concurrency,
+                )
+            ),
             window_tokens=a.window_tokens,
             max_new_tokens=a.max_new_tokens,
             language=a.language,
@@ -228,12 +229,14 @@ class RewardService:
         if config.judge is not None and config.judge.base_url:
             j = config.judge
             judge = LLMJudge(
-                build_backend(
-                    "openai",
-                    j.model,
-                    base_url=j.base_url,
-                    served_model_name=j.served_model_name,
-                    max_concurrency=j.max_concurrency,
+                llm.build_backend(
+                    BackendSpec(
+                        kind="openai",
+                        model=j.model,
+                        base_url=j.base_url,
+                        served_model_name=j.served_model_name,
+                        max_concurrency=j.max_concurrency,
+                    )
                 ),
                 max_new_tokens=j.max_new_tokens,
             )
@@ -259,7 +262,9 @@ class RewardService:
         for req in requests:
             answers = needs_answers(cfg, req)
             plan = _Plan(
-                req, cfg.task_metric(req.data_source) if answers else None, req.tiers(cfg.max_k)
+                req,
+                cfg.task_metric(req.data_source) if answers else None,
+                req.tiers(cfg.max_k_for(req.data_source)),
             )
             plan.parsed = [parse_ranking(c, len(req.candidates)) for c in req.completions]
             ok = [p for p in plan.parsed if p.ok]
@@ -277,6 +282,7 @@ class RewardService:
                     plan.shown[p.ids] = full
                     for k in plan.tiers:
                         plan.key(self.answerer, full[:k])
+                    self._note_repeats(plan, full, stats)
             texts.update(plan.texts)
             plans.append(plan)
         stats.unique_prompts = len(texts)
@@ -290,6 +296,37 @@ class RewardService:
         stats.total_s = time.perf_counter() - t0
         self.totals.add(stats)
         return RewardBatch(rewards, stats)
+
+    def _note_repeats(self, plan: _Plan, full: tuple[int, ...], stats: RewardStats) -> None:
+        """Record (and warn once per source and tier) when a tier's prompt repeats the previous
+        tier's: the answerer's window was full at that previous tier, so the deeper tiers
+        silently score it again. Dropping them (``tier_max_k``) or a larger answerer window
+        (``answerer.window_tokens``) is the config's choice; here it is only made visible."""
+        tiers = plan.tiers
+        full_at = next(
+            (
+                a
+                for a, b in zip(tiers, tiers[1:], strict=False)
+                if plan.keys[full[:a]] == plan.keys[full[:b]]
+            ),
+            None,
+        )
+        if full_at is None:
+            return
+        source = str(plan.request.data_source)
+        stats.tier_repeats[source] = stats.tier_repeats.get(source, 0) + 1
+        stats.window_full_k[source] = min(full_at, stats.window_full_k.get(source, full_at))
+        if (source, full_at) not in self._warned:
+            self._warned.add((source, full_at))
+            deeper = [k for k in tiers if k > full_at]
+            warnings.warn(
+                f"data source {source!r}: the answerer's window ({self.answerer.window_tokens} "
+                f"tokens) is full at tier {full_at}, so tier(s) {deeper} repeat it and score "
+                f"the same sessions; raise answerer.window_tokens or set "
+                f"tier_max_k.{source}: {full_at} in the reward config",
+                TierRepeatWarning,
+                stacklevel=3,
+            )
 
     def _answers(self, texts: dict[str, str], stats: RewardStats) -> dict[str, str]:
         answers = {h: self._cache[h] for h in texts if h in self._cache}
@@ -405,12 +442,7 @@ class RewardService:
             attempts += 1
             return fn(*args)
 
-        retrying = Retrying(
-            stop=stop_after_attempt(retry.attempts),
-            wait=wait_exponential(multiplier=retry.wait_s, max=retry.max_wait_s),
-            retry=retry_if_exception(is_transient),
-            reraise=True,
-        )
+        retrying = Retrying(**retry_policy(retry.attempts, retry.wait_s, retry.max_wait_s))
         try:
             return retrying(attempt)
         except CALL_ERRORS as e:
@@ -477,7 +509,7 @@ def naive_rewards(
     out: list[list[float]] = []
     for req in requests:
         n = len(req.candidates)
-        tiers = req.tiers(cfg.max_k)
+        tiers = req.tiers(cfg.max_k_for(req.data_source))
         group: list[float] = []
         for completion in req.completions:
             parsed = parse_ranking(completion, n)

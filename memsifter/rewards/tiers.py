@@ -15,6 +15,14 @@ C(k) = 1 / log2(k + 1) as the value of position k:
 The weights telescope, so they sum to C(1) = 1 whatever the tiers. With tiers (1, 2, 3, 5, 8)
 they are 0.3691, 0.1309, 0.1131, 0.0714 and 0.3155; the last tier carries the whole tail of the
 discount curve (against a next tier of 13 it would get only C(8) - C(13) = 0.0528).
+
+Tiers that cannot be filled. When the working LLM's window holds fewer sessions than a tier asks
+for, the tier's prompt repeats the previous one (the lowest-ranked sessions are cut first). The
+reward config may then drop those tiers for a data source (``tier_max_k``): they leave the
+normalisation here, the last kept tier taking C(F_last). Because the weights telescope, a
+repeated tier adds its weight to the tier it copies, so dropping exact repeats leaves R_ans
+unchanged; what changes is that the reward stops claiming depth it cannot see. The reward service
+reports and warns about every repeat it meets (``RewardStats.tier_repeats``).
 """
 
 from __future__ import annotations

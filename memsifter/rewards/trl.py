@@ -175,6 +175,10 @@ class RewardFunction:
             "judge_calls": float(s.judge_calls),
             "answer_s": s.answer_s,
         }
+        # Tiers that repeated the previous one (the answerer's window was full), per source.
+        for source, n in s.tier_repeats.items():
+            out[f"tier_repeats/{source}"] = float(n)
+            out[f"window_full_k/{source}"] = float(s.window_full_k[source])
         parsed = [c for group in batch.rewards for c in group if c.parsed]
         answered = [c.r_ans for c in parsed if c.r_ans is not None]
         if answered:

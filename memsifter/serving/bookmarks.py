@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from memsifter.data.types import Session
-from memsifter.ranker.backends.base import Backend, SamplingConfig
+from memsifter.llm import Backend, SamplingConfig
 from memsifter.serving.store import Bookmark
 from memsifter.text import analyze
 

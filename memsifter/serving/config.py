@@ -52,6 +52,8 @@ class ProxySettings:
     # batches concurrent requests itself.
     max_concurrency: int = 1
     timeout_s: float = 120.0
+    # openai: send the prompt as token ids (vLLM, llama.cpp); false for servers that take text
+    token_ids: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in PROXY_BACKENDS:

@@ -47,7 +47,7 @@ from memsifter.coarse.hybrid import rrf
 from memsifter.data.tokens import SessionTokenCache, TokenCounter
 from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError, PromptBudgetError
-from memsifter.ranker.backends.base import Backend
+from memsifter.llm import Backend
 from memsifter.ranker.proxy import Proxy, ProxyConfig
 from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.bookmarks import query_terms
@@ -357,8 +357,9 @@ class ServiceRanker:
             prompt_coarse = self.coarse if proxy_coarse is None else LockedCoarse(proxy_coarse)
             self.proxy = Proxy(backend, spec, prompt_coarse, proxy_config or ProxyConfig())
         if self.proxy is not None:
-            # The prompt builder's page-token cache lives as long as the server: bounded.
+            # The prompt builder's page caches (counts, ids) live as long as the server: bounded.
             self.proxy.builder.session_tokens.max_size = token_cache_pages
+            self.proxy.builder.page_ids.max_size = token_cache_pages
         self.max_candidates = max_candidates
         self.rrf_k = rrf_k
         self.name = name or (COARSE_ONLY if backend is None else f"proxy:{backend.name}")
@@ -375,20 +376,19 @@ class ServiceRanker:
         spec: PromptSpec | None = None
         if p.backend != "coarse-only":
             spec = p.prompt_spec()  # ServeConfig checked it against paging at load
-        if p.backend == "transformers":
-            from memsifter.ranker.backends import build_backend
+        if p.backend in ("transformers", "openai"):
+            from memsifter import llm
 
-            backend = build_backend("transformers", p.model)
-        elif p.backend == "openai":
-            from memsifter.ranker.backends import build_backend
-
-            backend = build_backend(
-                "openai",
-                p.model,
-                base_url=p.base_url,
-                served_model_name=p.served_model_name,
-                max_concurrency=p.max_concurrency,
-                timeout_s=p.timeout_s,
+            backend = llm.build_backend(
+                llm.BackendSpec(
+                    kind=p.backend,
+                    model=p.model,
+                    base_url=p.base_url,
+                    served_model_name=p.served_model_name,
+                    max_concurrency=p.max_concurrency,
+                    timeout_s=p.timeout_s,
+                    options={"token_ids": p.token_ids} if p.backend == "openai" else {},
+                )
             )
         return cls(
             build_filter(config.coarse),
@@ -443,10 +443,10 @@ class ServiceRanker:
         if index.bm25 is None and index.view.sessions:
             self.coarse.index(index.view.sessions)
         if self.proxy is not None:
-            # Count new pages in the proxy's tokens now, at ingest, so a query's prompt budget
-            # reads them from the builder's cache instead of tokenizing 40 pages per request.
+            # Tokenize new pages for the proxy now, at ingest, so a query's prompt budget and
+            # token ids come from the builder's caches instead of tokenizing 40 pages a request.
             for page in delta.pages:
-                self.proxy.builder.session_tokens(page.stored.page)
+                self.proxy.builder.warm(page.stored.page)
         return index
 
     def _new_bm25(self) -> IncrementalBM25 | None:

@@ -3,6 +3,17 @@
 With ``--seed-sample`` the sample tenant's key comes from ``$MEMSIFTER_DEMO_KEY`` (the config's
 ``sample_key_env``) or, when that is unset, is generated and printed once: the store keeps only
 its hash, so it cannot be shown again.
+
+**Several workers** (``--workers N``): uvicorn starts N processes, each building its own app
+from the config (:func:`worker_app`, handed the config path in ``$MEMSIFTER_SERVE_CONFIG``), and
+restarts one that dies. The parent first migrates the database (so the workers do not race to)
+and seeds the sample; metrics run in prometheus_client's multiprocess mode (see
+``memsifter.serving.metrics``). What each worker keeps to itself: its user indexes and caches
+(every replica catches up from the database's user versions, as separate replicas do) and its
+rate limiter (a tenant's ``limits.rate_per_s`` applies per worker). Both databases are safe with
+several workers: PostgreSQL locks the user row, and SQLite writes open with ``BEGIN IMMEDIATE``,
+which waits for another process's writer up to ``busy_timeout``, on one machine's disk (SQLite's
+locking does not hold over a network file system).
 """
 
 from __future__ import annotations
@@ -14,13 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI
+from prometheus_client import multiprocess
 
 from memsifter.serving.app import create_app
 from memsifter.serving.config import ServeConfig, load_serve_config
 from memsifter.serving.errors import ServeError
 from memsifter.serving.logs import configure_logging
+from memsifter.serving.metrics import (
+    multiprocess_dir,
+    prepare_multiprocess_dir,
+    remove_multiprocess_dir,
+)
 from memsifter.serving.sample import SAMPLE_USER, seed_sample
-from memsifter.serving.store import hash_key
+from memsifter.serving.store import Store, hash_key
+
+CONFIG_ENV = "MEMSIFTER_SERVE_CONFIG"
+LOG_LEVEL_ENV = "MEMSIFTER_LOG_LEVEL"
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,12 @@ def first_curl(host: str, port: int, key: str) -> str:
     )
 
 
+def worker_app() -> FastAPI:
+    """The app of one worker process (``--workers N``): the config named by the parent."""
+    configure_logging(os.environ.get(LOG_LEVEL_ENV, "info"))
+    return create_app(load_serve_config(os.environ.get(CONFIG_ENV) or None))
+
+
 def serve(
     config_path: str | Path | None,
     *,
@@ -70,12 +96,65 @@ def serve(
     port: int = 8080,
     sample: bool = False,
     log_level: str = "info",
+    workers: int = 1,
 ) -> None:
     import uvicorn
 
+    if workers < 1:
+        raise ServeError(f"--workers must be at least 1, got {workers}", field="workers")
     configure_logging(log_level)
     config = load_serve_config(config_path)
+    if workers > 1:
+        _serve_workers(config, config_path, host, port, sample, log_level, workers)
+        return
     prepared = prepare(config, sample=sample)
+    _print_sample(config, prepared, host, port)
+    uvicorn.run(prepared.app, host=host, port=port, log_config=None, log_level=log_level)
+
+
+def _serve_workers(
+    config: ServeConfig,
+    config_path: str | Path | None,
+    host: str,
+    port: int,
+    sample: bool,
+    log_level: str,
+    workers: int,
+) -> None:
+    import uvicorn
+
+    own_dir = multiprocess_dir() is None
+    metrics_dir = prepare_multiprocess_dir()  # before any worker imports prometheus_client
+    store = Store(config.db_url)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+    if sample:
+        prepared = prepare(config, sample=True)  # the key reaches the workers in the environment
+        prepared.app.state.services.store.close()
+        _print_sample(config, prepared, host, port)
+        del prepared
+        # This process serves nothing: its worker gauge must not count as a live worker.
+        multiprocess.mark_process_dead(os.getpid(), str(metrics_dir))
+    os.environ[CONFIG_ENV] = str(Path(config_path).resolve()) if config_path else ""
+    os.environ[LOG_LEVEL_ENV] = log_level
+    try:
+        uvicorn.run(
+            "memsifter.serving.server:worker_app",
+            factory=True,
+            workers=workers,
+            host=host,
+            port=port,
+            log_config=None,
+            log_level=log_level,
+        )
+    finally:
+        if own_dir:
+            remove_multiprocess_dir(metrics_dir)
+
+
+def _print_sample(config: ServeConfig, prepared: Prepared, host: str, port: int) -> None:
     if prepared.sample_key is not None:
         note = (
             "generated; shown only now"
@@ -88,4 +167,3 @@ def serve(
             file=sys.stderr,
             flush=True,
         )
-    uvicorn.run(prepared.app, host=host, port=port, log_config=None, log_level=log_level)

@@ -62,6 +62,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    bindparam,
     create_engine,
     delete,
     event,
@@ -70,7 +71,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from tenacity import (
@@ -555,6 +556,15 @@ def retried_write(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+# The one-row reads of every request, built once: building a select costs more than running it.
+_KEY_LOOKUP = select(ApiKeyRow.tenant_id, ApiKeyRow.agent, ApiKeyRow.fact_types).where(
+    ApiKeyRow.key_hash == bindparam("key_hash")
+)
+_USER_STATE = select(UserRow.epoch, UserRow.version).where(
+    UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user")
+)
+
+
 class Store:
     """The service's database. ``migrate()`` once at startup, then use the methods."""
 
@@ -613,6 +623,14 @@ class Store:
     def _read(self) -> Iterator[Session]:
         with Session(self._reader) as s, s.begin():
             yield s
+
+    @contextmanager
+    def _read_row(self) -> Iterator[Connection]:
+        """A read transaction on a bare connection, for the one-row reads every request makes
+        (the API key, the user's version) with statements built once (``_KEY_LOOKUP``,
+        ``_USER_STATE``): an ORM session and a freshly built ``select`` cost ~3-4x as much."""
+        with self._reader.begin() as conn:
+            yield conn
 
     def ping(self) -> None:
         with self._read() as s:
@@ -768,12 +786,12 @@ class Store:
             return info
 
     def authenticate(self, key: str) -> Principal | None:
-        with self._read() as s:
-            row = s.scalar(select(ApiKeyRow).where(ApiKeyRow.key_hash == hash_key(key)))
-            if row is None:
-                return None
-            types = tuple(row.fact_types) if row.fact_types is not None else None
-            return Principal(tenant_id=row.tenant_id, agent=row.agent, fact_types=types)
+        with self._read_row() as conn:  # every request: no ORM session, a prebuilt statement
+            row = conn.execute(_KEY_LOOKUP, {"key_hash": hash_key(key)}).first()
+        if row is None:
+            return None
+        types = tuple(row.fact_types) if row.fact_types is not None else None
+        return Principal(tenant_id=row.tenant_id, agent=row.agent, fact_types=types)
 
     # -- sessions and pages
 
@@ -950,13 +968,9 @@ class Store:
             )
 
     def user_state(self, tenant: str, user: str) -> UserState | None:
-        with self._read() as s:
-            row = s.execute(
-                select(UserRow.epoch, UserRow.version).where(
-                    UserRow.tenant_id == tenant, UserRow.user_id == user
-                )
-            ).first()
-            return UserState(row.epoch or "", int(row.version)) if row is not None else None
+        with self._read_row() as conn:  # every recall checks the version: as authenticate
+            row = conn.execute(_USER_STATE, {"tenant": tenant, "user": user}).first()
+        return UserState(row.epoch or "", int(row.version)) if row is not None else None
 
     def load_pages(
         self,

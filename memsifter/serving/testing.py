@@ -1,5 +1,5 @@
 """Stand-ins for testing the service without a model: a tokenizer with a chat template, and a
-scripted proxy backend that implements ``memsifter.ranker.backends.base.Backend``.
+scripted proxy backend that implements ``memsifter.llm.Backend``.
 
 ``scratch_postgres`` makes a throwaway database on a PostgreSQL server, so a test module or a
 benchmark run neither sees nor clobbers anyone else's tables.
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from memsifter.ranker.backends.base import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingConfig
 
 _PIECE = re.compile(r"\s+|\w+|[^\w\s]")
 _SPECIALS = ("<|im_start|>", "<|im_end|>")

@@ -48,7 +48,40 @@ class ModelSettings:
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
     lora: LoraSettings | None = None
     gradient_checkpointing: bool = False
-    attn_implementation: str | None = None  # e.g. flash_attention_2 on GPU
+    attn_implementation: str | None = None  # e.g. sdpa on GPU (torch's own flash kernel)
+    # The longest sequence the policy sees, prompt + completion (the data recipe's
+    # prompt.window_tokens). Sets vLLM's --max-model-len for the rollout server and the sequence
+    # length of `memsifter train --plan`.
+    context_tokens: int | None = None
+    # RoPE scaling for a window beyond the model's native context, applied when the policy loads
+    # (onto the config.json's rope parameters) and passed to the rollout server as
+    # --hf-overrides '{"rope_parameters": ...}'. Qwen3-4B (32K native) at 128K:
+    # {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768, rope_theta: 1e6}.
+    # rope_theta is required: vLLM's override replaces the model's whole rope_parameters.
+    rope_scaling: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.context_tokens is not None and self.context_tokens < 1:
+            raise ValueError(f"model.context_tokens must be >= 1, got {self.context_tokens}")
+        rope = self.rope_scaling
+        if rope is None:
+            return
+        missing = [k for k in ("rope_type", "rope_theta") if k not in rope]
+        if rope.get("rope_type") == "yarn":
+            missing += [k for k in ("factor", "original_max_position_embeddings") if k not in rope]
+        if missing:
+            raise ValueError(
+                f"model.rope_scaling needs {missing} (e.g. {{rope_type: yarn, factor: 4.0, "
+                "original_max_position_embeddings: 32768, rope_theta: 1000000}}; rope_theta is "
+                "the model's own, from its config.json)"
+            )
+        if rope.get("rope_type") == "yarn" and self.context_tokens is not None:
+            reach = int(rope["factor"] * rope["original_max_position_embeddings"])
+            if self.context_tokens > reach:
+                raise ValueError(
+                    f"model.context_tokens {self.context_tokens} is beyond what rope_scaling "
+                    f"reaches (factor x original_max_position_embeddings = {reach})"
+                )
 
 
 @dataclass
@@ -170,6 +203,29 @@ class EpochSettings:
 
 
 @dataclass
+class PlanSettings:
+    """What ``memsifter train CONFIG --plan`` sizes the run against: the hardware and the
+    distribution strategy. The run itself ignores these (accelerate's own config decides)."""
+
+    # Its ZeRO stage (or FSDP sharding), offload and mixed precision shape the memory plan;
+    # train_multinode.sh's STRATEGY picks the same file.
+    accelerate_config: str = "configs/accelerate/ddp.yaml"
+    gpus: int = 1  # training processes (NNODES x NPROC_PER_NODE)
+    gpu_memory_gb: float = 80.0  # per GPU, decimal GB (an "80 GB" card has 85.5e9 bytes)
+    # The model's config.json (or its folder) for its shape: hidden size, layers, heads, vocab.
+    # Default: model.name when that is a local folder. Nothing is downloaded.
+    model_config: str | None = None
+    # CUDA context, NCCL buffers and allocator fragmentation, which the plan does not model.
+    reserve_gb: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError(f"plan.gpus must be >= 1, got {self.gpus}")
+        if self.gpu_memory_gb <= 0:
+            raise ValueError(f"plan.gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
+
+
+@dataclass
 class TrackingSettings:
     backend: str = "trackio"  # trackio | wandb | none
     project: str = "memsifter"
@@ -187,6 +243,7 @@ class TrainConfig:
     dynamic_sampling: DynamicSamplingSettings = field(default_factory=DynamicSamplingSettings)
     epochs: EpochSettings = field(default_factory=EpochSettings)
     tracking: TrackingSettings = field(default_factory=TrackingSettings)
+    plan: PlanSettings = field(default_factory=PlanSettings)
     threads: int | None = None  # torch CPU threads; None leaves torch's default
     # Multi-process runs: how long the other processes wait at a barrier (the process group's
     # timeout) while the main process validates, averages and re-scores the curriculum alone.

@@ -115,6 +115,13 @@ def grpo_config_kwargs(
     )
     if g.steps_per_generation is not None:
         kwargs["steps_per_generation"] = g.steps_per_generation
+    if g.use_vllm and g.vllm_mode == "colocate" and cfg.model.rope_scaling is not None:
+        raise ValueError(
+            "model.rope_scaling with grpo.vllm_mode colocate: TRL's in-process vLLM engine takes "
+            "no rope override, so it would generate with the native context; use vllm_mode "
+            "server (train_multinode.sh --role rollout passes --hf-overrides), or a model folder "
+            "whose config.json carries the rope scaling (and no model.rope_scaling)"
+        )
     if g.use_vllm:
         kwargs.update(
             vllm_mode=g.vllm_mode,
@@ -146,15 +153,43 @@ def reward_funcs(cfg: TrainConfig, reward_fn: Any) -> tuple[list[Any], list[floa
     return funcs, weights
 
 
+def rope_parameters(cfg: TrainConfig, model_config: Any) -> dict[str, Any]:
+    """The policy's rope parameters: the model's own (``config.json``) with
+    ``model.rope_scaling`` laid over them."""
+    own = getattr(model_config, "rope_parameters", None) or {}
+    return {**own, **(cfg.model.rope_scaling or {})}
+
+
+def vllm_serve_args(cfg: TrainConfig) -> list[str]:
+    """The arguments the rollout server (``trl vllm-serve``, which hands unknown flags on to
+    ``vllm serve``) needs to serve this config's policy: the model, the window
+    (``--max-model-len``) and the rope scaling (``--hf-overrides``; vLLM dropped
+    ``--rope-scaling`` for it)."""
+    import json
+
+    args = ["--model", cfg.model.name]
+    if cfg.model.context_tokens is not None:
+        args += ["--max-model-len", str(cfg.model.context_tokens)]
+    if cfg.model.rope_scaling is not None:
+        overrides = {"rope_parameters": dict(cfg.model.rope_scaling)}
+        args += ["--hf-overrides", json.dumps(overrides, sort_keys=True)]
+    return args
+
+
 def load_policy(cfg: TrainConfig, model_path: str, cuda: bool) -> tuple[Any, Any, Any]:
-    """(model, tokenizer, peft_config) for the policy."""
+    """(model, tokenizer, peft_config) for the policy, with ``model.rope_scaling`` applied to
+    its config (so a saved checkpoint's config.json carries it too)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     _, dtype = precision(cfg, cuda)
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
     if cfg.model.attn_implementation:
         kwargs["attn_implementation"] = cfg.model.attn_implementation
+    if cfg.model.rope_scaling is not None:
+        config = AutoConfig.from_pretrained(model_path)
+        config.rope_parameters = rope_parameters(cfg, config)
+        kwargs["config"] = config
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.pad_token is None:

@@ -60,6 +60,8 @@ import yaml
 
 from memsifter.config import load_config
 from memsifter.data import LOADERS, MemoryDataset, load_dataset
+from memsifter.data.locations import DEFAULT_LOCOMO
+from memsifter.data.splits import LOCOMO_TEST, LOCOMO_VALIDATION, SPLITS
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
 from memsifter.errors import DataError, UnknownNameError
@@ -81,12 +83,6 @@ if TYPE_CHECKING:
 
     from memsifter.coarse.base import CoarseFilter
 
-DEFAULT_LOCOMO_PATH = "../shared/data/locomo/locomo10.json"
-# LoCoMo's default split: 0-6 train, 7 validation (choosing), 8-9 test (reporting only).
-LOCOMO_VALIDATION = ("7",)
-LOCOMO_TEST = ("8", "9")
-SPLITS: tuple[str, ...] = ("train", "validation", "test")
-HELDOUT_SPLITS: tuple[str, ...] = ("validation", "test")
 POOL_FILE = "train_pool.parquet"  # every train row, before the curriculum's selection
 
 
@@ -96,7 +92,7 @@ class SourceConfig:
 
     name: str  # the row's ``source`` and the key of --data overrides; unique in the recipe
     dataset: str = "locomo"  # loader: locomo | longmemeval | jsonl
-    path: str = DEFAULT_LOCOMO_PATH
+    path: str = DEFAULT_LOCOMO
     count: int | None = None  # train rows kept by the curriculum; null keeps every train row
     train_conversations: list[int | str] | None = None
     validation_conversations: list[int | str] | None = None
@@ -494,7 +490,7 @@ def build_rl_dataset(
     from datasets import Dataset, DatasetDict
 
     from memsifter.coarse import build_filter
-    from memsifter.evaluation.retrieval import make_progress
+    from memsifter.progress import make_progress
 
     start = time.perf_counter()
     plans = plan_sources(cfg)
@@ -798,11 +794,6 @@ def reselect_train(folder: str | Path, rankings: str | Path) -> tuple[Any, Curri
 
 
 __all__ = [
-    "DEFAULT_LOCOMO_PATH",
-    "HELDOUT_SPLITS",
-    "LOCOMO_TEST",
-    "LOCOMO_VALIDATION",
-    "SPLITS",
     "ConversationSplit",
     "RLDataConfig",
     "RLDataResult",

@@ -48,7 +48,7 @@ def generate_completions(
 ) -> list[str]:
     """Greedy completions of the rows' rendered ``prompt`` text by the model at
     ``model_path``: the PromptSpec's renderer made that text, so nothing is templated here."""
-    from memsifter.ranker.backends import SamplingConfig, build_backend
+    from memsifter import llm
 
     texts = [r["prompt"] for r in rows]
     if any(not isinstance(t, str) for t in texts):
@@ -56,8 +56,13 @@ def generate_completions(
             "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data with "
             "`memsifter data rl`"
         )
-    backend = build_backend("transformers", str(model_path), batch_size=batch_size, threads=threads)
-    gens = backend.generate(texts, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
+    backend = llm.build_backend(
+        llm.BackendSpec(
+            kind="transformers", model=str(model_path), batch_size=batch_size, threads=threads
+        )
+    )
+    sampling = llm.SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
+    gens = backend.generate(texts, sampling)
     return [g[0].text for g in gens]
 
 

@@ -1,11 +1,15 @@
 """OpenAI-compatible HTTP backend (``vllm serve``, SGLang, any /v1/completions server).
 
 Async with bounded concurrency (a semaphore), per-request timeouts, and tenacity retries on
-transient failures (connection errors, timeouts, 429 and 5xx). After the last retry the error is
-raised: callers (the reward service above all) must never receive a made-up completion.
+transient failures (:func:`memsifter.llm.errors.is_transient`: connection errors, timeouts, 429
+and 5xx). After the last retry a :class:`~memsifter.llm.errors.BackendError` is raised: callers
+(the reward service above all) must never receive a made-up completion.
 
 We call ``/v1/completions`` with the prompt already rendered by our own chat template, so the
-server sees exactly what the transformers backend sees.
+server sees exactly what the transformers backend sees. A prompt may also be a list of token ids
+(``accepts_token_ids``; vLLM and llama.cpp take them as ``prompt``): the proxy sends the ids its
+budget counted, and the server does not tokenize. ``token_ids=False`` is for servers that take
+text only.
 """
 
 from __future__ import annotations
@@ -16,28 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
+from tenacity import AsyncRetrying
 
-from memsifter.errors import MemSifterError
-from memsifter.ranker.backends.base import Generation, SamplingConfig
-
-
-class BackendError(MemSifterError):
-    """The inference server failed or answered something unusable."""
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, httpx.TransportError | httpx.TimeoutException):
-        return True
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code == 429 or exc.response.status_code >= 500
-    return False
+from memsifter.llm.base import Generation, SamplingConfig
+from memsifter.llm.errors import BackendError, retry_policy
 
 
 class OpenAIBackend:
@@ -55,7 +41,9 @@ class OpenAIBackend:
         served_model_name: str | None = None,
         retry_wait_s: float = 0.5,
         transport: httpx.AsyncBaseTransport | None = None,
+        token_ids: bool = True,
     ) -> None:
+        self.accepts_token_ids = token_ids
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -86,12 +74,12 @@ class OpenAIBackend:
         self,
         client: httpx.AsyncClient,
         sem: asyncio.Semaphore,
-        prompt: str,
+        prompt: str | Sequence[int],
         sampling: SamplingConfig,
     ) -> list[Generation]:
         body: dict[str, Any] = {
             "model": self.served_model_name,
-            "prompt": prompt,
+            "prompt": prompt if isinstance(prompt, str) else list(prompt),
             "n": sampling.n,
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
@@ -103,11 +91,7 @@ class OpenAIBackend:
             body["stop"] = list(sampling.stop)
         async with sem:
             async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self.max_retries + 1),
-                wait=wait_exponential(multiplier=self.retry_wait_s, max=8.0)
-                + wait_random(0, self.retry_wait_s),
-                retry=retry_if_exception(_transient),
-                reraise=True,
+                **retry_policy(self.max_retries + 1, self.retry_wait_s, 8.0, jitter=True)
             ):
                 with attempt:
                     t0 = time.perf_counter()
@@ -135,7 +119,7 @@ class OpenAIBackend:
             ) from e
 
     async def agenerate(
-        self, prompts: Sequence[str], sampling: SamplingConfig
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingConfig
     ) -> list[list[Generation]]:
         sem = asyncio.Semaphore(self.max_concurrency)
         async with httpx.AsyncClient(
@@ -158,7 +142,9 @@ class OpenAIBackend:
             except httpx.HTTPError as e:
                 raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingConfig
+    ) -> list[list[Generation]]:
         try:
             asyncio.get_running_loop()
         except RuntimeError:

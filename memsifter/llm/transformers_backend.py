@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from memsifter.llm.base import Generation, SamplingConfig
 from memsifter.models import load_causal_lm, load_tokenizer
-from memsifter.ranker.backends.base import Generation, SamplingConfig
 
 
 class TransformersBackend:

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsifter.errors import MemSifterError
+from memsifter.llm.base import Generation, SamplingConfig
 from memsifter.models import plain_model_folder
-from memsifter.ranker.backends.base import Generation, SamplingConfig
 
 
 class VLLMBackend:

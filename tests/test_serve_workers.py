@@ -1,0 +1,182 @@
+"""``memsifter serve --workers 2`` as a user starts it, on a temporary SQLite database and, when
+``MEMSIFTER_TEST_PG_DSN`` is set, on PostgreSQL: concurrent ingests and recalls all succeed
+(writes of several processes to one user included), ``/metrics`` sums every worker
+(Prometheus multiprocess mode), and a killed worker is replaced without its counts being lost
+or its live gauge lingering."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memsifter.serving.server import serve
+
+KEY = "msk-workers-test-key-0123456789"
+NAMES = ("Rex", "Bella", "Max", "Luna")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _metric(text: str, name: str) -> float:
+    """Sum of every sample of ``name`` (all label sets)."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{.*}})? (\S+)$", re.M)  # routes hold braces
+    values = [float(v) for v in pattern.findall(text)]
+    assert values, f"{name} not in /metrics"
+    return sum(values)
+
+
+def _wait(check: Callable[[], bool], what: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"the server exited ({proc.returncode}) waiting for {what}:\n{out[-3000:]}")
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture
+def two_workers(
+    serve_db: Callable[[str], str], tmp_path: Path
+) -> Iterator[tuple[httpx.Client, Path, subprocess.Popen]]:
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        f"db_url: {serve_db('workers')}\n"
+        "coarse: bm25\n"
+        "proxy:\n  backend: coarse-only\n"
+        "api_keys:\n  - tenant: acme\n    key_env: MEMSIFTER_WORKERS_TEST_KEY\n",
+        encoding="utf-8",
+    )
+    metrics_dir = tmp_path / "prom"
+    port = _free_port()
+    env = {
+        **os.environ,
+        "MEMSIFTER_WORKERS_TEST_KEY": KEY,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [sys.executable, "-m", "memsifter.cli", "serve", "--config", str(config)]
+    cmd += ["--port", str(port), "--workers", "2", "--log-level", "warning"]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    client = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}",
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
+    )
+    try:
+        _wait(
+            lambda: "memsifter_workers 2.0" in client.get("/metrics").text,
+            "two workers up",
+            proc,
+            120,
+        )
+        yield client, metrics_dir, proc
+    finally:
+        client.close()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _session(sid: str, text: str) -> dict:
+    return {"id": sid, "turns": [{"speaker": "user", "text": text}], "date": "2024-05-01"}
+
+
+def test_two_workers_serve_and_metrics_sum_over_them(
+    two_workers: tuple[httpx.Client, Path, subprocess.Popen],
+) -> None:
+    client, metrics_dir, proc = two_workers
+    users = [f"u{i}" for i in range(6)]
+
+    def ingest(job: tuple[str, int]) -> int:
+        user, i = job
+        body = {"sessions": [_session(f"s{i}", f"my dog is called {NAMES[i]}")]}
+        # A fresh connection each: the kernel hands them to either worker.
+        with httpx.Client(base_url=client.base_url, headers=client.headers, timeout=60) as c:
+            return c.post(f"/v1/users/{user}/sessions", json=body).status_code
+
+    # Every user is written by several requests at once, so both processes write one user.
+    jobs = [(u, i) for u in users for i in range(4)]
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(ingest, jobs))
+    assert codes == [201] * len(jobs), codes
+
+    def recall(user: str) -> list[str]:
+        with httpx.Client(base_url=client.base_url, headers=client.headers, timeout=60) as c:
+            r = c.post(f"/v1/users/{user}/recall", json={"question": "Is Luna my dog?", "top_k": 4})
+            assert r.status_code == 200, r.text
+            return [h["session_id"] for h in r.json()["hits"]]
+
+    with ThreadPoolExecutor(8) as pool:
+        hits = list(pool.map(recall, users * 3))
+    # Each recall, on whichever worker, sees every page written through either of them.
+    assert all(sorted(set(h)) == ["s0", "s1", "s2", "s3"] for h in hits), hits
+    assert all(h[0] == "s3" for h in hits), hits  # Luna
+
+    text = client.get("/metrics").text
+    assert _metric(text, "memsifter_workers") == 2
+    served = _metric(text, "memsifter_request_seconds_count")
+    assert served >= len(jobs) + 3 * len(users)
+    pids = {
+        int(m.group(1))
+        for f in metrics_dir.glob("*.db")
+        if (m := re.search(r"_(\d+)\.db$", f.name))
+    }
+    assert len(pids - {proc.pid}) >= 2  # files of two worker processes, summed above
+
+    # Kill a worker: uvicorn starts another; the dead one's counts stay in the totals, and its
+    # live gauge is reaped, so the count of workers is 2 again, not 3.
+    live = sorted(
+        int(m.group(1))
+        for f in metrics_dir.glob("gauge_livesum_*.db")
+        if (m := re.search(r"_(\d+)\.db$", f.name))
+    )
+    assert len(live) == 2
+    os.kill(live[0], signal.SIGKILL)
+
+    def replaced() -> bool:
+        files = {f.name for f in metrics_dir.glob("gauge_livesum_*.db")}
+        return f"gauge_livesum_{live[0]}.db" not in files and len(files) == 2
+
+    _wait(
+        lambda: replaced() if client.get("/metrics").status_code == 200 else False,
+        "the killed worker replaced",
+        proc,
+        120,
+    )
+    after = client.get("/metrics").text
+    assert _metric(after, "memsifter_workers") == 2
+    assert _metric(after, "memsifter_request_seconds_count") >= served
+    assert client.post("/v1/users/u0/recall", json={"question": "Rex"}).status_code == 200
+
+
+def test_workers_must_be_positive() -> None:
+    from memsifter.serving.errors import ServeError
+
+    with pytest.raises(ServeError, match="--workers must be at least 1"):
+        serve(None, workers=0)
