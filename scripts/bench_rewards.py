@@ -74,9 +74,9 @@ from memsifter.rewards import (
     RewardConfig,
     RewardRequest,
     RewardService,
-    naive_rewards,
 )
 from memsifter.rewards.service import prompt_key, render_prefix
+from memsifter.testing.rewards import naive_rewards
 
 HERE = Path(__file__).resolve().parent
 REAL_LOCOMO = locomo_file()

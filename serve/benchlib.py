@@ -148,7 +148,7 @@ def create_database(kind: str, workdir: Path, pg_dsn: str = DEFAULT_PG_DSN) -> D
         return Database("sqlite", f"sqlite:///{workdir / 'bench.db'}")
     if kind != "postgres":
         raise ValueError(f"--db must be sqlite or postgres, not {kind!r}")
-    from memsifter.serving.testing import scratch_postgres
+    from memsifter.testing.postgres import scratch_postgres
 
     # A database of its own, so the run neither sees nor clobbers the test suite's tables.
     url, drop = scratch_postgres(pg_dsn, "memsifter_bench")

@@ -55,7 +55,7 @@ def serve_db(
     def make(name: str) -> str:
         if request.param == "sqlite":
             return f"sqlite:///{tmp_path_factory.mktemp(name) / 'memsifter.db'}"
-        from memsifter.serving.testing import scratch_postgres
+        from memsifter.testing.postgres import scratch_postgres
 
         url, drop = scratch_postgres(PG_DSN or "")
         drops.append(drop)

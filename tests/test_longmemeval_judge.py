@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from reward_fakes import FakeTokenizer
 
 from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
 from memsifter.llm import Generation, SamplingConfig
 from memsifter.qa import longmemeval_judge as lj
+from memsifter.testing.rewards import WhitespaceTokenizer
 
 _JUDGED = re.compile(r"(?:Correct Answer|Rubric|Explanation): (.*?)\n\nModel Response: (.*?)\n\n")
 
@@ -26,12 +26,12 @@ class ScriptedBackend:
     name = model_name = "scripted"
 
     def __init__(self) -> None:
-        self._tok = FakeTokenizer()
+        self._tok = WhitespaceTokenizer()
         self.judge_prompts: list[str] = []
         self.samplings: list[SamplingConfig] = []
 
     @property
-    def tokenizer(self) -> FakeTokenizer:
+    def tokenizer(self) -> WhitespaceTokenizer:
         return self._tok
 
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:

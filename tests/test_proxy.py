@@ -4,7 +4,6 @@ scripted backend (exact control of the output) and on the tiny Qwen3 through tra
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,27 +13,9 @@ from typer.testing import CliRunner
 from memsifter.coarse import BM25Filter
 from memsifter.data import load_locomo
 from memsifter.data.types import Session, Turn
-from memsifter.llm import Generation, SamplingConfig
 from memsifter.ranker.proxy import Proxy, ProxyConfig, RankRequest
 from memsifter.ranker.spec import PromptSpec
-
-
-class ScriptedBackend:
-    name = "scripted"
-    model_name = "scripted"
-
-    def __init__(self, tokenizer: Any, outputs: list[str]) -> None:
-        self._tok = tokenizer
-        self.outputs = list(outputs)
-        self.prompts: list[str] = []
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tok
-
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
-        self.prompts += prompts
-        return [[Generation(self.outputs.pop(0), 10, 5, "stop", 0.01)] for _ in prompts]
+from memsifter.testing.backends import ScriptedBackend
 
 
 def _spec(window: int, completion: int, **kw: Any) -> PromptSpec:
@@ -66,7 +47,7 @@ def tok(tiny_qwen3: Path) -> Any:
 
 
 def test_clean_ranking_maps_positions_to_ids(tok: Any) -> None:
-    be = ScriptedBackend(tok, ["<think>dog</think><ranking>1, 3, 0, 2</ranking>"])
+    be = ScriptedBackend.replying(["<think>dog</think><ranking>1, 3, 0, 2</ranking>"], tok)
     proxy = Proxy(be, _spec(4000, 200), BM25Filter())
     r = proxy.rank("what is my dog called?", _sessions())
     assert r.ranking.ids == ("s1", "s3", "s0", "s2")
@@ -74,7 +55,7 @@ def test_clean_ranking_maps_positions_to_ids(tok: Any) -> None:
 
 
 def test_partial_and_failed_rankings_complete_from_coarse(tok: Any) -> None:
-    be = ScriptedBackend(tok, ["<think>x</think><ranking>2</ranking>", "no tags at all"])
+    be = ScriptedBackend.replying(["<think>x</think><ranking>2</ranking>", "no tags at all"], tok)
     proxy = Proxy(be, _spec(4000, 200), BM25Filter())
     partial, failed = proxy.rank_many(
         [RankRequest("pottery clay?", _sessions()), RankRequest("dog named max?", _sessions())]
@@ -87,7 +68,7 @@ def test_partial_and_failed_rankings_complete_from_coarse(tok: Any) -> None:
 
 
 def test_no_completion_when_disabled(tok: Any) -> None:
-    be = ScriptedBackend(tok, ["garbage"])
+    be = ScriptedBackend.replying(["garbage"], tok)
     proxy = Proxy(be, _spec(4000, 200), BM25Filter(), ProxyConfig(complete_with_coarse=False))
     r = proxy.rank("dog?", _sessions())
     assert r.ranking.ids == () and r.parsed.error is not None
@@ -98,7 +79,7 @@ def test_sessions_cut_by_coarse_are_appended_after_proxy_order(tok: Any) -> None
         Session(id=f"s{i}", turns=(Turn("A", f"topic{i} " * 120),), date_text="1 May 2023")
         for i in range(6)
     ]
-    be = ScriptedBackend(tok, ["<think>.</think><ranking>0</ranking>"])
+    be = ScriptedBackend.replying(["<think>.</think><ranking>0</ranking>"], tok)
     proxy = Proxy(be, _spec(1400, 100), BM25Filter())
     r = proxy.rank("topic4 topic2", long)
     assert r.prompt.dropped_ids, "the small window must force a coarse cut"
@@ -148,7 +129,7 @@ def test_eval_retrieval_with_tiny_proxy(
 
 def test_locomo_haystack_prompt_fits(tok: Any, locomo_mini_path: Path) -> None:
     q = next(q for q in load_locomo(locomo_mini_path).queries if q.has_evidence)
-    be = ScriptedBackend(tok, ["<ranking>0</ranking>"])
+    be = ScriptedBackend.replying(["<ranking>0</ranking>"], tok)
     proxy = Proxy(be, _spec(1600, 100), BM25Filter())
     r = proxy.rank(q.question, q.haystack)
     assert r.prompt.n_tokens <= 1500

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reward_fakes import FakeWorkingLLM, fact_sessions, ranking_text
 
 from memsifter.errors import DataError
 from memsifter.qa.answerer import Answerer
@@ -22,10 +21,10 @@ from memsifter.rewards import (
     RewardRequest,
     RewardService,
     load_reward_config,
-    naive_rewards,
     omission_order,
     retrieval_rewards,
 )
+from memsifter.testing.rewards import FakeWorkingLLM, fact_sessions, naive_rewards, ranking_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from reward_fakes import FakeTokenizer, FakeWorkingLLM, fact_sessions, ranking_text
 
 from memsifter.errors import DataError
 from memsifter.llm import BackendError, Generation, SamplingConfig
@@ -31,7 +30,13 @@ from memsifter.rewards import (
     TierRepeatWarning,
     answer_ranking,
     load_reward_config,
+)
+from memsifter.testing.rewards import (
+    FakeWorkingLLM,
+    WhitespaceTokenizer,
+    fact_sessions,
     naive_rewards,
+    ranking_text,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,12 +265,12 @@ class FakeJudgeBackend:
     model_name = "judge"
 
     def __init__(self, reply: str | None = None) -> None:
-        self._tok = FakeTokenizer()
+        self._tok = WhitespaceTokenizer()
         self.prompts: list[str] = []
         self.reply = reply
 
     @property
-    def tokenizer(self) -> FakeTokenizer:
+    def tokenizer(self) -> WhitespaceTokenizer:
         return self._tok
 
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:

@@ -11,7 +11,8 @@ import pytest
 from memsifter.data import load_locomo
 from memsifter.llm import BackendSpec, build_backend
 from memsifter.qa.answerer import Answerer
-from memsifter.rewards import RewardConfig, RewardRequest, RewardService, naive_rewards
+from memsifter.rewards import RewardConfig, RewardRequest, RewardService
+from memsifter.testing.rewards import naive_rewards
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from reward_fakes import FACTS, FakeWorkingLLM, ranking_text
 
 from memsifter.data.types import Session, Turn
 from memsifter.qa.answerer import Answerer
@@ -21,6 +20,7 @@ from memsifter.rewards import (
     load_reward_config,
     make_reward_function,
 )
+from memsifter.testing.rewards import FACTS, FakeWorkingLLM, ranking_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SESSION_TOKENS = 2_600  # a LongMemEval-S session's mean length

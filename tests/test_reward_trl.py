@@ -9,7 +9,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from reward_fakes import FakeWorkingLLM, fact_sessions, ranking_text
 
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import DataError
@@ -25,6 +24,7 @@ from memsifter.rewards import (
     sessions_from_column,
     sessions_to_column,
 )
+from memsifter.testing.rewards import FakeWorkingLLM, fact_sessions, ranking_text
 
 
 def _service(cfg: RewardConfig | None = None) -> RewardService:

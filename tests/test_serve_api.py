@@ -22,7 +22,7 @@ from memsifter.serving.client import MemSifterClient, ServiceError
 from memsifter.serving.config import ApiKeySettings, PagingSettings, ServeConfig
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.schemas import FactPatch, SessionIn, TurnIn
-from memsifter.serving.testing import ScriptedBackend, reverse_ranking
+from memsifter.testing.backends import ScriptedBackend, reverse_ranking
 
 KEY = "key-api-tests-0123456789"
 TASK_AGENT_KEY = "key-task-agent-0123456789"

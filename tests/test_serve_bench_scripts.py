@@ -26,7 +26,8 @@ from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.app import create_app
 from memsifter.serving.config import ApiKeySettings, ServeConfig
 from memsifter.serving.ranking import ServiceRanker
-from memsifter.serving.testing import FakeTokenizer, ScriptedBackend, reverse_ranking
+from memsifter.testing.backends import FakeTokenizer, ScriptedBackend, reverse_ranking
+from memsifter.testing.stub_proxy import answer
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "serve"
@@ -35,7 +36,6 @@ PG_DSN = os.environ.get("MEMSIFTER_TEST_PG_DSN")
 sys.path.insert(0, str(SERVE))
 
 from benchlib import percentile, summarize  # noqa: E402
-from stub_proxy import answer  # noqa: E402
 
 
 def _run(script: str, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:

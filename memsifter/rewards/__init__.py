@@ -32,7 +32,6 @@ from memsifter.rewards.service import (
     RewardService,
     RewardStats,
     TierRepeatWarning,
-    naive_rewards,
 )
 from memsifter.rewards.shaping import ShapingSchedule
 from memsifter.rewards.tiers import fibonacci_tiers, position_value, tier_weights
@@ -58,7 +57,6 @@ __all__ = [
     "make_reward_function",
     "answer_ranking",
     "marginal_utility",
-    "naive_rewards",
     "omission_order",
     "position_value",
     "retrieval_ranking",

@@ -33,8 +33,8 @@ default), and for every row when ``alpha`` is 0 (a retrieval-only stage).
 Sharing is exact only if an answer depends on nothing but its prompt. Greedy decoding is
 required by the config; beyond that, batched generation can change the last bits of the logits
 with the batch's padding, and so, at a near tie, the greedy answer. A backend with batch size 1
-(or a batch-invariant server) makes service and naive loop agree bit for bit, which
-``scripts/bench_rewards.py`` checks.
+(or a batch-invariant server) makes service and naive loop (``naive_rewards`` in
+``memsifter.testing.rewards``) agree bit for bit, which ``scripts/bench_rewards.py`` checks.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from memsifter.ranker.parse import ParsedRanking, parse_ranking
 from memsifter.rewards.config import RewardConfig
 from memsifter.rewards.marginal_utility import marginal_utility
 from memsifter.rewards.omission import answer_ranking, omission_order, retrieval_ranking
-from memsifter.rewards.retrieval import retrieval_reward, retrieval_rewards
+from memsifter.rewards.retrieval import retrieval_rewards
 from memsifter.rewards.shaping import ShapingSchedule
 from memsifter.rewards.tiers import fibonacci_tiers
 
@@ -490,48 +490,3 @@ def render_prefix(answerer: Answerer, request: RewardRequest, prefix: Sequence[i
         request.question_date,
         times=list(prefix),
     )
-
-
-def naive_rewards(
-    requests: Sequence[RewardRequest],
-    answerer: Answerer,
-    config: RewardConfig | None = None,
-    step: int = 0,
-    judge: LLMJudge | None = None,
-    total_steps: int | None = None,
-) -> tuple[list[list[float]], int]:
-    """The reference the service must equal bit for bit: every parsed completion scored on its
-    own, with its own s_0 and one answerer call per tier, nothing shared or cached. Returns the
-    rewards and the number of working-LLM calls made. Slow by design; for checks only."""
-    cfg = config or RewardConfig()
-    shaping = cfg.shaping if total_steps is None else cfg.shaping.for_run(total_steps)
-    calls = 0
-    out: list[list[float]] = []
-    for req in requests:
-        n = len(req.candidates)
-        tiers = req.tiers(cfg.max_k_for(req.data_source))
-        group: list[float] = []
-        for completion in req.completions:
-            parsed = parse_ranking(completion, n)
-            if not parsed.ok:
-                group.append(cfg.format_reward)
-                continue
-            r_ans = 0.0
-            if needs_answers(cfg, req):
-                metric = cfg.task_metric(req.data_source)
-                full = answer_ranking(parsed.ids, req.question, n)
-                prompts = [render_prefix(answerer, req, full[:k]) for k in (0, *tiers)]
-                predictions = answerer.answer_texts(prompts)
-                calls += len(prompts)
-                scores = [
-                    task_score(
-                        p, req.answer, metric, req.category, question=req.question, judge=judge
-                    )
-                    for p in predictions
-                ]
-                r_ans = marginal_utility(dict(zip((0, *tiers), scores, strict=True)))
-            gold = req.gold_positions()
-            r_ret = retrieval_reward(retrieval_ranking(parsed.ids, n, gold), gold, cfg.retrieval_k)
-            group.append(shaping.combine(r_ans, r_ret, step))
-        out.append(group)
-    return out, calls

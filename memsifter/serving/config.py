@@ -1,6 +1,7 @@
-"""The recall service's settings: one typed dataclass tree loaded from YAML
-(``configs/serve/default.yaml``) through ``memsifter.config.load_config``, so a typo in a key or a
-wrong type fails at startup naming the file and the key.
+"""The recall service's settings: one typed dataclass tree loaded from YAML (by default the
+packaged ``memsifter/resources/serve_default.yaml``, linked as ``configs/serve/default.yaml`` in a
+checkout) through ``memsifter.config.load_config``, so a typo in a key or a wrong type fails at
+startup naming the file and the key.
 
 Secrets never live in the YAML: a bootstrap API key is given as the name of an environment
 variable holding it (``key_env``) or as its sha256 (``key_sha256``); the store keeps hashes only.
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memsifter.config import load_config
+from memsifter.resources import SERVE_DEFAULT
 
 if TYPE_CHECKING:
     from memsifter.ranker.spec import PromptSpec
@@ -25,7 +27,7 @@ logger = logging.getLogger(__name__)
 PROXY_BACKENDS = ("coarse-only", "transformers", "openai")
 FACT_TYPES = ("entity", "preference", "event", "task")
 KEYWORD_EXTRACTORS = ("yake", "llm")
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve" / "default.yaml"
+DEFAULT_CONFIG = SERVE_DEFAULT
 # Ceilings the API schema declares (so clients see them in OpenAPI); limits may lower them.
 TOP_K_MAX = 100
 QUESTION_MAX_CHARS = 2_000
@@ -232,7 +234,7 @@ class ServeConfig:
 
 
 def load_serve_config(path: str | Path | None = None) -> ServeConfig:
-    """``path`` (default ``configs/serve/default.yaml``), then environment overrides."""
+    """``path`` (default the packaged ``serve_default.yaml``), then environment overrides."""
     cfg = load_config(ServeConfig, path or DEFAULT_CONFIG)
     db_url = os.environ.get("MEMSIFTER_SERVE_DB_URL")
     return replace(cfg, db_url=db_url) if db_url else cfg

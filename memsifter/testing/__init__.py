@@ -1,4 +1,11 @@
-"""Offline test helpers: tiny, seeded stand-ins for hub models so tests never download weights."""
+"""Test doubles and oracles, for the tests and the benchmarks; no library module imports them.
+
+``tiny_models``: tiny, seeded stand-ins for hub models, so tests never download weights.
+``backends``: a ChatML fake tokenizer and a scripted ``memsifter.llm.Backend``.
+``rewards``: the reward tests' fake working LLM and ``naive_rewards``, the reference loop.
+``stub_proxy``: an OpenAI-compatible stand-in proxy server (run by ``serve/stub_proxy.py``).
+``postgres``: a throwaway PostgreSQL database per test module or benchmark run.
+"""
 
 from memsifter.testing.tiny_models import build_tiny_bge_m3, build_tiny_qwen3
 

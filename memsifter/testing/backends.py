@@ -1,8 +1,5 @@
-"""Stand-ins for testing the service without a model: a tokenizer with a chat template, and a
-scripted proxy backend that implements ``memsifter.llm.Backend``.
-
-``scratch_postgres`` makes a throwaway database on a PostgreSQL server, so a test module or a
-benchmark run neither sees nor clobbers anyone else's tables.
+"""Stand-ins for a model: a tokenizer with a chat template, and a scripted backend that
+implements ``memsifter.llm.Backend``, for testing the proxy and the service without weights.
 
 ``FakeTokenizer`` splits text into word, space and punctuation pieces (decoding joins them back
 exactly), renders ChatML, and has ``<|im_start|>``/``<|im_end|>`` as special tokens, so the
@@ -12,18 +9,27 @@ shared prompt builder runs its real code paths (budgeting, defanging) against it
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from memsifter.llm import Generation, SamplingConfig
 
 _PIECE = re.compile(r"\s+|\w+|[^\w\s]")
 _SPECIALS = ("<|im_start|>", "<|im_end|>")
+# The proxy prompt's instructions name the last candidate before any session text, as the prompt
+# builder writes them (memsifter/ranker/prompt.py), so their count cannot be spoofed.
+_LAST = re.compile(r"from \[Session 0\] to \[Session (\d+)\]")
+
+
+def n_candidates(prompt: str) -> int:
+    """How many candidates a proxy prompt lists (0 when it is not a proxy prompt)."""
+    match = _LAST.search(prompt)
+    return int(match.group(1)) + 1 if match else 0
 
 
 class FakeTokenizer:
+    """Word, space and punctuation pieces; ChatML with ``<|im_start|>``/``<|im_end|>`` specials."""
+
     name_or_path = "fake-tokenizer"
     chat_template = "chatml"  # no enable_thinking switch: the builder asks for <think> in words
     all_special_tokens = list(_SPECIALS)
@@ -61,16 +67,23 @@ class FakeTokenizer:
 
 
 class ScriptedBackend:
-    """Answers every prompt with ``respond(prompt)``; records the prompts it was given."""
+    """Answers every prompt with ``respond(prompt)``; records the prompts it was given. Its
+    tokenizer is a :class:`FakeTokenizer` unless one is given."""
 
     name = "scripted"
     model_name = "scripted"
 
-    def __init__(self, respond: Callable[[str], str]) -> None:
-        self._tok = FakeTokenizer()
+    def __init__(self, respond: Callable[[str], str], tokenizer: Any = None) -> None:
+        self._tok = FakeTokenizer() if tokenizer is None else tokenizer
         self.respond = respond
         self.prompts: list[str] = []
         self.calls = 0
+
+    @classmethod
+    def replying(cls, outputs: Sequence[str], tokenizer: Any = None) -> ScriptedBackend:
+        """Answers the prompts it is sent with ``outputs``, in order, one each."""
+        queue = list(outputs)
+        return cls(lambda _prompt: queue.pop(0), tokenizer)
 
     @property
     def tokenizer(self) -> Any:
@@ -87,26 +100,5 @@ class ScriptedBackend:
 
 def reverse_ranking(prompt: str) -> str:
     """A proxy that ranks the prompt's candidates last to first: easy to tell from BM25."""
-    # The instructions come before any session text, so their count cannot be spoofed.
-    match = re.search(r"from \[Session 0\] to \[Session (\d+)\]", prompt)
-    n = int(match.group(1)) + 1 if match else 0
-    ids = ", ".join(str(i) for i in reversed(range(n)))
+    ids = ", ".join(str(i) for i in reversed(range(n_candidates(prompt))))
     return f"<think>the newest look best</think><ranking>{ids}</ranking>"
-
-
-def scratch_postgres(dsn: str, prefix: str = "memsifter_test") -> tuple[str, Callable[[], None]]:
-    """A new, empty database on ``dsn``'s server (``postgresql+psycopg://user@host:port/db``;
-    the user may create databases): its SQLAlchemy URL and a function that drops it."""
-    import psycopg
-
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    parts = urlsplit(dsn)
-    admin = urlunsplit(parts._replace(scheme="postgresql"))  # psycopg's own form
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return urlunsplit(parts._replace(path=f"/{name}")), drop

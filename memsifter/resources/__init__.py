@@ -1,0 +1,21 @@
+"""Files the library ships beside its code (package data), so that an installed wheel runs without
+a source checkout.
+
+Each file has this one home. ``configs/serve/default.yaml`` in the checkout is a symbolic link to
+:data:`SERVE_DEFAULT`, so ``memsifter serve --config configs/serve/default.yaml`` and a bare
+``memsifter serve`` read the same bytes; ``scripts/vllm_cpu_server.sh`` is a thin wrapper that runs
+:data:`VLLM_CPU_SERVER` with the checkout's venvs as defaults. pyproject's ``package-data`` lists
+this folder, and ``tests/test_wheel.py`` installs the built wheel and serves from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RESOURCES = Path(__file__).resolve().parent
+# The recall service's default configuration (memsifter.serving.config.load_serve_config).
+SERVE_DEFAULT = RESOURCES / "serve_default.yaml"
+# The vLLM CPU server launcher (memsifter.llm.vllm_cpu.launch_vllm_cpu_server).
+VLLM_CPU_SERVER = RESOURCES / "vllm_cpu_server.sh"
+
+__all__ = ["RESOURCES", "SERVE_DEFAULT", "VLLM_CPU_SERVER"]

@@ -1,0 +1,193 @@
+"""The package installs and serves without the checkout: what the library reads besides its code
+ships as package data (``memsifter/resources/``, ``memsifter/proxies/``), and each such file has
+one home (the checkout's ``configs/serve/default.yaml`` is a link to the packaged default).
+
+The slow test builds the wheel from a copy of the sources (setuptools' ``build/`` folder keeps
+files of earlier builds, so an in-tree build could ship a module that no longer exists), installs
+it into a fresh venv, and runs ``memsifter serve --help`` and a coarse-only recall from a folder
+outside the checkout. That venv reaches the test venv's dependencies through a ``.pth`` line
+naming its site-packages: a plain path line, so the editable install's finder there (which maps
+``memsifter`` to this checkout) is not run, and the test asserts ``memsifter`` comes from the wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memsifter.resources import SERVE_DEFAULT, VLLM_CPU_SERVER
+
+ROOT = Path(__file__).resolve().parents[1]
+# Besides the code: what memsifter reads from its own folder, by path inside the wheel.
+PACKAGE_DATA = (
+    "memsifter/resources/serve_default.yaml",
+    "memsifter/resources/vllm_cpu_server.sh",
+    "memsifter/serving/migrations/script.py.mako",
+    "memsifter/proxies/memsifter-smollm2-135m-locomo/adapter_model.safetensors",
+    "memsifter/proxies/memsifter-smollm2-135m-locomo/prompt_spec.json",
+    "memsifter/proxies/memsifter-smollm2-135m-locomo/tokenizer.json",
+)
+
+
+def test_serve_default_has_one_home() -> None:
+    """``configs/serve/default.yaml`` is the packaged file itself, not a copy that could drift."""
+    user_facing = ROOT / "configs" / "serve" / "default.yaml"
+    assert user_facing.is_symlink(), f"{user_facing} must link to {SERVE_DEFAULT}"
+    assert user_facing.resolve() == SERVE_DEFAULT
+    assert SERVE_DEFAULT.is_relative_to(ROOT / "memsifter")
+
+
+def test_the_library_reads_no_checkout_paths() -> None:
+    """No module finds a file by climbing out of the package (``parents[2]`` of a module in a
+    subpackage is the checkout) and joining ``"scripts"`` or ``"configs"`` to it. (Defaults such
+    as ``configs/rewards/default.yaml`` in a training config are paths a user may type, read
+    against the working directory, not files the library itself needs.)"""
+    pattern = re.compile(r"parents\[[2-9]\]|/\s*[\"'](scripts|configs)[\"']")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in sorted((ROOT / "memsifter").rglob("*.py"))
+        if path.name != "locations.py"  # ../shared/data beside the checkout, for tests/benchmarks
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 600, **kw) -> str:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, **kw)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", *(p.name for p in ROOT.glob("LICEN[CS]E*"))):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(
+        ROOT / "memsifter", src / "memsifter", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    out = tmp_path / "dist"
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + [str(src), "-w", str(out)],
+        cwd=tmp_path,
+    )
+    (wheel,) = out.glob("memsifter-*.whl")
+    return wheel
+
+
+def _venv_with_wheel(tmp_path: Path, wheel: Path) -> Path:
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
+    python = venv / "bin" / "python"
+    # Install before the .pth exists, so pip sees only the new venv (never the editable install).
+    _run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
+        + ["--no-index", str(wheel)],
+        cwd=tmp_path,
+    )
+    site = Path(
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            cwd=tmp_path,
+        ).strip()
+    )
+    (site / "zz_test_venv_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return venv
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_wheel_serves_outside_the_checkout(tmp_path: Path) -> None:
+    wheel = _build_wheel(tmp_path)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [p for p in PACKAGE_DATA if p not in names]
+    assert not missing, f"{wheel.name} lacks package data {missing} (pyproject's package-data)"
+    assert not any(n.startswith(("configs/", "scripts/", "tests/")) for n in names)
+
+    venv = _venv_with_wheel(tmp_path, wheel)
+    work = tmp_path / "elsewhere"  # the working directory: no checkout in it or above it
+    work.mkdir()
+    drop = ("PYTHONPATH", "MEMSIFTER_DEMO_KEY", "MEMSIFTER_SERVE_DB_URL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env |= {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+    where = _run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import memsifter, memsifter.resources as r; "
+            "print(memsifter.__file__); print(r.SERVE_DEFAULT); print(r.VLLM_CPU_SERVER)",
+        ],
+        cwd=work,
+        env=env,
+    ).splitlines()
+    for path in where:
+        assert Path(path).is_relative_to(venv), f"{path} is not the installed wheel's"
+        assert Path(path).is_file(), path
+    assert Path(where[1]).read_bytes() == SERVE_DEFAULT.read_bytes()
+    assert Path(where[2]).read_bytes() == VLLM_CPU_SERVER.read_bytes()
+
+    memsifter = str(venv / "bin" / "memsifter")
+    assert "--config" in _run([memsifter, "serve", "--help"], cwd=work, env=env)
+
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [memsifter, "serve", "--port", str(port), "--seed-sample"],
+            cwd=work,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no /readyz within 300 s\n" + log.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        printed = log.read_text()
+        key = re.search(r"Bearer (msk-[\w-]+)", printed)
+        assert key, printed[-3000:]
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/users/alice/recall",
+            headers={"Authorization": f"Bearer {key.group(1)}"},
+            json={"question": "What is my dog called?", "top_k": 2},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["ranker"] == "coarse-only"
+        assert len(body["hits"]) == 2
+        assert any("Max" in h["text"] for h in body["hits"])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    # The default config's SQLite file lands in the working directory, not in the checkout.
+    assert (work / "memsifter.db").is_file()
