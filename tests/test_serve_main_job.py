@@ -6,7 +6,6 @@ CLI command in a subprocess, without the setup step (the test venv is already se
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from memsifter.testing.server import printed_key, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,24 +42,13 @@ def test_main_job_serves_the_sample_coarse_only(tmp_path: Path) -> None:
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "no /readyz within 300 s\n" + log.read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        printed = log.read_text()
-        key = re.search(r"Bearer (msk-[\w-]+)", printed)
-        assert key, printed[-3000:]
+        printed = wait_ready(proc, port, log)
+        key = printed_key(printed)
         assert "generated; shown only now" in printed
         t0 = time.monotonic()
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/users/alice/recall",
-            headers={"Authorization": f"Bearer {key.group(1)}"},
+            headers={"Authorization": f"Bearer {key}"},
             json={"question": "What is my dog called?", "top_k": 2},
             timeout=60,
         )

@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import zipfile
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import httpx
 import pytest
 
 from memsifter.resources import SERVE_DEFAULT, VLLM_CPU_SERVER
+from memsifter.testing.server import printed_key, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 # Besides the code: what memsifter reads from its own folder, by path inside the wheel.
@@ -159,22 +159,11 @@ def test_wheel_serves_outside_the_checkout(tmp_path: Path) -> None:
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "no /readyz within 300 s\n" + log.read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        printed = log.read_text()
-        key = re.search(r"Bearer (msk-[\w-]+)", printed)
-        assert key, printed[-3000:]
+        printed = wait_ready(proc, port, log)
+        key = printed_key(printed)
         r = httpx.post(
             f"http://127.0.0.1:{port}/v1/users/alice/recall",
-            headers={"Authorization": f"Bearer {key.group(1)}"},
+            headers={"Authorization": f"Bearer {key}"},
             json={"question": "What is my dog called?", "top_k": 2},
             timeout=60,
         )
