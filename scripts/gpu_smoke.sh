@@ -75,25 +75,18 @@ from pathlib import Path
 
 import yaml
 
-from memsifter.ranker.spec import PromptSpec
 from memsifter.testing import build_tiny_qwen3
 from memsifter.training.config import (
     DynamicSamplingSettings, EpochSettings, GRPOSettings, ModelSettings, SFTSettings,
     TrackingSettings, TrainConfig,
 )
-from memsifter.training.rl_data import RLDataConfig, SourceConfig, prepare_rl_data
+from memsifter.testing.rl import tiny_locomo_recipe
+from memsifter.training.rl_data import prepare_rl_data
 
 work = Path(sys.argv[1])
 model = build_tiny_qwen3(work / "tiny-qwen3")
 prepare_rl_data(
-    RLDataConfig(
-        sources=[SourceConfig(
-            name="locomo", path="data/fixtures/locomo_mini.json", count=8,
-            train_conversations=[0, 1], validation_conversations=[2], test_conversations=[],
-        )],
-        prompt=PromptSpec(model=str(model), window_tokens=640, completion_tokens=16,
-                          unit="page", turns_per_page=2),  # type: ignore[arg-type]
-    ),
+    tiny_locomo_recipe(model, "data/fixtures/locomo_mini.json", count=8, completion_tokens=16),
     work / "rl",
 )
 (work / "reward.yaml").write_text(

@@ -29,7 +29,7 @@ import yaml
 
 pytest.importorskip("trl")
 
-from memsifter.ranker.spec import PromptSpec  # noqa: E402
+from memsifter.testing.rl import tiny_locomo_recipe  # noqa: E402
 from memsifter.training.config import (  # noqa: E402
     DynamicSamplingSettings,
     EpochSettings,
@@ -39,7 +39,7 @@ from memsifter.training.config import (  # noqa: E402
     TrackingSettings,
     TrainConfig,
 )
-from memsifter.training.rl_data import RLDataConfig, SourceConfig, prepare_rl_data  # noqa: E402
+from memsifter.training.rl_data import prepare_rl_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "tests" / "_train_driver.py"
@@ -78,25 +78,7 @@ def _probes(folder: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def runs(tiny_qwen3: Path, locomo_mini_path: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("dist")
-    recipe = RLDataConfig(
-        sources=[
-            SourceConfig(
-                name="locomo",
-                path=str(locomo_mini_path),
-                count=4,
-                train_conversations=[0, 1],
-                validation_conversations=[2],
-                test_conversations=[],
-            )
-        ],
-        prompt=PromptSpec(  # type: ignore[arg-type]
-            model=str(tiny_qwen3),
-            window_tokens=640,
-            completion_tokens=16,
-            unit="page",
-            turns_per_page=2,
-        ),
-    )
+    recipe = tiny_locomo_recipe(tiny_qwen3, locomo_mini_path, completion_tokens=16)
     prepare_rl_data(recipe, tmp / "rl")
     reward = tmp / "reward.yaml"
     reward.write_text(

@@ -19,7 +19,8 @@ pytest.importorskip("trl")
 from safetensors.torch import load_file  # noqa: E402
 
 from memsifter.errors import DataError  # noqa: E402
-from memsifter.ranker.spec import SPEC_FILE, PromptSpec, read_spec  # noqa: E402
+from memsifter.ranker.spec import SPEC_FILE, read_spec  # noqa: E402
+from memsifter.testing.rl import tiny_locomo_recipe  # noqa: E402
 from memsifter.training.config import (  # noqa: E402
     DynamicSamplingSettings,
     EpochSettings,
@@ -30,8 +31,6 @@ from memsifter.training.config import (  # noqa: E402
     TrainConfig,
 )
 from memsifter.training.rl_data import (  # noqa: E402
-    RLDataConfig,
-    SourceConfig,
     load_rl_dataset,
     prepare_rl_data,
 )
@@ -54,18 +53,8 @@ SPEC = dict(window_tokens=640, completion_tokens=32, unit="page", turns_per_page
 @pytest.fixture(scope="module")
 def rl_data(tiny_qwen3: Path, locomo_mini_path: Path, tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("rl")
-    recipe = RLDataConfig(
-        sources=[
-            SourceConfig(
-                name="locomo",
-                path=str(locomo_mini_path),
-                count=4,
-                train_conversations=[0, 1],
-                validation_conversations=[2],
-                test_conversations=[],
-            )
-        ],
-        prompt=PromptSpec(model=str(tiny_qwen3), **SPEC),  # type: ignore[arg-type]
+    recipe = tiny_locomo_recipe(
+        tiny_qwen3, locomo_mini_path, completion_tokens=SPEC["completion_tokens"]
     )
     prepare_rl_data(recipe, tmp / "rl")
     return tmp / "rl"
