@@ -56,6 +56,10 @@ def eval_retrieval(
         typer.Option(help="tokenizer (hub id or folder) for token budgets; default: approx regex"),
     ] = None,
     max_questions: Annotated[int | None, typer.Option(help="smoke runs: first N")] = None,
+    embedding_cache: Annotated[
+        str | None,
+        typer.Option(help="folder that keeps dense filters' passage vectors across runs"),
+    ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML config (configs/eval/*.yaml)")] = None,
     model: Annotated[
         str | None,
@@ -101,6 +105,7 @@ def eval_retrieval(
             "seed": seed,
             "tokenizer": tokenizer,
             "max_questions": max_questions,
+            "embedding_cache": embedding_cache,
             "model": model,
             "backend": backend,
             "base_url": base_url,

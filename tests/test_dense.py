@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from memsifter.coarse import build_filter
-from memsifter.coarse.dense import EmbeddingFilter, chunk_session
+from memsifter.coarse.dense import EmbeddingCache, EmbeddingFilter, chunk_session
 from memsifter.data import load_locomo
 from memsifter.data.types import Session, Turn
+from memsifter.errors import MemSifterError
 from memsifter.models import resolve_model
 
 
@@ -31,8 +32,10 @@ class _CountingFilter(EmbeddingFilter):
 
     name = "counting"
 
-    def __init__(self, chunk_tokens: int | None) -> None:
-        super().__init__()
+    encoder_id = "letters"
+
+    def __init__(self, chunk_tokens: int | None, cache: EmbeddingCache | None = None) -> None:
+        super().__init__(cache)
         self.chunk_tokens = chunk_tokens
         self.encoded: list[str] = []
 
@@ -57,6 +60,38 @@ def test_sessions_are_encoded_once_and_best_passage_wins() -> None:
     n = len(f.encoded)
     f.score("aaa", sessions)
     assert len(f.encoded) == n + 1  # only the query was encoded the second time
+
+
+def test_embedding_cache_outlives_the_filter_and_keeps_scores(tmp_path) -> None:
+    sessions = [
+        _session("a", ["aaa bbb ccc", "zzz yyy"]),
+        _session("b", ["aaa bbb ccc", "qqq rrr sss"]),  # one passage shared with "a"
+        _session("c", ["mmm nnn"]),
+    ]
+    plain = _CountingFilter(chunk_tokens=4)
+    first = _CountingFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
+    expected = plain.score("zzz qqq", sessions)
+    assert first.score("zzz qqq", sessions) == expected
+    # The shared passage is encoded once, not once per session.
+    passages = [p for s in sessions for p in chunk_session(s, 4)]
+    assert len(passages) > len(set(passages))
+    assert len(first.encoded) == len(set(passages)) + 1
+    # A new filter (a new process, a hybrid's member) reads every passage from disk.
+    second = _CountingFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
+    assert second.score("zzz qqq", sessions) == expected
+    assert second.encoded == ["zzz qqq"]
+    # Another encoder never reads these rows.
+    other = _CountingFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
+    other.encoder_id = "letters-v2"
+    other.score("zzz qqq", sessions)
+    assert len(other.encoded) == len(set(passages)) + 1
+    assert len(EmbeddingCache(tmp_path)) == 2 * len(set(passages))
+
+
+def test_embedding_cache_rejects_a_corrupt_file(tmp_path) -> None:
+    (tmp_path / "embeddings.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(MemSifterError, match="embedding cache .* not usable"):
+        EmbeddingCache(tmp_path)
 
 
 @pytest.mark.slow

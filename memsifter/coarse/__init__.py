@@ -5,24 +5,40 @@ Build one from a spec string (CLI, YAML configs and the server all use this):
 * ``bm25``; ``minilm``; ``wordllama``; ``bge-m3`` / ``bge-m3-sparse`` (``:/local/folder``);
 * ``st:<model>`` for any sentence-transformers model (hub id or folder);
 * ``hybrid:bm25+minilm`` for reciprocal-rank fusion of any of the above.
+
+``embedding_cache`` (a folder) keeps the dense filters' passage vectors on disk across runs
+(``memsifter.coarse.dense.EmbeddingCache``); members of a hybrid share it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from memsifter.coarse.base import CoarseFilter, Selection, rank_by_scores
 from memsifter.coarse.bm25 import BM25Filter
 from memsifter.coarse.hybrid import HybridFilter
 from memsifter.errors import UnknownNameError
 
+if TYPE_CHECKING:
+    from memsifter.coarse.dense import EmbeddingCache
+
 OFFLINE_FILTERS = ("bm25", "minilm", "wordllama", "hybrid:bm25+minilm")
 
 
-def build_filter(spec: str, **options: Any) -> CoarseFilter:
+def build_filter(
+    spec: str, *, embedding_cache: str | Path | EmbeddingCache | None = None, **options: Any
+) -> CoarseFilter:
     spec = spec.strip()
+    if isinstance(embedding_cache, str | Path):
+        from memsifter.coarse.dense import EmbeddingCache
+
+        embedding_cache = EmbeddingCache(embedding_cache)
     if spec.startswith("hybrid:"):
-        members = [build_filter(m, **options) for m in spec.removeprefix("hybrid:").split("+")]
+        members = [
+            build_filter(m, embedding_cache=embedding_cache, **options)
+            for m in spec.removeprefix("hybrid:").split("+")
+        ]
         return HybridFilter(members)
     name, _, arg = spec.partition(":")
     if name == "bm25":
@@ -30,15 +46,15 @@ def build_filter(spec: str, **options: Any) -> CoarseFilter:
     if name == "minilm":
         from memsifter.coarse.dense import SentenceTransformerFilter
 
-        return SentenceTransformerFilter("minilm")
+        return SentenceTransformerFilter("minilm", cache=embedding_cache)
     if name == "st" and arg:
         from memsifter.coarse.dense import SentenceTransformerFilter
 
-        return SentenceTransformerFilter(arg)
+        return SentenceTransformerFilter(arg, cache=embedding_cache)
     if name == "wordllama":
         from memsifter.coarse.dense import WordLlamaFilter
 
-        return WordLlamaFilter()
+        return WordLlamaFilter(cache=embedding_cache)
     if name in ("bge-m3", "bge-m3-sparse"):
         from memsifter.coarse.bge_m3 import BGEM3Filter
 

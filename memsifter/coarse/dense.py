@@ -6,20 +6,91 @@
   must be loaded with ``cache_dir=<package dir>, disable_download=True``.
 
 A session is embedded once (keyed by content fingerprint), never per query: on a 1M-token
-haystack the per-query cost is one query embedding plus a matrix-vector product.
+haystack the per-query cost is one query embedding plus a matrix-vector product. With an
+``EmbeddingCache`` the passage vectors also outlive the process: a benchmark rerun, a hybrid
+filter after its dense member, or an interrupted run pays only for passages it has never seen
+(LongMemEval-S re-embeds ~94K user turns per filter otherwise).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import sqlite3
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from memsifter.coarse.base import CoarseFilter, rank_by_scores
 from memsifter.data.tokens import get_counter
 from memsifter.data.types import Ranking, Session
+from memsifter.errors import MemSifterError
 from memsifter.models import resolve_model
+
+
+class EmbeddingCache:
+    """Passage vectors on disk, keyed by (encoder identity, passage text).
+
+    One SQLite file per folder (``embeddings.sqlite``); each row is one L2-normalised float32
+    vector. Keying on the passage text rather than the session makes the cache independent of
+    how sessions are chunked, and shares passages that recur across haystacks. The encoder
+    identity names the weights and every setting that changes a vector (e.g. the
+    sentence-transformers ``max_seq_length``), so two encoders never read each other's rows.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.path = Path(folder) / "embeddings.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS vectors (key TEXT PRIMARY KEY, dim INTEGER NOT NULL, "
+                "data BLOB NOT NULL)"
+            )
+            self._db.commit()
+        except sqlite3.DatabaseError as e:
+            raise MemSifterError(f"embedding cache {self.path} is not usable: {e}") from e
+
+    @staticmethod
+    def key(encoder: str, text: str) -> str:
+        return hashlib.sha1(f"{encoder}\x00{text}".encode()).hexdigest()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        found: dict[str, np.ndarray] = {}
+        unique = list(dict.fromkeys(keys))
+        with self._lock:
+            for i in range(0, len(unique), 500):  # SQLite's bound-parameter limit
+                part = unique[i : i + 500]
+                marks = ",".join("?" * len(part))
+                rows = self._db.execute(
+                    f"SELECT key, dim, data FROM vectors WHERE key IN ({marks})", part
+                ).fetchall()
+                for key, dim, data in rows:
+                    vec = np.frombuffer(data, dtype=np.float32)
+                    if vec.shape != (dim,):
+                        raise MemSifterError(
+                            f"embedding cache {self.path}: row {key} holds {vec.size} floats, "
+                            f"not {dim}; delete the file to rebuild it"
+                        )
+                    found[key] = vec
+        return found
+
+    def put_many(self, items: dict[str, np.ndarray]) -> None:
+        rows = [
+            (k, int(v.shape[-1]), np.ascontiguousarray(v, dtype=np.float32).tobytes())
+            for k, v in items.items()
+        ]
+        with self._lock:
+            self._db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)", rows)
+            self._db.commit()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0])
 
 
 def chunk_session(session: Session, max_tokens: int | None) -> list[str]:
@@ -55,8 +126,11 @@ class EmbeddingFilter(CoarseFilter):
     vectors; a session scores as its best passage (one passage when ``chunk_tokens`` is None)."""
 
     chunk_tokens: int | None = None
+    # What identifies this encoder's vectors in an EmbeddingCache; set by each subclass.
+    encoder_id: str = ""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: EmbeddingCache | None = None) -> None:
+        self.cache = cache
         self._vectors: dict[str, np.ndarray] = {}  # fingerprint -> (n_passages, dim)
         # The stacked passage matrix of the last haystack: every question over one haystack
         # reuses it instead of concatenating ~30K passage vectors per query at 1M tokens.
@@ -80,11 +154,27 @@ class EmbeddingFilter(CoarseFilter):
         keys = list(todo)
         passages = [chunk_session(todo[k], self.chunk_tokens) for k in keys]
         flat = [p for ps in passages for p in ps]
-        vecs = self._normalise(self.encode_documents(flat))
+        vecs = self._encode_passages(flat)
         offset = 0
         for key, ps in zip(keys, passages, strict=True):
             self._vectors[key] = vecs[offset : offset + len(ps)]
             offset += len(ps)
+
+    def _encode_passages(self, texts: list[str]) -> np.ndarray:
+        """Normalised vectors of ``texts``, encoding only those the cache lacks (each once)."""
+        if self.cache is None:
+            return self._normalise(self.encode_documents(texts))
+        if not self.encoder_id:
+            raise MemSifterError(f"{type(self).__name__} sets no encoder_id; it cannot be cached")
+        keys = [EmbeddingCache.key(self.encoder_id, t) for t in texts]
+        found = self.cache.get_many(keys)
+        todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
+        if todo:
+            fresh = self._normalise(self.encode_documents(list(todo.values())))
+            new = dict(zip(todo, fresh, strict=True))
+            self.cache.put_many(new)
+            found.update(new)
+        return np.stack([found[k] for k in keys]) if keys else np.zeros((0, 0), np.float32)
 
     def score(self, query: str, sessions: Sequence[Session]) -> Ranking:
         if not sessions:
@@ -108,8 +198,9 @@ class SentenceTransformerFilter(EmbeddingFilter):
         max_seq_length: int | None = None,
         chunk_tokens: int | None = 160,
         device: str | None = None,
+        cache: EmbeddingCache | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(cache)
         self.chunk_tokens = chunk_tokens
         from sentence_transformers import SentenceTransformer
 
@@ -121,6 +212,7 @@ class SentenceTransformerFilter(EmbeddingFilter):
         if max_seq_length:
             self.model.max_seq_length = max_seq_length
         self.batch_size = batch_size
+        self.encoder_id = f"st:{resolved.path}:max_seq_length={self.model.max_seq_length}"
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
         return self.model.encode(
@@ -132,10 +224,15 @@ class WordLlamaFilter(EmbeddingFilter):
     name = "wordllama"
 
     def __init__(
-        self, config: str = "l2_supercat", dim: int = 256, chunk_tokens: int | None = 160
+        self,
+        config: str = "l2_supercat",
+        dim: int = 256,
+        chunk_tokens: int | None = 160,
+        cache: EmbeddingCache | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(cache)
         self.chunk_tokens = chunk_tokens
+        self.encoder_id = f"wordllama:{config}:{dim}"
         root = logging.getLogger()
         saved = (root.level, list(root.handlers))
         # wordllama calls logging.basicConfig() at import, which would make every library's

@@ -70,6 +70,9 @@ class RetrievalEvalConfig:
     # LongMemEval: "user" indexes a session by its user turns only, as the benchmark does (its
     # published retrieval numbers); "all" ranks whole sessions like every other dataset here.
     longmemeval_text: str = "user"  # user | all
+    # A folder that keeps dense filters' passage vectors across runs (and across a hybrid and
+    # its dense member); None embeds afresh in every run.
+    embedding_cache: str | None = None
     # --- the proxy (retriever "memsifter"): coarse -> proxy ---
     model: str = "smollm2-135m-instruct"  # hub id, folder, built-in name or adapter folder
     backend: str = "transformers"  # transformers | openai | vllm
@@ -336,7 +339,7 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
                 load_s = time.perf_counter() - t0
                 res = evaluate_proxy(proxy, queries, cfg, progress)
             else:
-                filt = build_filter(spec)
+                filt = build_filter(spec, embedding_cache=cfg.embedding_cache)
                 load_s = time.perf_counter() - t0
                 res = evaluate_filter(filt, queries, cfg, progress)
             turn_rankings = None
