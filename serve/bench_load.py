@@ -444,7 +444,7 @@ def main(
     rng = random.Random(seed)
     stub: subprocess.Popen[bytes] | None = None
     options = ProxyOptions(
-        backend="openai" if proxy == "stub" else proxy,
+        backend={"stub": "openai", "coarse-only": None}.get(proxy, proxy),
         model=proxy_model,
         base_url=proxy_base_url,
         served_model_name=proxy_served_model_name,

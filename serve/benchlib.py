@@ -160,7 +160,7 @@ def create_database(kind: str, workdir: Path, pg_dsn: str = DEFAULT_PG_DSN) -> D
 
 @dataclass
 class ProxyOptions:
-    backend: str = "coarse-only"  # coarse-only | transformers | openai
+    backend: str | None = None  # None: no model (ranker: coarse) | transformers | openai
     model: str = "smollm2-135m-instruct"
     base_url: str | None = None
     served_model_name: str | None = None
@@ -178,8 +178,9 @@ def write_config(path: Path, db_url: str, proxy: ProxyOptions | None = None) -> 
     lines = [
         f"db_url: {db_url}",
         "coarse: bm25",
+        f"ranker: {'coarse' if proxy.backend is None else 'proxy'}",
         "proxy:",
-        f"  backend: {proxy.backend}",
+        f"  backend: {proxy.backend or 'transformers'}",
         f"  model: {proxy.model}",
         f"  base_url: {proxy.base_url or 'null'}",
         f"  served_model_name: {proxy.served_model_name or 'null'}",

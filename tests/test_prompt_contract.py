@@ -48,6 +48,7 @@ def _serve_yaml(tmp_path: Path, model: Path | str, extra: str = "", pages: int =
     path.write_text(
         f"db_url: sqlite:///{tmp_path / 'm.db'}\n"
         "coarse: bm25\n"
+        "ranker: proxy\n"
         "proxy:\n"
         "  backend: transformers\n"
         f"  model: {model}\n"
@@ -166,8 +167,11 @@ def test_serve_refuses_a_model_without_spec(tiny_qwen3: Path, tmp_path: Path) ->
     spec = load_serve_config(given).proxy.prompt_spec()
     assert (spec.window_tokens, spec.completion_tokens, spec.unit) == (1000, 50, "session")
     with pytest.raises(ValueError, match="has no prompt_spec.json"):
-        ServeConfig(proxy=ProxySettings(backend="transformers", model=str(tiny_qwen3)))
-    ServeConfig()  # coarse-only needs no spec
+        ServeConfig(
+            ranker="proxy", proxy=ProxySettings(backend="transformers", model=str(tiny_qwen3))
+        )
+    # The coarse ranker needs no spec, and a proxy block it does not use is not checked.
+    ServeConfig(proxy=ProxySettings(backend="transformers", model=str(tiny_qwen3)))
 
 
 def test_serve_refuses_settings_that_contradict_the_models_spec(

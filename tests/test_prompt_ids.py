@@ -218,5 +218,5 @@ def test_the_serve_config_says_whether_ids_are_sent(tiny_qwen3: Path, token_ids:
         prompt={"window_tokens": 4096, "completion_tokens": 256},
         token_ids=token_ids,
     )
-    ranker = ServiceRanker.from_config(ServeConfig(proxy=proxy))
+    ranker = ServiceRanker.from_config(ServeConfig(ranker="proxy", proxy=proxy))
     assert ranker.backend is not None and ranker.backend.accepts_token_ids is token_ids

@@ -332,10 +332,10 @@ def test_shipped_serve_configs_load() -> None:
     root = Path(__file__).resolve().parents[1] / "configs" / "serve"
     default = load_serve_config()  # what `memsifter serve` (the main job) runs on
     # No proxy beat BM25 on the held-out test split (eval/results/proxy_locomo_test.md).
-    assert default.proxy.backend == "coarse-only"
+    assert default.ranker == "coarse" and default.ranker_name == "coarse-only"
     assert default.db_url.startswith("sqlite:///")
     assert default.api_keys[0].key_env == "MEMSIFTER_DEMO_KEY"
-    assert load_serve_config(root / "coarse_only.yaml").proxy.backend == "coarse-only"
+    assert load_serve_config(root / "coarse_only.yaml").ranker == "coarse"
     from memsifter.models import PROXIES_DIR, SHIPPED_PROXIES
 
     shipped = all(
@@ -350,6 +350,29 @@ def test_shipped_serve_configs_load() -> None:
         assert load_serve_config(path).paging.low_watermark <= 0.9
     trained = load_serve_config(root / "trained_proxy.yaml")
     assert trained.proxy.model == "memsifter-smollm2-135m-locomo"
+
+
+def test_ranker_names_the_service_without_a_model(tmp_path: Path, caplog) -> None:
+    from memsifter.serving.config import load_serve_config
+
+    old = tmp_path / "old.yaml"
+    old.write_text("proxy:\n  backend: coarse-only\n")
+    with pytest.raises(MemSifterError, match="coarse-only is gone.*ranker: coarse"):
+        load_serve_config(old)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ranker: bm25\n")
+    with pytest.raises(MemSifterError, match="ranker must be one of"):
+        load_serve_config(bad)
+    unused = tmp_path / "unused.yaml"
+    unused.write_text("ranker: coarse\nproxy:\n  model: some/model\n")
+    with caplog.at_level("WARNING"):
+        cfg = load_serve_config(unused)
+    assert cfg.ranker_name == "coarse-only"
+    assert "proxy block is ignored: ranker is coarse" in caplog.text
+    llm_keywords = tmp_path / "llm.yaml"
+    llm_keywords.write_text("bookmarks:\n  extractor: llm\n")
+    with pytest.raises(MemSifterError, match="needs the proxy model"):
+        load_serve_config(llm_keywords)
 
 
 def test_json_logs_carry_the_request_id() -> None:

@@ -63,7 +63,7 @@ def two_workers(
     config.write_text(
         f"db_url: {serve_db('workers')}\n"
         "coarse: bm25\n"
-        "proxy:\n  backend: coarse-only\n"
+        "ranker: coarse\n"
         "api_keys:\n  - tenant: acme\n    key_env: MEMSIFTER_WORKERS_TEST_KEY\n",
         encoding="utf-8",
     )

@@ -20,11 +20,13 @@ from memsifter.config import load_config
 from memsifter.resources import SERVE_DEFAULT
 
 if TYPE_CHECKING:
+    from memsifter.llm import BackendSpec
     from memsifter.ranker.spec import PromptSpec
 
 logger = logging.getLogger(__name__)
 
-PROXY_BACKENDS = ("coarse-only", "transformers", "openai")
+RANKERS = ("coarse", "proxy")
+PROXY_BACKENDS = ("transformers", "openai")
 FACT_TYPES = ("entity", "preference", "event", "task")
 KEYWORD_EXTRACTORS = ("yake", "llm")
 DEFAULT_CONFIG = SERVE_DEFAULT
@@ -38,9 +40,10 @@ class ProxySettings:
     """The proxy model and how it is called. What it is *shown* is its prompt spec
     (:class:`~memsifter.ranker.spec.PromptSpec`): the ``prompt_spec.json`` in the model's folder
     (a trained checkpoint or adapter, ``memsifter-smollm2-135m-locomo``), or for a model without
-    one (an untrained base) the ``prompt:`` block here; see :meth:`prompt_spec`."""
+    one (an untrained base) the ``prompt:`` block here; see :meth:`prompt_spec`. Used only when
+    the service's ``ranker`` is ``proxy``."""
 
-    backend: str = "coarse-only"  # coarse-only | transformers | openai
+    backend: str = "transformers"  # transformers | openai
     model: str = "smollm2-135m-instruct"  # hub id, local folder or built-in offline name
     base_url: str | None = None  # openai: the vLLM (or any OpenAI-compatible) server
     served_model_name: str | None = None
@@ -58,12 +61,31 @@ class ProxySettings:
     token_ids: bool = True
 
     def __post_init__(self) -> None:
+        if self.backend == "coarse-only":
+            raise ValueError(
+                "proxy.backend: coarse-only is gone; a service without a model says so with "
+                "`ranker: coarse` at the top level of the config"
+            )
         if self.backend not in PROXY_BACKENDS:
             raise ValueError(f"proxy.backend must be one of {PROXY_BACKENDS}, got {self.backend!r}")
         if self.backend == "openai" and not self.base_url:
             raise ValueError("proxy.base_url is required with the openai backend")
         if self.max_candidates < 1 or self.max_concurrency < 1:
             raise ValueError("proxy.max_candidates and proxy.max_concurrency must be >= 1")
+
+    def backend_spec(self) -> BackendSpec:
+        """The proxy's LLM as the one backend description every config embeds."""
+        from memsifter.llm import BackendSpec
+
+        return BackendSpec(
+            kind=self.backend,
+            model=self.model,
+            base_url=self.base_url,
+            served_model_name=self.served_model_name,
+            max_concurrency=self.max_concurrency,
+            timeout_s=self.timeout_s,
+            options={"token_ids": self.token_ids} if self.backend == "openai" else {},
+        )
 
     def prompt_spec(self) -> PromptSpec:
         """The model's own spec, or the explicit ``prompt:`` one (refused when it has neither,
@@ -134,7 +156,7 @@ class PagingSettings:
 
 @dataclass(frozen=True)
 class BookmarkSettings:
-    extractor: str = "yake"  # yake (offline) | llm (the proxy backend; not with coarse-only)
+    extractor: str = "yake"  # yake (offline) | llm (the proxy backend; needs ranker: proxy)
     max_keywords: int = 8
     max_ngram: int = 2
     language: str = "en"
@@ -187,6 +209,9 @@ class AdminSettings:
 class ServeConfig:
     db_url: str = "sqlite:///memsifter.db"
     coarse: str = "bm25"  # any memsifter.coarse.build_filter spec
+    # coarse: the fused coarse order (coarse filter + bookmarks) is the answer, no model runs;
+    # proxy: the proxy model re-ranks the fused top candidates (the `proxy:` block).
+    ranker: str = "coarse"
     proxy: ProxySettings = field(default_factory=ProxySettings)
     limits: Limits = field(default_factory=Limits)
     paging: PagingSettings = field(default_factory=PagingSettings)
@@ -202,10 +227,17 @@ class ServeConfig:
     sample_key_env: str = "MEMSIFTER_DEMO_KEY"
 
     def __post_init__(self) -> None:
-        if self.bookmarks.extractor == "llm" and self.proxy.backend == "coarse-only":
-            raise ValueError("bookmarks.extractor: llm needs a proxy backend, not coarse-only")
-        if self.proxy.backend != "coarse-only":
+        if self.ranker not in RANKERS:
+            raise ValueError(f"ranker must be one of {RANKERS}, got {self.ranker!r}")
+        if self.bookmarks.extractor == "llm" and self.ranker != "proxy":
+            raise ValueError("bookmarks.extractor: llm needs the proxy model (ranker: proxy)")
+        if self.ranker == "proxy":
             self.check_prompt(self.proxy.prompt_spec())
+        elif self.proxy != ProxySettings():
+            logger.warning(
+                "the proxy block is ignored: ranker is coarse (set ranker: proxy to serve %r)",
+                self.proxy.model,
+            )
 
     def check_prompt(self, spec: PromptSpec) -> None:
         """The service cuts what it stores into pages of ``paging.turns_per_page`` turns and
@@ -228,7 +260,7 @@ class ServeConfig:
     @property
     def ranker_name(self) -> str:
         """What every response reports as ``ranker``."""
-        if self.proxy.backend == "coarse-only":
+        if self.ranker == "coarse":
             return "coarse-only"
         return f"proxy:{self.proxy.backend}:{self.proxy.model}"
 

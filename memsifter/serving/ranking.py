@@ -374,22 +374,11 @@ class ServiceRanker:
         p = config.proxy
         backend: Backend | None = None
         spec: PromptSpec | None = None
-        if p.backend != "coarse-only":
+        if config.ranker == "proxy":
             spec = p.prompt_spec()  # ServeConfig checked it against paging at load
-        if p.backend in ("transformers", "openai"):
             from memsifter import llm
 
-            backend = llm.build_backend(
-                llm.BackendSpec(
-                    kind=p.backend,
-                    model=p.model,
-                    base_url=p.base_url,
-                    served_model_name=p.served_model_name,
-                    max_concurrency=p.max_concurrency,
-                    timeout_s=p.timeout_s,
-                    options={"token_ids": p.token_ids} if p.backend == "openai" else {},
-                )
-            )
+            backend = llm.build_backend(p.backend_spec())
         return cls(
             build_filter(config.coarse),
             backend,
