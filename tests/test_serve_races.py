@@ -18,11 +18,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
 from memsifter.data.types import Session, Turn
-from memsifter.serving import store as store_module
 from memsifter.serving.app import create_app
 from memsifter.serving.config import ApiKeySettings, ServeConfig
 from memsifter.serving.errors import ConflictError, UnavailableError
 from memsifter.serving.store import PageRecord, SessionRecord, Store, hash_key, retried_write
+from memsifter.serving.store import engine as store_engine
 
 KEY = "key-races-0123456789"
 THREADS = 8
@@ -167,7 +167,7 @@ class _Aborted(Exception):
 
 
 def test_transient_aborts_are_retried_then_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "wait_random_exponential", lambda **_kw: lambda _s: 0.0)
+    monkeypatch.setattr(store_engine, "wait_random_exponential", lambda **_kw: lambda _s: 0.0)
     calls = {"n": 0}
 
     @retried_write
@@ -181,7 +181,7 @@ def test_transient_aborts_are_retried_then_a_503(monkeypatch: pytest.MonkeyPatch
     calls["n"] = 0
     with pytest.raises(UnavailableError) as e:
         flaky(100)
-    assert e.value.status == 503 and calls["n"] == store_module.WRITE_ATTEMPTS
+    assert e.value.status == 503 and calls["n"] == store_engine.WRITE_ATTEMPTS
 
     @retried_write
     def broken() -> None:  # not transient: raised as it is, at once

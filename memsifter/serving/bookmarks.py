@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from memsifter.data.types import Session
 from memsifter.llm import Backend, SamplingConfig
-from memsifter.serving.store import Bookmark
+from memsifter.serving.store.records import Bookmark
 from memsifter.text import analyze
 
 logger = logging.getLogger(__name__)

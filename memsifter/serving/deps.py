@@ -27,7 +27,8 @@ from memsifter.serving.schemas import (
     SessionIn,
     TurnIn,
 )
-from memsifter.serving.store import Principal, Store
+from memsifter.serving.store import Store
+from memsifter.serving.store.records import Principal
 
 
 @dataclass

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from memsifter.serving.store import Fact
+from memsifter.serving.store.records import Fact
 from memsifter.text import analyze
 
 _SPACE = re.compile(r"\s+")

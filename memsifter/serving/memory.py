@@ -32,14 +32,8 @@ from memsifter.serving.errors import ConflictError, NotFoundError, ServeError
 from memsifter.serving.facts import ScoredFact, rank_facts, render_fact
 from memsifter.serving.paging import PageSlot, PagingPlan, plan_paging
 from memsifter.serving.ranking import RankOutcome, ServiceRanker, UserIndex
-from memsifter.serving.store import (
-    PageRecord,
-    Principal,
-    SessionRecord,
-    Store,
-    StoredPage,
-    utcnow,
-)
+from memsifter.serving.store import Store
+from memsifter.serving.store.records import PageRecord, Principal, SessionRecord, StoredPage, utcnow
 
 logger = logging.getLogger(__name__)
 

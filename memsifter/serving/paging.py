@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from memsifter.serving.store import PagingEvent
+from memsifter.serving.store.records import PagingEvent
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.bookmarks import query_terms
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ServeError, UnavailableError
-from memsifter.serving.store import IndexedPage, PageDelta, Store, StoredPage
+from memsifter.serving.store import Store
+from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage
 
 COARSE_ONLY = "coarse-only"
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from memsifter.data.types import Session, Turn
 from memsifter.serving.memory import MemoryService, session_from_input
-from memsifter.serving.store import Principal
+from memsifter.serving.store.records import Principal
 
 SAMPLE_USER = "alice"
 

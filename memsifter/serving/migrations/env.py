@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from memsifter.serving.store import Base
+from memsifter.serving.store.schema import Base
 
 config = context.config
 

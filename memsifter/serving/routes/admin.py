@@ -25,7 +25,8 @@ from memsifter.serving.schemas import (
     KeyListOut,
     KeyOut,
 )
-from memsifter.serving.store import ApiKeyInfo, hash_key
+from memsifter.serving.store import hash_key
+from memsifter.serving.store.records import ApiKeyInfo
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 422)}

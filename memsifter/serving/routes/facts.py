@@ -26,7 +26,7 @@ from memsifter.serving.schemas import (
     FactPatch,
     SweepOut,
 )
-from memsifter.serving.store import Fact, Principal, utcnow
+from memsifter.serving.store.records import Fact, Principal, utcnow
 
 router = APIRouter(prefix="/v1", tags=["facts"])
 FACT_ERRORS: dict[int | str, dict[str, Any]] = {**ERRORS, 403: ERRORS[400], 404: ERRORS[400]}

@@ -33,7 +33,7 @@ from memsifter.serving.schemas import (
     SessionSummary,
     TurnOut,
 )
-from memsifter.serving.store import SessionInfo, SessionRecord, StoredPage
+from memsifter.serving.store.records import SessionInfo, SessionRecord, StoredPage
 
 router = APIRouter(prefix="/v1/users/{user_id}", tags=["sessions"])
 ERRORS: dict[int | str, dict[str, Any]] = {

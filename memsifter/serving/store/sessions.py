@@ -1,0 +1,382 @@
+"""Users' sessions, their pages and keyword bookmarks, and the user's version that every
+replica's in-memory index keys on.
+
+They are one repository because they change together: every write of a user's pages bumps the
+user's version (and a user created again gets a new epoch), which is how a replica learns that
+its index is stale and ``load_pages`` tells it what to catch up on. Deleting a user (the right
+to be forgotten) lives here too, as the user row is what the version is kept on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
+
+from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from memsifter.data.types import Session as ChatSession
+from memsifter.data.types import Turn
+from memsifter.serving.errors import ConflictError
+from memsifter.serving.store.engine import Database, integrity_error, retried_write, rowcount
+from memsifter.serving.store.records import (
+    IndexedPage,
+    PageDelta,
+    SessionInfo,
+    SessionRecord,
+    StoredPage,
+    StoredSession,
+    UserState,
+    to_naive_utc,
+    utcnow,
+)
+from memsifter.serving.store.schema import (
+    BookmarkRow,
+    FactRow,
+    PageRow,
+    PagingEventRow,
+    ResidentPageRow,
+    SessionRow,
+    UserRow,
+    turn_from_json,
+    turn_to_json,
+)
+
+# Every recall's version check, built once: building a select costs more than running it.
+_USER_STATE = select(UserRow.epoch, UserRow.version).where(
+    UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user")
+)
+
+
+class SessionRepository(Database):
+    """Sessions, pages and bookmarks; users and their versions."""
+
+    @staticmethod
+    def _bump(s: Session, tenant: str, user: str) -> int:
+        """The user's next version; the row stays locked (or the SQLite writer held) until the
+        transaction ends, so no other writer can take the same one."""
+        where = (UserRow.tenant_id == tenant, UserRow.user_id == user)
+        s.execute(update(UserRow).where(*where).values(version=UserRow.version + 1))
+        return int(s.scalar(select(UserRow.version).where(*where)) or 0)
+
+    @retried_write
+    def put_sessions(
+        self, tenant: str, user: str, records: Sequence[SessionRecord], *, replace: bool = False
+    ) -> None:
+        """Store sessions with their pages and bookmarks in one transaction. An existing id is a
+        ``ConflictError`` naming it unless ``replace``, which swaps the old session out."""
+        with self._write() as s:
+            self._lock_user(s, tenant, user, create=True)
+            ids = [r.session.id for r in records]
+            existing = set(
+                s.scalars(
+                    select(SessionRow.session_id).where(
+                        SessionRow.tenant_id == tenant,
+                        SessionRow.user_id == user,
+                        SessionRow.session_id.in_(ids),
+                    )
+                )
+            )
+            if existing and not replace:
+                i = next(i for i, sid in enumerate(ids) if sid in existing)
+                raise ConflictError(
+                    f"session {ids[i]!r} already exists; send replace=true to overwrite it",
+                    field=f"sessions[{i}].id",
+                )
+            if existing:
+                s.execute(
+                    delete(SessionRow).where(
+                        SessionRow.tenant_id == tenant,
+                        SessionRow.user_id == user,
+                        SessionRow.session_id.in_(existing),
+                    )
+                )
+            version = self._bump(s, tenant, user)
+            now = utcnow()
+            for i, r in enumerate(records):
+                session = r.session
+                row = SessionRow(
+                    tenant_id=tenant,
+                    user_id=user,
+                    session_id=session.id,
+                    date=to_naive_utc(session.date),
+                    date_text=session.date_text,
+                    turns=[turn_to_json(t) for t in session.turns],
+                    n_turns=len(session.turns),
+                    n_tokens=r.n_tokens,
+                    created_at=now,
+                )
+                s.add(row)
+                try:
+                    s.flush()
+                except IntegrityError as e:  # see integrity_error: the net under the lock
+                    mapped = integrity_error(e)
+                    if mapped is None:
+                        raise
+                    if isinstance(mapped, ConflictError):
+                        mapped = ConflictError(
+                            f"session {session.id!r} already exists; send replace=true to "
+                            "overwrite it",
+                            field=f"sessions[{i}].id",
+                        )
+                    raise mapped from e
+                for p in r.pages:
+                    page = PageRow(
+                        session_pk=row.pk,
+                        tenant_id=tenant,
+                        user_id=user,
+                        page_id=p.page_id,
+                        turn_start=p.turn_start,
+                        turn_end=p.turn_end,
+                        n_tokens=p.n_tokens,
+                        added_version=version,
+                    )
+                    s.add(page)
+                    s.flush()
+                    s.add_all(
+                        BookmarkRow(
+                            page_pk=page.pk,
+                            tenant_id=tenant,
+                            user_id=user,
+                            keyword=b.keyword[:200],
+                            term=term[:100],
+                            weight=b.weight,
+                        )
+                        for b in p.bookmarks
+                        for term in b.terms
+                    )
+
+    def list_sessions(
+        self, tenant: str, user: str, *, limit: int = 100, offset: int = 0
+    ) -> tuple[list[SessionInfo], int]:
+        with self._read() as s:
+            where = (SessionRow.tenant_id == tenant, SessionRow.user_id == user)
+            total = s.scalar(select(func.count()).select_from(SessionRow).where(*where)) or 0
+            n_pages = (
+                select(func.count())
+                .select_from(PageRow)
+                .where(PageRow.session_pk == SessionRow.pk)
+                .scalar_subquery()
+            )
+            rows = s.execute(
+                select(SessionRow, n_pages)
+                .where(*where)
+                .order_by(SessionRow.date.is_(None), SessionRow.date, SessionRow.pk)
+                .limit(limit)
+                .offset(offset)
+            ).all()
+            return [_info(row, n) for row, n in rows], int(total)
+
+    def get_session(self, tenant: str, user: str, session_id: str) -> StoredSession | None:
+        with self._read() as s:
+            row = s.scalar(
+                select(SessionRow).where(
+                    SessionRow.tenant_id == tenant,
+                    SessionRow.user_id == user,
+                    SessionRow.session_id == session_id,
+                )
+            )
+            if row is None:
+                return None
+            pages = s.scalars(
+                select(PageRow).where(PageRow.session_pk == row.pk).order_by(PageRow.turn_start)
+            ).all()
+            keywords = self._keywords(s, [p.pk for p in pages])
+            session = _session(row)
+            stored = tuple(_page(session, p, keywords.get(p.pk, ())) for p in pages)
+            return StoredSession(_info(row, len(pages)), session, stored)
+
+    @retried_write
+    def delete_session(self, tenant: str, user: str, session_id: str) -> bool:
+        with self._write() as s:
+            if not self._lock_user(s, tenant, user, create=False):
+                return False
+            result = s.execute(
+                delete(SessionRow).where(
+                    SessionRow.tenant_id == tenant,
+                    SessionRow.user_id == user,
+                    SessionRow.session_id == session_id,
+                )
+            )
+            if not rowcount(result):
+                return False
+            self._bump(s, tenant, user)
+            return True
+
+    @retried_write
+    def delete_user(self, tenant: str, user: str) -> bool:
+        """Everything about a user, facts and paging history included (right to be forgotten).
+
+        Child rows are deleted explicitly rather than through cascades alone: SQLite enforces
+        foreign keys only when the pragma is on, and a database someone opened without it must
+        not keep orphans."""
+        with self._write() as s:
+            if not self._lock_user(s, tenant, user, create=False):
+                return False
+            for model in (ResidentPageRow, BookmarkRow, PageRow, SessionRow, FactRow):
+                s.execute(delete(model).where(model.tenant_id == tenant, model.user_id == user))
+            s.execute(
+                delete(PagingEventRow).where(
+                    PagingEventRow.tenant_id == tenant, PagingEventRow.user_id == user
+                )
+            )
+            result = s.execute(
+                delete(UserRow).where(UserRow.tenant_id == tenant, UserRow.user_id == user)
+            )
+            return bool(rowcount(result))
+
+    def user_version(self, tenant: str, user: str) -> int | None:
+        with self._read() as s:
+            return s.scalar(
+                select(UserRow.version).where(UserRow.tenant_id == tenant, UserRow.user_id == user)
+            )
+
+    def user_state(self, tenant: str, user: str) -> UserState | None:
+        with self._read_row() as conn:  # every recall checks the version: as authenticate
+            row = conn.execute(_USER_STATE, {"tenant": tenant, "user": user}).first()
+        return UserState(row.epoch or "", int(row.version)) if row is not None else None
+
+    def load_pages(
+        self,
+        tenant: str,
+        user: str,
+        *,
+        since: int | None = None,
+        known: Collection[int] = (),
+    ) -> PageDelta | None:
+        """What a replica's index needs to catch up, read in one transaction. ``since=None``:
+        every page. Otherwise the pages added after version ``since``, and, only when the
+        user's page count shows that some of ``known`` (the pks the replica holds) are gone,
+        the pks of every page the user has now. None for an unknown user."""
+        with self._read() as s:
+            state = s.execute(
+                select(UserRow.epoch, UserRow.version).where(
+                    UserRow.tenant_id == tenant, UserRow.user_id == user
+                )
+            ).first()
+            if state is None:
+                return None
+            where = (PageRow.tenant_id == tenant, PageRow.user_id == user)
+            query = select(SessionRow, PageRow).join(PageRow, PageRow.session_pk == SessionRow.pk)
+            if since is None:
+                rows = list(s.execute(query.where(*where)).all())
+            else:
+                newer = func.coalesce(PageRow.added_version, 0) > since
+                rows = list(s.execute(query.where(*where, newer)).all())
+            live: frozenset[int] | None = None
+            if since is not None:
+                count = s.scalar(select(func.count()).select_from(PageRow).where(*where)) or 0
+                if count != len(set(known) | {prow.pk for _, prow in rows}):
+                    live = frozenset(s.scalars(select(PageRow.pk).where(*where)))
+            marks: dict[int, list[tuple[str, str, float]]] = {}
+            pks = [prow.pk for _, prow in rows]
+            for i in range(0, len(pks), 500):
+                for page_pk, keyword, term, weight in s.execute(
+                    select(
+                        BookmarkRow.page_pk,
+                        BookmarkRow.keyword,
+                        BookmarkRow.term,
+                        BookmarkRow.weight,
+                    ).where(BookmarkRow.page_pk.in_(pks[i : i + 500]))
+                ):
+                    marks.setdefault(page_pk, []).append((keyword, term, float(weight)))
+            sessions: dict[int, ChatSession] = {}
+            pages = []
+            for srow, prow in rows:
+                session = sessions.get(srow.pk)
+                if session is None:
+                    session = sessions[srow.pk] = _session(srow)
+                rows_of_page = marks.get(prow.pk, [])
+                keywords = _rank_keywords((k, w) for k, _, w in rows_of_page)
+                pages.append(
+                    IndexedPage(
+                        pk=prow.pk,
+                        stored=_page(session, prow, keywords),
+                        order=(
+                            srow.date is None,
+                            srow.date or datetime.min,
+                            srow.pk,
+                            prow.turn_start,
+                        ),
+                        bookmark_terms=tuple((t, w) for _, t, w in rows_of_page),
+                    )
+                )
+            return PageDelta(UserState(state.epoch or "", int(state.version)), pages, live=live)
+
+    @staticmethod
+    def _keywords(s: Session, page_pks: Sequence[int]) -> dict[int, tuple[str, ...]]:
+        if not page_pks:
+            return {}
+        rows = s.execute(
+            select(BookmarkRow.page_pk, BookmarkRow.keyword, BookmarkRow.weight).where(
+                BookmarkRow.page_pk.in_(list(page_pks))
+            )
+        ).all()
+        by_page: dict[int, list[tuple[str, float]]] = {}
+        for pk, keyword, weight in rows:
+            by_page.setdefault(pk, []).append((keyword, float(weight)))
+        return {pk: _rank_keywords(items) for pk, items in by_page.items()}
+
+    def recent_turns(self, tenant: str, user: str, n: int) -> list[Turn]:
+        """The last ``n`` turns of the user's newest sessions, in chronological order."""
+        if n <= 0:
+            return []
+        out: list[Turn] = []
+        with self._read() as s:
+            rows = s.scalars(
+                select(SessionRow)
+                .where(SessionRow.tenant_id == tenant, SessionRow.user_id == user)
+                # An undated session (raw turns without timestamps) counts as of its ingest.
+                .order_by(
+                    func.coalesce(SessionRow.date, SessionRow.created_at).desc(),
+                    SessionRow.pk.desc(),
+                )
+                .limit(n)
+            )
+            for row in rows:
+                out = [turn_from_json(t) for t in row.turns[-(n - len(out)) :]] + out
+                if len(out) >= n:
+                    break
+        return out
+
+
+def _session(row: SessionRow) -> ChatSession:
+    return ChatSession(
+        id=row.session_id,
+        turns=tuple(turn_from_json(t) for t in row.turns),
+        date=row.date,
+        date_text=row.date_text,
+    )
+
+
+def _page(session: ChatSession, row: PageRow, keywords: tuple[str, ...]) -> StoredPage:
+    page = ChatSession(
+        id=row.page_id,
+        turns=session.turns[row.turn_start : row.turn_end],
+        date=session.date,
+        date_text=session.date_text,
+        conversation_id=session.id,
+    )
+    return StoredPage(page=page, session_id=session.id, n_tokens=row.n_tokens, keywords=keywords)
+
+
+def _info(row: SessionRow, n_pages: int) -> SessionInfo:
+    return SessionInfo(
+        session_id=row.session_id,
+        date=row.date,
+        date_text=row.date_text,
+        n_turns=row.n_turns,
+        n_tokens=row.n_tokens,
+        n_pages=int(n_pages),
+        created_at=row.created_at,
+    )
+
+
+def _rank_keywords(rows: Iterable[tuple[str, float]]) -> tuple[str, ...]:
+    """A page's keywords, best first: one bookmark row per analysed term, so a keyword's weight
+    is the largest of its rows."""
+    best: dict[str, float] = {}
+    for keyword, weight in rows:
+        best[keyword] = max(weight, best.get(keyword, weight))
+    return tuple(k for k, _ in sorted(best.items(), key=lambda kv: (-kv[1], kv[0])))
