@@ -459,6 +459,7 @@ def test_top_level_not_a_list(loader, tmp_path: Path) -> None:
 
 
 def test_pages_keep_dates_and_map_turn_evidence(locomo_mini_path: Path) -> None:
+    from memsifter.data.types import Page
     from memsifter.data.units import page_session, to_units
 
     q = next(q for q in load_locomo(locomo_mini_path).queries if q.gold_session_ids)
@@ -467,8 +468,10 @@ def test_pages_keep_dates_and_map_turn_evidence(locomo_mini_path: Path) -> None:
     assert all(len(p.turns) <= 2 for p in paged.haystack)
     by_id = {s.id: s for s in q.haystack}
     for p in paged.haystack:
-        session = by_id[p.id.split("#")[0]]
-        assert p.date_text == session.date_text and set(p.turns) <= set(session.turns)
+        assert isinstance(p, Page) and p.session_id == p.id.split("#")[0]
+        session = by_id[p.session_id]
+        assert p.date_text == session.date_text
+        assert session.turns[p.first_turn : p.first_turn + len(p.turns)] == p.turns
     assert paged.gold_session_ids
     assert {g.split("#")[0] for g in paged.gold_session_ids} <= set(q.gold_session_ids)
     evidence = set(q.meta["evidence"])

@@ -8,7 +8,7 @@ from memsifter.data.dataset import LoadReport, MemoryDataset
 from memsifter.data.jsonl import dump_jsonl, load_jsonl
 from memsifter.data.locomo import load_locomo
 from memsifter.data.longmemeval import load_longmemeval
-from memsifter.data.types import Query, Ranking, Session, Turn
+from memsifter.data.types import Page, Query, Ranking, Session, Turn
 from memsifter.errors import UnknownNameError
 
 LOADERS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "jsonl": load_jsonl}
@@ -30,6 +30,7 @@ __all__ = [
     "MemoryDataset",
     "Query",
     "Ranking",
+    "Page",
     "Session",
     "Turn",
     "dump_jsonl",

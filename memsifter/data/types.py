@@ -61,6 +61,20 @@ class Session:
 
 
 @dataclass(frozen=True)
+class Page(Session):
+    """A few consecutive turns of one chat session: the finer unit the proxy can rank and the
+    store pages in and out (``memsifter.data.units.page_session`` cuts them).
+
+    It is a ``Session`` to every ranker (same ``render``, date and fingerprint), so coarse
+    filters, the prompt and the parser take pages and sessions alike; its type and
+    ``session_id`` say which chat session it came from, rather than a parsed ``#`` in its id.
+    """
+
+    session_id: str = ""  # the chat session cut into this page
+    first_turn: int = 0  # position of the page's first turn in that session
+
+
+@dataclass(frozen=True)
 class Query:
     """A question over a haystack of sessions, with its gold answer and gold sessions.
 

@@ -97,19 +97,16 @@ class MemoryService:
             )
         keywords = self.extractor.extract(pages)
         records = []
-        start = 0
         for page, kws in zip(pages, keywords, strict=True):
-            end = start + len(page.turns)
             records.append(
                 PageRecord(
                     page_id=page.id,
-                    turn_start=start,
-                    turn_end=end,
+                    turn_start=page.first_turn,
+                    turn_end=page.first_turn + len(page.turns),
                     n_tokens=self.counter.count(page.render()),
                     bookmarks=to_bookmarks(kws),
                 )
             )
-            start = end
         return SessionRecord(session, self.counter.count(session.render()), tuple(records))
 
     def ingest_sessions(
