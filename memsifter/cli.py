@@ -476,7 +476,7 @@ def data_rank(
         parse_data_overrides,
         with_data_paths,
     )
-    from memsifter.training.validation import rank_rows
+    from memsifter.training.validation import ValidationEngine, rank_rows
 
     try:
         cfg = load_rl_data_config(recipe)
@@ -487,7 +487,11 @@ def data_rank(
         )
         rows = build_rl_dataset(pool, console=console).dataset["train"]
         path, parse_rate = rank_rows(
-            model, rows, out, max_new_tokens=max_new_tokens, threads=threads
+            model,
+            rows,
+            out,
+            max_new_tokens=max_new_tokens,
+            engine=ValidationEngine(threads=threads),
         )
         console.print(f"wrote {len(rows)} rankings to {path} (parse rate {parse_rate:.2f})")
     except (MemSifterError, ValueError, FileNotFoundError) as e:

@@ -377,3 +377,72 @@ def test_validation_feeds_the_prompt_text_as_is(monkeypatch: pytest.MonkeyPatch)
         generate_completions(
             "m", [{"prompt": [{"role": "user", "content": "x"}]}], max_new_tokens=4
         )
+
+
+def test_vllm_validation_builds_one_engine_per_model_and_shuts_it_down(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``epochs.validation_backend: vllm`` generates with an in-process ``vllm.LLM`` on the
+    model folder (window from ``model.context_tokens``), greedy and capped, and shuts the
+    engine down afterwards: the next checkpoint's engine and the next trainer need its GPU."""
+    import sys
+    import types
+
+    from memsifter.training.config import TrainConfig
+    from memsifter.training.validation import ValidationEngine, generate_completions
+
+    events: list[tuple[str, object]] = []
+
+    class _Core:
+        def shutdown(self) -> None:
+            events.append(("shutdown", None))
+
+    class _LLM:
+        def __init__(self, **kwargs: object) -> None:
+            events.append(("init", kwargs))
+            self.llm_engine = types.SimpleNamespace(engine_core=_Core())
+
+        def generate(self, prompts, params, use_tqdm=False):  # noqa: ANN001, ANN202
+            events.append(("generate", (list(prompts), params)))
+            out = types.SimpleNamespace(text="<ranking>1, 0</ranking>", token_ids=[1, 2, 3])
+            out.finish_reason = "stop"
+            return [types.SimpleNamespace(prompt_token_ids=[0], outputs=[out]) for _ in prompts]
+
+    class _Params:
+        def __init__(self, **kwargs: object) -> None:
+            self.kwargs = kwargs
+
+    monkeypatch.setitem(
+        sys.modules, "vllm", types.SimpleNamespace(LLM=_LLM, SamplingParams=_Params)
+    )
+    model = tmp_path / "checkpoint-4"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = TrainConfig()
+    cfg.model.context_tokens = 4096
+    cfg.epochs.validation_backend = "vllm"
+    cfg.epochs.validation_engine_args = {"gpu_memory_utilization": 0.5, "enforce_eager": True}
+    engine = ValidationEngine.from_config(cfg)
+    rows = [{"prompt": "p1"}, {"prompt": "p2"}]
+    assert (
+        generate_completions(model, rows, max_new_tokens=7, engine=engine)
+        == ["<ranking>1, 0</ranking>"] * 2
+    )
+    kinds = [e[0] for e in events]
+    assert kinds == ["init", "generate", "shutdown"]
+    init = events[0][1]
+    assert isinstance(init, dict)
+    assert init["model"] == str(model) and init["max_model_len"] == 4096
+    assert init["gpu_memory_utilization"] == 0.5 and init["enforce_eager"] is True
+    prompts, params = events[1][1]  # type: ignore[misc]
+    assert prompts == ["p1", "p2"]
+    assert params.kwargs["temperature"] == 0.0 and params.kwargs["max_tokens"] == 7
+
+
+def test_validation_backend_is_checked() -> None:
+    from memsifter.training.config import EpochSettings
+
+    with pytest.raises(ValueError, match="validation_backend must be one of"):
+        EpochSettings(validation_backend="sglang")
+    with pytest.raises(ValueError, match="validation_engine_args are vllm engine arguments"):
+        EpochSettings(validation_engine_args={"enforce_eager": True})

@@ -81,3 +81,30 @@ class VLLMBackend:
             ]
             for o in outs
         ]
+
+    def close(self) -> None:
+        """Shut the engine down and give its GPU memory back, so a later engine (the next
+        checkpoint's validation) or the next epoch's trainer fits on the same device. vLLM's
+        own ``LLM.shutdown`` where it has one, else the V1 engine core's; only then is the
+        object dropped (garbage collection alone leaves the engine's memory held). vLLM's
+        ``destroy_distributed_environment`` is not called: it would also tear down the
+        training processes' own torch.distributed group."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        shutdown = getattr(llm, "shutdown", None)
+        if shutdown is None:
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            shutdown = getattr(core, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+        try:
+            import torch
+        except ImportError:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

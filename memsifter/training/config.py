@@ -24,6 +24,7 @@ from memsifter.errors import DataError
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
 SFT_TARGETS = ("coarse", "gold")
 SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
+VALIDATION_BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
@@ -187,8 +188,24 @@ class EpochSettings:
     # curriculum select that epoch's prompts from those rankings (the paper's re-scoring with
     # the current policy). Costs one greedy pass over the pool per epoch boundary.
     rescore_curriculum: bool = True
+    # How the main process generates for validation and the re-score. transformers: greedy,
+    # batched, in the training process (CPU runs, tests). vllm: an in-process vllm.LLM built per
+    # model folder on the main process's GPU after the epoch's trainer is freed, and shut down
+    # after it (the GPU recipes: hours with transformers become minutes). The model folder's
+    # config.json carries the policy's rope scaling, so validation reads the trained window.
+    validation_backend: str = "transformers"  # transformers | vllm
+    # vllm engine arguments (gpu_memory_utilization, enforce_eager, dtype, ...);
+    # max_model_len defaults to model.context_tokens.
+    validation_engine_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.validation_backend not in VALIDATION_BACKENDS:
+            raise ValueError(
+                f"epochs.validation_backend must be one of {VALIDATION_BACKENDS}, got "
+                f"{self.validation_backend!r}"
+            )
+        if self.validation_engine_args and self.validation_backend != "vllm":
+            raise ValueError("epochs.validation_engine_args are vllm engine arguments")
         if self.select_metric not in SELECT_METRICS:
             raise ValueError(
                 f"epochs.select_metric must be one of {SELECT_METRICS}, got {self.select_metric!r}"

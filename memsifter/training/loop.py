@@ -48,12 +48,15 @@ from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from memsifter.errors import DataError
 from memsifter.training.config import TrainConfig, check_hardware, has_cuda
+
+if TYPE_CHECKING:
+    from memsifter.training.validation import ValidationEngine
 
 Log = Callable[[str], None]
 
@@ -142,7 +145,7 @@ def rescore_curriculum(
     cdir: Path,
     *,
     max_new_tokens: int,
-    threads: int | None,
+    engine: ValidationEngine | None = None,
     log: Log = print,
 ) -> Path:
     """Rank the whole train pool with ``model_path`` (greedy) and let the curriculum select the
@@ -163,7 +166,7 @@ def rescore_curriculum(
             partial = cdir / "rankings.partial.jsonl"
             target = _merged_for_eval(Path(model_path), cdir / "merged-for-eval")
             _, parse_rate = rank_rows(
-                target, pool, partial, max_new_tokens=max_new_tokens, threads=threads
+                target, pool, partial, max_new_tokens=max_new_tokens, engine=engine
             )
             partial.replace(rankings)
             log(f"curriculum: parse rate {parse_rate:.2f}")
@@ -223,6 +226,7 @@ def run_training(
     from memsifter.training.distributed import start_processes
     from memsifter.training.grpo import build_trainer, lora_config, precision, tracking_kwargs
     from memsifter.training.sft import run_sft
+    from memsifter.training.validation import ValidationEngine
 
     t_start = time.perf_counter()
     cuda = has_cuda()
@@ -339,7 +343,8 @@ def run_training(
             selected = procs.run_on_main(
                 partial(
                     rescore_curriculum, cfg.data, model_path, edir / "curriculum",
-                    max_new_tokens=val_tokens, threads=cfg.threads, log=log,
+                    max_new_tokens=val_tokens, engine=ValidationEngine.from_config(cfg),
+                    log=log,
                 ),
                 "the curriculum's re-score",
             )  # fmt: skip
@@ -438,7 +443,7 @@ def _validate_and_average(
     the state entry's ``averaged``, ``next``, ``top`` and ``validation``."""
     from memsifter.ranker.spec import write_spec
     from memsifter.training.averaging import average_checkpoints
-    from memsifter.training.validation import result_dict, validate
+    from memsifter.training.validation import ValidationEngine, result_dict, validate
 
     results_path = edir / "validation.json"
     results: dict[str, Any] = (
@@ -460,7 +465,7 @@ def _validate_and_average(
             reward_fn,
             max_new_tokens=val_tokens,
             rankings_out=edir / "rankings" / f"{name}.jsonl",
-            threads=cfg.threads,
+            engine=ValidationEngine.from_config(cfg),
         )
         results[name] = result_dict(r)
         log(
@@ -488,7 +493,8 @@ def _validate_and_average(
     if cfg.epochs.keep_start_if_better:
         r = validate(
             averaged, val, reward_fn, max_new_tokens=val_tokens,
-            rankings_out=edir / "rankings" / "averaged.jsonl", threads=cfg.threads,
+            rankings_out=edir / "rankings" / "averaged.jsonl",
+            engine=ValidationEngine.from_config(cfg),
         )  # fmt: skip
         results["averaged"] = result_dict(r)
         results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")

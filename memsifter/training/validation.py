@@ -11,14 +11,19 @@ the outcome the paper optimises. The rankings are written out as JSONL
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memsifter.ranker.parse import parse_ranking
 from memsifter.rewards.retrieval import retrieval_reward
 from memsifter.rewards.trl import RewardFunction
 from memsifter.training.curriculum import write_rankings
+
+if TYPE_CHECKING:
+    from memsifter.llm import BackendSpec
+    from memsifter.training.config import TrainConfig
 
 # Far past any warm-up: beta(t) = 0, so the validation reward is alpha * R_ans.
 _AFTER_WARMUP = 10**9
@@ -38,13 +43,45 @@ class ValidationResult:
         return {"ndcg@1": self.ndcg_1, "ndcg@5": self.ndcg_5, "reward": self.reward}[name]
 
 
+@dataclass(frozen=True)
+class ValidationEngine:
+    """How validation and the curriculum's re-score generate: greedy, with the backend the
+    run's ``epochs.validation_backend`` names, built for each model folder and released after
+    it (a vLLM engine holds most of its GPU until shut down)."""
+
+    backend: str = "transformers"  # transformers | vllm
+    engine_args: Mapping[str, Any] = field(default_factory=dict)  # vllm.LLM arguments
+    batch_size: int = 8  # transformers
+    threads: int | None = None  # transformers on CPU
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> ValidationEngine:
+        args = dict(cfg.epochs.validation_engine_args)
+        if cfg.epochs.validation_backend == "vllm" and cfg.model.context_tokens is not None:
+            args.setdefault("max_model_len", cfg.model.context_tokens)
+        return cls(backend=cfg.epochs.validation_backend, engine_args=args, threads=cfg.threads)
+
+    def spec(self, model_path: str | Path) -> BackendSpec:
+        from memsifter.llm import BackendSpec
+
+        if self.backend == "vllm":
+            return BackendSpec(kind="vllm", model=str(model_path), options=dict(self.engine_args))
+        if self.backend == "transformers":
+            return BackendSpec(
+                kind="transformers",
+                model=str(model_path),
+                batch_size=self.batch_size,
+                threads=self.threads,
+            )
+        raise ValueError(f"validation backend must be transformers or vllm, not {self.backend!r}")
+
+
 def generate_completions(
     model_path: str | Path,
     rows: Any,
     *,
     max_new_tokens: int,
-    batch_size: int = 8,
-    threads: int | None = None,
+    engine: ValidationEngine | None = None,
 ) -> list[str]:
     """Greedy completions of the rows' rendered ``prompt`` text by the model at
     ``model_path``: the PromptSpec's renderer made that text, so nothing is templated here."""
@@ -56,23 +93,31 @@ def generate_completions(
             "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data with "
             "`memsifter data rl`"
         )
-    backend = llm.build_backend(
-        llm.BackendSpec(
-            kind="transformers", model=str(model_path), batch_size=batch_size, threads=threads
-        )
-    )
-    sampling = llm.SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
-    gens = backend.generate(texts, sampling)
+    backend = llm.build_backend((engine or ValidationEngine()).spec(model_path))
+    try:
+        sampling = llm.SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
+        gens = backend.generate(texts, sampling)
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
     return [g[0].text for g in gens]
 
 
 def rank_rows(
-    model_path: str | Path, rows: Any, out: Path, *, max_new_tokens: int, **kwargs: Any
+    model_path: str | Path,
+    rows: Any,
+    out: Path,
+    *,
+    max_new_tokens: int,
+    engine: ValidationEngine | None = None,
 ) -> tuple[Path, float]:
     """A previous model's rankings of ``rows`` as a curriculum rankings file (a completion that
     does not parse ranks nothing: NDCG 0). Returns the file and the parse rate."""
     rows = list(rows)
-    completions = generate_completions(model_path, rows, max_new_tokens=max_new_tokens, **kwargs)
+    completions = generate_completions(
+        model_path, rows, max_new_tokens=max_new_tokens, engine=engine
+    )
     pairs = []
     parsed_n = 0
     for row, text in zip(rows, completions, strict=True):
@@ -89,19 +134,14 @@ def validate(
     *,
     max_new_tokens: int,
     rankings_out: Path | None = None,
-    batch_size: int = 8,
-    threads: int | None = None,
+    engine: ValidationEngine | None = None,
 ) -> ValidationResult:
     import time
 
     t0 = time.perf_counter()
     rows = list(rows)
     completions = generate_completions(
-        model_path,
-        rows,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        threads=threads,
+        model_path, rows, max_new_tokens=max_new_tokens, engine=engine
     )
 
     columns = (
