@@ -49,12 +49,19 @@ EVAL_FLAGS = {
     "conversations": Flag(comma=True),
     "data": Flag(default=DEFAULT_LOCOMO),  # $MEMSIFTER_LOCOMO when it is set
 }
+RETRIEVAL_FLAGS = {**EVAL_FLAGS, "retrievers": Flag("--retriever")}
+QA_FLAGS = {**EVAL_FLAGS, "answer_prompt": Flag("--prompt")}
+PROXY_EVAL_FLAGS = {
+    "models": Flag("--model", parse=parse_model_option),
+    "runs": Flag("--run", parse=parse_model_option),
+    "pairs": Flag("--pair"),
+}
 
 
 @eval_app.command("retrieval")
 @config_options(
     RetrievalEvalConfig,
-    flags={**EVAL_FLAGS, "retrievers": Flag("--retriever")},
+    flags=RETRIEVAL_FLAGS,
     config_help="YAML config (configs/eval/*.yaml); the flags override it",
     on_error=_fail,
 )
@@ -72,9 +79,7 @@ def eval_retrieval(cfg: RetrievalEvalConfig) -> None:
 
 
 @eval_app.command("qa")
-@config_options(
-    QAEvalConfig, flags={**EVAL_FLAGS, "answer_prompt": Flag("--prompt")}, on_error=_fail
-)
+@config_options(QAEvalConfig, flags=QA_FLAGS, on_error=_fail)
 def eval_qa(cfg: QAEvalConfig) -> None:
     """Answer questions from the top-k retrieved sessions; write metrics.json, report.md and
     predictions.jsonl (per question: id, category, prediction, gold, scores). On LoCoMo:
@@ -109,15 +114,7 @@ def eval_qa(cfg: QAEvalConfig) -> None:
 
 
 @eval_app.command("proxy")
-@config_options(
-    ProxyEvalConfig,
-    flags={
-        "models": Flag("--model", parse=parse_model_option),
-        "runs": Flag("--run", parse=parse_model_option),
-        "pairs": Flag("--pair"),
-    },
-    on_error=_fail,
-)
+@config_options(ProxyEvalConfig, flags=PROXY_EVAL_FLAGS, on_error=_fail)
 def eval_proxy(cfg: ProxyEvalConfig) -> None:
     """Compare rankers on the same RL-data prompts of one split: the coarse order, models
     (greedy, failed parses score 0), RRF fusions; paired bootstrap CIs; write runs/*.jsonl, a

@@ -53,39 +53,36 @@ class Flag:
 
 
 @dataclass(frozen=True)
-class _Option:
+class ConfigOption:
+    """One config field's option on a command."""
+
     field: str
     flag: str
-    item: Any  # the type of the flag's value (of each value, when repeatable)
-    multiple: bool
+    item: Any  # the type click parses each value as
+    repeatable: bool
     default: Any  # click's default: shown in --help, never applied (see module docstring)
     help: str
-    flag_spec: Flag
+    spec: Flag
 
     def parameter(self) -> inspect.Parameter:
-        item = str if self.flag_spec.comma or self.flag_spec.parse else self.item
-        annotation: Any = list[item] if self.multiple and not self.flag_spec.comma else item
-        decls = [f"{self.flag}/--no-{self.flag[2:]}"] if item is bool else [self.flag]
-        option = typer.Option(*decls, help=self.help)
+        annotation: Any = list[self.item] if self.repeatable else self.item
+        toggle = self.item is bool and not self.repeatable
+        decls = [f"{self.flag}/--no-{self.flag[2:]}"] if toggle else [self.flag]
         return inspect.Parameter(
             self.field,
             inspect.Parameter.KEYWORD_ONLY,
             default=self.default,
-            annotation=Annotated[annotation | None, option],
+            annotation=Annotated[annotation | None, typer.Option(*decls, help=self.help)],
         )
 
     def value(self, raw: Any) -> Any:
         """The field's value from what click parsed."""
-        spec = self.flag_spec
-        if spec.comma:
+        if self.spec.comma:
             return [part.strip() for part in raw.split(",")]
-        if spec.parse:
-            return (
-                [spec.parse(v, self.flag) for v in raw]
-                if self.multiple
-                else spec.parse(raw, self.flag)
-            )
-        return list(raw) if self.multiple else raw
+        if self.spec.parse:
+            parse = self.spec.parse
+            return [parse(v, self.flag) for v in raw] if self.repeatable else parse(raw, self.flag)
+        return list(raw) if self.repeatable else raw
 
 
 def _arms(hint: Any) -> tuple[Any, ...]:
@@ -127,19 +124,19 @@ def _field_default(f: dataclasses.Field[Any]) -> Any:
     return MISSING
 
 
-def _click_default(value: Any, spec: Flag, multiple: bool) -> Any:
+def _click_default(value: Any, spec: Flag, is_list: bool) -> Any:
     if value is MISSING or value is None or spec.parse:
         return None
     if spec.comma:
         return ",".join(map(str, value)) or None
-    if multiple:
+    if is_list:
         return list(value) or None
     return value
 
 
 def config_flags(
     cls: type[Any], flags: Mapping[str, Flag] | None = None
-) -> tuple[list[_Option], list[str]]:
+) -> tuple[list[ConfigOption], list[str]]:
     """The options a command built from ``cls`` shows, and the fields only its YAML can set."""
     flags = dict(flags or {})
     fields = dataclasses.fields(cls)
@@ -152,32 +149,31 @@ def config_flags(
         if f.name in _RESERVED:
             raise ValueError(f"{cls.__name__}.{f.name}: the name of the command's own parameter")
         spec = flags.get(f.name, Flag())
-        kind = _flag_type(hints[f.name])
-        if spec.parse:
-            kind = (str, _is_list(hints[f.name]))
+        hint = hints[f.name]
+        kind = (str, _is_list(hint)) if spec.parse else _flag_type(hint)
         if kind is None:
             yaml_only.append(f.name)
             continue
-        item, multiple = kind
-        if spec.comma and not multiple:
+        item, is_list = kind
+        if spec.comma and not is_list:
             raise ValueError(f"{cls.__name__}.{f.name}: a comma flag needs a list field")
         default = spec.default if spec.default is not _UNSET else _field_default(f)
         text = f.metadata.get("help", "")
         if spec.comma:
             text = f"comma-separated: {text}"
-        elif multiple:
+        elif is_list:
             text += " (repeatable)"
         if default is MISSING:
             text += " (required, here or in --config)"
         options.append(
-            _Option(
+            ConfigOption(
                 field=f.name,
                 flag=spec.name or "--" + f.name.replace("_", "-"),
-                item=item,
-                multiple=multiple,
-                default=_click_default(default, spec, multiple),
+                item=str if spec.comma else item,
+                repeatable=is_list and not spec.comma,
+                default=_click_default(default, spec, is_list),
                 help=text,
-                flag_spec=spec,
+                spec=spec,
             )
         )
     return options, yaml_only
@@ -214,14 +210,14 @@ def build_config(
     return from_dict(cls, data, file=str(config) if config is not None else COMMAND_LINE)
 
 
-def _typed(ctx: typer.Context, option: _Option, values: Mapping[str, Any]) -> bool:
+def _typed(ctx: typer.Context, option: ConfigOption, values: Mapping[str, Any]) -> bool:
     """Whether the user gave ``option`` (click's parameter source, not a comparison with the
     default)."""
     source = ctx.get_parameter_source(option.field)
     if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
         return False
     # An empty --conversations "" is no list at all: not given, as before this module.
-    return not (option.flag_spec.comma and not values[option.field])
+    return not (option.spec.comma and not values[option.field])
 
 
 def config_options(
@@ -275,4 +271,4 @@ def config_options(
     return decorate
 
 
-__all__ = ["Flag", "build_config", "config_flags", "config_options"]
+__all__ = ["ConfigOption", "Flag", "build_config", "config_flags", "config_options"]
