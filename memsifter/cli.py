@@ -52,6 +52,7 @@ EVAL_FLAGS = {
 RETRIEVAL_FLAGS = {**EVAL_FLAGS, "retrievers": Flag("--retriever")}
 QA_FLAGS = {**EVAL_FLAGS, "answer_prompt": Flag("--prompt")}
 PROXY_EVAL_FLAGS = {
+    "data": Flag(parse=lambda value, _flag: str(Path(value))),  # data/rl/x/ -> data/rl/x
     "models": Flag("--model", parse=parse_model_option),
     "runs": Flag("--run", parse=parse_model_option),
     "pairs": Flag("--pair"),

@@ -536,6 +536,8 @@ def command_line(cfg: ProxyEvalConfig) -> str:
     if cfg.max_questions is not None:
         args += ["--max-questions", str(cfg.max_questions)]
     args += ["--seed", str(cfg.seed), "--batch-size", str(cfg.batch_size)]
+    if cfg.n_bootstrap != N_BOOTSTRAP:
+        args += ["--n-bootstrap", str(cfg.n_bootstrap)]
     if cfg.threads is not None:
         args += ["--threads", str(cfg.threads)]
     args += ["--out", cfg.out]
