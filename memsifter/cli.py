@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from memsifter.config_cli import Flag, config_options
 from memsifter.data.locations import locomo_path
 from memsifter.errors import MemSifterError
+from memsifter.evaluation.config import (
+    ProxyEvalConfig,
+    QAEvalConfig,
+    RetrievalEvalConfig,
+    parse_model_option,
+)
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -27,211 +34,69 @@ console = Console(stderr=True)
 DEFAULT_LOCOMO = locomo_path()
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception) -> NoReturn:
     # escape(): our messages end in "[file=..., record=..., field=...]", which rich would
     # otherwise swallow as markup.
     console.print(f"[bold red]error:[/] {escape(str(e))}")
     raise typer.Exit(2)
 
 
+# The eval commands' options are their configs' fields (memsifter.config_cli); these tables keep
+# the flags that predate that and differ from the field.
+EVAL_FLAGS = {
+    "proxy_completion_tokens": Flag("--completion-tokens"),
+    "prompt": Flag("--prompt-spec"),
+    "conversations": Flag(comma=True),
+    "data": Flag(default=DEFAULT_LOCOMO),  # $MEMSIFTER_LOCOMO when it is set
+}
+RETRIEVAL_FLAGS = {**EVAL_FLAGS, "retrievers": Flag("--retriever")}
+QA_FLAGS = {**EVAL_FLAGS, "answer_prompt": Flag("--prompt")}
+PROXY_EVAL_FLAGS = {
+    "data": Flag(parse=lambda value, _flag: str(Path(value))),  # data/rl/x/ -> data/rl/x
+    "models": Flag("--model", parse=parse_model_option),
+    "runs": Flag("--run", parse=parse_model_option),
+    "pairs": Flag("--pair"),
+}
+
+
 @eval_app.command("retrieval")
-def eval_retrieval(
-    dataset: Annotated[str | None, typer.Option(help="locomo | longmemeval | jsonl")] = None,
-    data: Annotated[str | None, typer.Option(help="dataset file")] = None,
-    retriever: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="coarse filter spec; repeat for several (bm25, minilm, wordllama, bge-m3[:DIR], "
-            "st:MODEL, hybrid:A+B)"
-        ),
-    ] = None,
-    haystack: Annotated[str | None, typer.Option(help="native | 32k | 128k | 1m")] = None,
-    conversations: Annotated[
-        str | None, typer.Option(help="comma-separated conversation ids or 0-based indexes")
-    ] = None,
-    out: Annotated[str | None, typer.Option(help="output folder")] = None,
-    seed: Annotated[int | None, typer.Option(help="haystack seed")] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(help="tokenizer (hub id or folder) for token budgets; default: approx regex"),
-    ] = None,
-    max_questions: Annotated[int | None, typer.Option(help="smoke runs: first N")] = None,
-    embedding_cache: Annotated[
-        str | None,
-        typer.Option(help="folder that keeps dense filters' passage vectors across runs"),
-    ] = None,
-    config: Annotated[Path | None, typer.Option(help="YAML config (configs/eval/*.yaml)")] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="proxy model for --retriever memsifter (hub id, folder, smollm2-135m-instruct)"
-        ),
-    ] = None,
-    backend: Annotated[str | None, typer.Option(help="transformers | openai | vllm")] = None,
-    base_url: Annotated[str | None, typer.Option(help="openai backend server URL")] = None,
-    coarse: Annotated[str | None, typer.Option(help="coarse filter in front of the proxy")] = None,
-    coarse_budget: Annotated[
-        int | None,
-        typer.Option(help="proxy prompt budget in tokens (its window minus the completion budget)"),
-    ] = None,
-    completion_tokens: Annotated[
-        int | None, typer.Option(help="proxy completion budget (think + ranking) in tokens")
-    ] = None,
-    prompt_spec: Annotated[
-        str | None,
-        typer.Option(
-            help="the proxy's prompt spec (a prompt_spec.json, or a folder with one) for a model "
-            "without its own; a trained model's folder carries it"
-        ),
-    ] = None,
-) -> None:
+@config_options(
+    RetrievalEvalConfig,
+    flags=RETRIEVAL_FLAGS,
+    config_help="YAML config (configs/eval/*.yaml); the flags override it",
+    on_error=_fail,
+)
+def eval_retrieval(cfg: RetrievalEvalConfig) -> None:
     """Rank every question's haystack with coarse filters or the proxy (`--retriever memsifter`);
     write metrics.json, report.md and a recall@k plot."""
-    from memsifter.config import load_config
-    from memsifter.evaluation.retrieval import RetrievalEvalConfig, render_table, run_retrieval_eval
+    from memsifter.evaluation.retrieval import render_table, run_retrieval_eval
 
     try:
-        cfg = (
-            load_config(RetrievalEvalConfig, config)
-            if config
-            else RetrievalEvalConfig(data=DEFAULT_LOCOMO)
-        )
-        overrides = {
-            "dataset": dataset,
-            "data": data,
-            "retrievers": retriever or None,
-            "haystack": haystack,
-            "out": out,
-            "seed": seed,
-            "tokenizer": tokenizer,
-            "max_questions": max_questions,
-            "embedding_cache": embedding_cache,
-            "model": model,
-            "backend": backend,
-            "base_url": base_url,
-            "coarse": coarse,
-            "coarse_budget": coarse_budget,
-            "proxy_completion_tokens": completion_tokens,
-            "prompt": prompt_spec,
-            "conversations": [c.strip() for c in conversations.split(",")]
-            if conversations
-            else None,
-        }
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
         results = run_retrieval_eval(cfg, console=console)
     except MemSifterError as e:
         _fail(e)
-        return
     typer.echo(render_table(results, cfg.haystack))
     console.print(f"wrote {cfg.out}/metrics.json, report.md, recall_at_k.png")
 
 
 @eval_app.command("qa")
-def eval_qa(
-    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl")] = "locomo",
-    data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
-    retriever: Annotated[
-        str, typer.Option(help="coarse filter spec, memsifter (the proxy), full, or none")
-    ] = "bm25",
-    answerer: Annotated[str, typer.Option(help="working LLM")] = "smollm2-135m-instruct",
-    answerer_backend: Annotated[str, typer.Option(help="transformers | openai | vllm")] = (
-        "transformers"
-    ),
-    answerer_base_url: Annotated[str | None, typer.Option(help="openai answerer URL")] = None,
-    answerer_window: Annotated[int, typer.Option(help="answerer context window")] = 8192,
-    top_k: Annotated[int, typer.Option(help="sessions given to the answerer")] = 5,
-    memory_order: Annotated[
-        str, typer.Option(help="how the answerer shows the top k: rank | chronological")
-    ] = "rank",
-    prompt: Annotated[
-        str,
-        typer.Option(
-            help="answerer prompt: ours, or locomo (LoCoMo's published prompting: category-5 "
-            "forced choice, category-2 date hint; LoCoMo only)"
-        ),
-    ] = "ours",
-    conversations: Annotated[str | None, typer.Option(help="comma-separated ids/indexes")] = None,
-    max_questions: Annotated[int | None, typer.Option(help="first N questions")] = None,
-    model: Annotated[str, typer.Option(help="proxy model (retriever memsifter)")] = (
-        "smollm2-135m-instruct"
-    ),
-    backend: Annotated[str, typer.Option(help="proxy backend")] = "transformers",
-    base_url: Annotated[str | None, typer.Option(help="proxy openai URL")] = None,
-    coarse: Annotated[str | None, typer.Option(help="coarse filter before the proxy")] = None,
-    coarse_budget: Annotated[
-        int | None, typer.Option(help="proxy prompt budget in tokens (window minus completion)")
-    ] = None,
-    completion_tokens: Annotated[
-        int | None, typer.Option(help="proxy completion budget (think + ranking) in tokens")
-    ] = None,
-    prompt_spec: Annotated[
-        str | None,
-        typer.Option(
-            help="the proxy's prompt_spec.json (or a folder with one), if the model has none"
-        ),
-    ] = None,
-    out: Annotated[str, typer.Option(help="output folder")] = "outputs/qa",
-    judge_model: Annotated[
-        str | None,
-        typer.Option(
-            help="LLM judge (J); none by default. LongMemEval uses its own per-type prompts; "
-            "smollm2-135m-instruct with --judge-backend transformers is an offline pipeline "
-            "check, not a result"
-        ),
-    ] = None,
-    judge_backend: Annotated[str, typer.Option(help="judge backend: openai | transformers")] = (
-        "openai"
-    ),
-    judge_base_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible judge server URL (http://host:port/v1)")
-    ] = None,
-    judge_rubric: Annotated[
-        str,
-        typer.Option(help="J's rubric (not LongMemEval): mem0 (the Mem0 paper's) | memsifter"),
-    ] = "mem0",
-) -> None:
+@config_options(QAEvalConfig, flags=QA_FLAGS, on_error=_fail)
+def eval_qa(cfg: QAEvalConfig) -> None:
     """Answer questions from the top-k retrieved sessions; write metrics.json, report.md and
     predictions.jsonl (per question: id, category, prediction, gold, scores). On LoCoMo:
     LoCoMo's own score by category, with and without category 5; J with --judge-model; on
     LongMemEval the benchmark judge's accuracy."""
-    from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
+    from memsifter.evaluation.qa import run_qa_eval
 
-    cfg = QAEvalConfig(
-        dataset=dataset,
-        data=data,
-        retriever=retriever,
-        answerer=answerer,
-        answerer_backend=answerer_backend,
-        answerer_base_url=answerer_base_url,
-        answerer_window=answerer_window,
-        top_k=top_k,
-        memory_order=memory_order,
-        answer_prompt=prompt,
-        max_questions=max_questions,
-        conversations=[c.strip() for c in conversations.split(",")] if conversations else None,
-        model=model,
-        backend=backend,
-        base_url=base_url,
-        coarse=coarse,
-        coarse_budget=coarse_budget,
-        proxy_completion_tokens=completion_tokens,
-        prompt=prompt_spec,
-        out=out,
-        judge_model=judge_model,
-        judge_backend=judge_backend,
-        judge_base_url=judge_base_url,
-        judge_rubric=judge_rubric,
-    )
     try:
         m = run_qa_eval(cfg, console=console)
     except MemSifterError as e:
         _fail(e)
-        return
 
     def num(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
-    line = f"{retriever}: n={m['n_questions']} f1={num(m['f1'])} em={num(m['em'])}"
+    line = f"{cfg.retriever}: n={m['n_questions']} f1={num(m['f1'])} em={num(m['em'])}"
     if "locomo" in m:  # LoCoMo's own score; f1/em above leave category 5 out
         lo = m["locomo"]
         line += (
@@ -246,91 +111,23 @@ def eval_qa(
         j = m["longmemeval"]
         label = " (PIPELINE CHECK: offline judge, not a result)" if j["pipeline_check"] else ""
         typer.echo(f"LongMemEval judge {j['judge_model']}: accuracy={j['accuracy']:.3f}{label}")
-    console.print(f"wrote {out}/metrics.json, report.md, predictions.jsonl")
+    console.print(f"wrote {cfg.out}/metrics.json, report.md, predictions.jsonl")
 
 
 @eval_app.command("proxy")
-def eval_proxy(
-    data: Annotated[Path, typer.Option(help="RL data folder (memsifter data rl)")],
-    split: Annotated[str, typer.Option(help="train | validation | test")] = "test",
-    model: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="NAME=PATH, repeatable; PATH a model folder, adapter folder or built-in name"
-        ),
-    ] = None,
-    run: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="NAME=FILE, repeatable: a model's saved run (runs/*.jsonl of an earlier eval of "
-            "this split), re-scored instead of regenerated"
-        ),
-    ] = None,
-    explicit_spec: Annotated[
-        list[str] | None,
-        typer.Option(help="model NAME without prompt_spec.json to evaluate on the data's spec"),
-    ] = None,
-    fuse: Annotated[
-        list[str] | None, typer.Option(help="model NAME: add NAME+<coarse> (RRF with the coarse)")
-    ] = None,
-    pair: Annotated[
-        list[str] | None, typer.Option(help="A-B: paired bootstrap 95% CIs of A minus B")
-    ] = None,
-    max_questions: Annotated[
-        int | None, typer.Option(help="seeded random sample of N scoreable questions")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="question sample and bootstrap seed")] = 0,
-    batch_size: Annotated[int, typer.Option(help="prompts per generate call")] = 4,
-    threads: Annotated[int | None, typer.Option(help="torch threads")] = None,
-    out: Annotated[str, typer.Option(help="output folder (runs/ and default reports)")] = (
-        "outputs/proxy_eval"
-    ),
-    out_md: Annotated[str | None, typer.Option(help="markdown report; default OUT/report.md")] = (
-        None
-    ),
-    out_json: Annotated[
-        str | None, typer.Option(help="json metrics; default OUT/metrics.json")
-    ] = None,
-    model_name: Annotated[str | None, typer.Option(help="the json's model field")] = None,
-    start: Annotated[str | None, typer.Option(help="the json's start field (sft, base, …)")] = (
-        None
-    ),
-) -> None:
+@config_options(ProxyEvalConfig, flags=PROXY_EVAL_FLAGS, on_error=_fail)
+def eval_proxy(cfg: ProxyEvalConfig) -> None:
     """Compare rankers on the same RL-data prompts of one split: the coarse order, models
     (greedy, failed parses score 0), RRF fusions; paired bootstrap CIs; write runs/*.jsonl, a
     markdown report and a json."""
-    from memsifter.evaluation.proxy_eval import (
-        ProxyEvalConfig,
-        parse_model_option,
-        render_table,
-        run_proxy_eval,
-    )
+    from memsifter.evaluation.proxy_eval import render_table, run_proxy_eval
 
     try:
-        cfg = ProxyEvalConfig(
-            data=str(data),
-            split=split,
-            models=[parse_model_option(m) for m in model or []],
-            runs=[parse_model_option(r, "--run") for r in run or []],
-            explicit_spec=list(explicit_spec or []),
-            fuse=list(fuse or []),
-            pairs=list(pair or []),
-            max_questions=max_questions,
-            seed=seed,
-            batch_size=batch_size,
-            threads=threads,
-            out=out,
-            out_md=out_md,
-            out_json=out_json,
-            model_name=model_name,
-            start=start,
-        )
         result = run_proxy_eval(cfg, console=console)
     except MemSifterError as e:
         _fail(e)
-        return
     typer.echo(render_table(result.rows))
-    console.print(f"wrote {cfg.md_path}, {cfg.json_path}, {Path(out) / 'runs'}/")
+    console.print(f"wrote {cfg.md_path}, {cfg.json_path}, {Path(cfg.out) / 'runs'}/")
 
 
 @data_app.command("stats")

@@ -1,5 +1,9 @@
 """YAML configs loaded into typed dataclasses. Unknown keys and wrong types are errors that name
-the file and the key, so a typo in a config never silently falls back to a default."""
+the file and the key, so a typo in a config never silently falls back to a default.
+
+A field documents itself once, with :func:`setting` (``metadata["help"]``, where TRL's and
+Hugging Face's argument parsers read it): :mod:`memsifter.config_cli` turns that into the flag's
+help, and checks a flag's value with :func:`check_value`, as a YAML line for the key would be."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,7 +24,23 @@ T = TypeVar("T")
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def _check(value: Any, hint: Any, *, file: str, key: str) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+) -> Any:
+    """A config dataclass field with its help text: the one place the field is documented, for
+    readers of the dataclass and of ``--help`` alike."""
+    return dataclasses.field(
+        default=default, default_factory=default_factory, metadata={"help": help}
+    )
+
+
+def check_value(value: Any, hint: Any, *, file: str, key: str) -> Any:
+    """``value`` checked against the type ``hint`` (an int read as a float, a list as a tuple, a
+    mapping as a nested dataclass); a mismatch is a :class:`DataError` naming ``file`` and
+    ``key``."""
     origin = typing.get_origin(hint)
     if hint is Any:
         return value
@@ -28,7 +48,7 @@ def _check(value: Any, hint: Any, *, file: str, key: str) -> Any:
         errors = []
         for arm in typing.get_args(hint):
             try:
-                return _check(value, arm, file=file, key=key)
+                return check_value(value, arm, file=file, key=key)
             except DataError as e:
                 errors.append(str(e))
         raise DataError(f"value {value!r} matches none of {hint}", file=file, field=key)
@@ -40,7 +60,7 @@ def _check(value: Any, hint: Any, *, file: str, key: str) -> Any:
         if not isinstance(value, list | tuple):
             raise DataError(f"expected a list, got {type(value).__name__}", file=file, field=key)
         (arm, *_) = typing.get_args(hint) or (Any,)
-        items = [_check(v, arm, file=file, key=f"{key}[{i}]") for i, v in enumerate(value)]
+        items = [check_value(v, arm, file=file, key=f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
@@ -75,7 +95,7 @@ def from_dict(cls: type[T], data: Any, *, file: str = "<memory>", prefix: str = 
             file=file,
             field=prefix + unknown[0],
         )
-    kwargs = {k: _check(v, hints[k], file=file, key=prefix + k) for k, v in data.items()}
+    kwargs = {k: check_value(v, hints[k], file=file, key=prefix + k) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except DataError:
@@ -114,14 +134,21 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *, file: str
     return out
 
 
-def load_config(cls: type[T], path: str | Path, overrides: Sequence[str] = ()) -> T:
+def read_yaml(path: str | Path) -> Any:
+    """A config file's YAML (an empty file reads as ``{}``); a missing file or bad YAML is a
+    :class:`DataError` naming the file."""
     p = Path(path)
     if not p.exists():
         raise DataError("config file not found", file=str(p))
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        return yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise DataError(f"invalid YAML: {e}", file=str(p)) from e
+
+
+def load_config(cls: type[T], path: str | Path, overrides: Sequence[str] = ()) -> T:
+    p = Path(path)
+    data = read_yaml(p)
     if overrides:
         if not isinstance(data, dict):
             raise DataError(f"expected a mapping for {cls.__name__}", file=str(p))

@@ -41,6 +41,7 @@ from ir_measures import RR, R, nDCG
 
 from memsifter.coarse.hybrid import rrf
 from memsifter.errors import DataError, MemSifterError
+from memsifter.evaluation.config import N_BOOTSTRAP, ProxyEvalConfig, parse_model_option
 from memsifter.ir_metrics import qrels_from_gold, rankings_to_run
 from memsifter.ranker.parse import parse_ranking
 from memsifter.ranker.spec import PromptSpec, has_spec, read_spec
@@ -54,54 +55,10 @@ METRICS: dict[str, Any] = {
     "mrr": RR,
 }
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
-N_BOOTSTRAP = 10_000
 RRF_K = 60.0
-OUT = "outputs/proxy_eval"
 
 # (model path, batch_size, threads) -> a backend with ``generate(prompts, SamplingConfig)``.
 BackendFactory = Callable[[str, int, "int | None"], Any]
-
-
-@dataclass
-class ProxyEvalConfig:
-    """Everything ``memsifter eval proxy`` needs; the CLI flags fill these fields."""
-
-    data: str  # RL data folder
-    split: str = "test"
-    models: list[tuple[str, str]] = field(default_factory=list)  # (NAME, PATH)
-    # (NAME, FILE): a model's saved run (runs/NAME.jsonl of an earlier eval of this split),
-    # re-parsed and re-scored instead of regenerated.
-    runs: list[tuple[str, str]] = field(default_factory=list)
-    explicit_spec: list[str] = field(default_factory=list)  # models evaluated on the data's spec
-    fuse: list[str] = field(default_factory=list)  # model names fused with the coarse order
-    pairs: list[str] = field(default_factory=list)  # "A-B"
-    max_questions: int | None = None  # seeded sample of the scoreable questions
-    seed: int = 0  # question sample and bootstrap
-    n_bootstrap: int = N_BOOTSTRAP
-    batch_size: int = 4
-    threads: int | None = None
-    out: str = OUT  # runs/ goes here; report.md and metrics.json too unless given
-    out_md: str | None = None
-    out_json: str | None = None
-    model_name: str | None = None  # the json's "model"
-    start: str | None = None  # the json's "start" (e.g. sft, base)
-
-    @property
-    def md_path(self) -> Path:
-        return Path(self.out_md) if self.out_md else Path(self.out) / "report.md"
-
-    @property
-    def json_path(self) -> Path:
-        return Path(self.out_json) if self.out_json else Path(self.out) / "metrics.json"
-
-
-def parse_model_option(value: str, flag: str = "--model") -> tuple[str, str]:
-    """``NAME=PATH`` -> ``(NAME, PATH)``."""
-    name, sep, path = value.partition("=")
-    name, path = name.strip(), path.strip()
-    if not sep or not name or not path:
-        raise MemSifterError(f"{flag} {value!r}: write NAME=PATH")
-    return name, path
 
 
 # --------------------------------------------------------------------------- data
@@ -579,6 +536,8 @@ def command_line(cfg: ProxyEvalConfig) -> str:
     if cfg.max_questions is not None:
         args += ["--max-questions", str(cfg.max_questions)]
     args += ["--seed", str(cfg.seed), "--batch-size", str(cfg.batch_size)]
+    if cfg.n_bootstrap != N_BOOTSTRAP:
+        args += ["--n-bootstrap", str(cfg.n_bootstrap)]
     if cfg.threads is not None:
         args += ["--threads", str(cfg.threads)]
     args += ["--out", cfg.out]

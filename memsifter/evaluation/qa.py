@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,64 +37,15 @@ from rich.markup import escape
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_dataset
-from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.data.locomo import CATEGORY_NAMES
 from memsifter.data.types import Query, Session
 from memsifter.errors import MemSifterError
-from memsifter.llm import BackendSpec
+from memsifter.evaluation.config import QAEvalConfig
 from memsifter.progress import make_progress
 from memsifter.qa.answerer import PROMPT_STYLES, Answerer
 from memsifter.qa.judge import RUBRICS, LLMJudge, get_rubric
 from memsifter.qa.locomo import LocomoQuestion, locomo_question, resolve_choice
 from memsifter.qa.scores import exact_match, score_locomo, token_f1
-
-
-@dataclass
-class QAEvalConfig:
-    dataset: str = "locomo"
-    data: str = DEFAULT_LOCOMO
-    retriever: str = "bm25"  # coarse spec | memsifter | full | none
-    top_k: int = 5
-    answerer: str = "smollm2-135m-instruct"
-    answerer_backend: str = "transformers"
-    answerer_base_url: str | None = None
-    answerer_window: int = 8192
-    answer_tokens: int = 48
-    memory_order: str = "rank"  # rank | chronological: how the answerer shows the top k
-    answer_prompt: str = "ours"  # ours | locomo (LoCoMo's published prompting; LoCoMo only)
-    # The LLM judge (J); none without judge_model. openai needs judge_base_url.
-    judge_model: str | None = None
-    judge_backend: str = "openai"  # openai | transformers | vllm
-    judge_base_url: str | None = None
-    judge_rubric: str = "mem0"  # mem0 (the Mem0 paper's prompt) | memsifter (strict yes/no)
-    judge_max_new_tokens: int | None = None  # None: what the rubric's reply needs
-    batch_size: int = 4
-    conversations: list[str] | None = None
-    max_questions: int | None = None
-    include_no_evidence: bool = True  # QA scores every question; retrieval metrics cannot
-    out: str = "outputs/qa"
-    # the proxy, when retriever == "memsifter" (same fields as eval retrieval): its prompt is the
-    # model's own prompt_spec.json, or for a model without one the explicit settings below
-    model: str = "smollm2-135m-instruct"
-    backend: str = "transformers"
-    base_url: str | None = None
-    prompt: dict[str, Any] | str | None = None  # PromptSpec fields, or a prompt_spec.json path
-    coarse: str | None = None  # spec.coarse (None: not given)
-    coarse_budget: int | None = None  # spec.budget_tokens
-    proxy_completion_tokens: int | None = None  # spec.completion_tokens
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def answerer_spec(self) -> BackendSpec:
-        """The working LLM that answers from the retrieved memory."""
-        return BackendSpec(
-            kind=self.answerer_backend, model=self.answerer, base_url=self.answerer_base_url
-        )
-
-    def judge_spec(self) -> BackendSpec:
-        """The LLM judge (only meaningful when ``judge_model`` is set)."""
-        return BackendSpec(
-            kind=self.judge_backend, model=str(self.judge_model), base_url=self.judge_base_url
-        )
 
 
 def _retrieve(cfg: QAEvalConfig, queries: list[Query]) -> tuple[list[Query], list[list[Session]]]:

@@ -33,64 +33,23 @@ from rich.progress import Progress
 from memsifter.coarse import CoarseFilter, build_filter
 from memsifter.data import MemoryDataset, load_dataset
 from memsifter.data.haystack import HaystackBuilder, HaystackStats, parse_budget
-from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.data.locomo import CATEGORY_NAMES
 from memsifter.data.tokens import get_counter
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
 from memsifter.errors import MemSifterError
 from memsifter.evaluation import longmemeval as lme
+from memsifter.evaluation.config import RetrievalEvalConfig
 from memsifter.ir_metrics import (
     evaluate_rankings,
     recall_curve,
     write_trec_qrels,
     write_trec_run,
 )
-from memsifter.llm import BackendSpec
 from memsifter.progress import make_progress
 
 if TYPE_CHECKING:
     from memsifter.ranker.spec import PromptSpec
-
-
-@dataclass
-class RetrievalEvalConfig:
-    """Everything the retrieval benchmark needs; the CLI flags override these fields."""
-
-    dataset: str = "locomo"  # locomo | longmemeval | jsonl
-    data: str = DEFAULT_LOCOMO
-    retrievers: list[str] = field(default_factory=lambda: ["bm25"])
-    haystack: str = "native"  # native | 32k | 128k | 1m | <tokens>
-    conversations: list[str] | None = None  # ids or 0-based indexes; None = all
-    out: str = "outputs/retrieval"
-    seed: int = 0
-    tokenizer: str | None = None  # hub id / folder for exact token budgets; None = approx
-    max_questions: int | None = None  # first N scoreable questions (smoke runs)
-    recall_max_k: int = 20
-    # LongMemEval: "user" indexes a session by its user turns only, as the benchmark does (its
-    # published retrieval numbers); "all" ranks whole sessions like every other dataset here.
-    longmemeval_text: str = "user"  # user | all
-    # A folder that keeps dense filters' passage vectors across runs (and across a hybrid and
-    # its dense member); None embeds afresh in every run.
-    embedding_cache: str | None = None
-    # --- the proxy (retriever "memsifter"): coarse -> proxy ---
-    model: str = "smollm2-135m-instruct"  # hub id, folder, built-in name or adapter folder
-    backend: str = "transformers"  # transformers | openai | vllm
-    base_url: str | None = None  # openai backend: http://host:port/v1
-    proxy_batch_size: int = 4
-    # The proxy's prompt is its PromptSpec: the prompt_spec.json in the model's folder, or for a
-    # model without one these explicit settings (PromptSpec fields, or a prompt_spec.json path).
-    # A model with its own spec takes none that contradict it. The four below are the older
-    # flags' names for spec fields (None: not given).
-    prompt: dict[str, Any] | str | None = None
-    coarse: str | None = None  # spec.coarse: the filter that cuts (and completes) the prompt
-    coarse_budget: int | None = None  # spec.budget_tokens: window minus completion
-    proxy_completion_tokens: int | None = None  # spec.completion_tokens
-    proxy_language: str | None = None  # spec.language
-
-    def backend_spec(self) -> BackendSpec:
-        """The proxy's LLM (retriever ``memsifter``)."""
-        return BackendSpec(kind=self.backend, model=self.model, base_url=self.base_url)
 
 
 @dataclass
