@@ -226,11 +226,11 @@ def trained_metrics(
     num_generations: int,
 ) -> dict[str, float]:
     """TRL's per-batch metrics (``_generate`` and ``_generate_and_score_completions``, same
-    formulas) over the trained rows only, whole groups in order. NaN throughout when nothing
-    trained (TRL's ``log`` skips NaN values)."""
-    keys = recomputed_metrics(reward_func_names) - {"num_tokens"} - set(_SAMPLING_METRICS)
+    formulas) over the trained rows only, whole groups in order. Nothing when nothing trained:
+    a mean over no group is not a value, and a step without one has no entry (TRL averages the
+    entries of a logging window, and writes None for a key whose entries are all NaN)."""
     if rewards_per_func.shape[0] == 0:
-        return dict.fromkeys(sorted(keys), math.nan)
+        return {}
     out: dict[str, float] = {}
     for i, name in enumerate(reward_func_names):
         out[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, i]).item()
@@ -427,6 +427,9 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             )
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
+        """TRL's gathered rewards, unchanged; keeps them and this process's completion lengths
+        and truncation flags, which TRL only turns into batch-wide metrics (so they cannot be
+        recomputed for the trained groups afterwards)."""
         rewards_per_func = super()._calculate_rewards(
             inputs, prompts, completions, completion_ids_list
         )
@@ -574,7 +577,7 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         tokens = (cat("prompt_lengths") + completion_lengths).sum().item()
         self.state.num_input_tokens_seen += tokens
         metrics["num_tokens"] = [self.state.num_input_tokens_seen]
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if trained and self.use_vllm and self.vllm_importance_sampling_correction:
             sequence_level = self.vllm_importance_sampling_mode in (
                 "sequence_mask",
                 "sequence_truncate",
