@@ -1,7 +1,9 @@
 """Dynamic sampling (``memsifter.training.dynamic_sampling``) overrides two private methods of
-TRL's ``GRPOTrainer`` and rebuilds the batch the first returns. TRL may change either in any
-release without notice, so ``pyproject.toml`` pins the TRL range it was tested with, and this
-file fails loudly, naming what moved, when the installed TRL's methods change shape."""
+TRL's ``GRPOTrainer``, rebuilds the batch the first returns, and recomputes the metrics and the
+completions table TRL fills as it generates. TRL may change any of these in any release without
+notice, so ``pyproject.toml`` pins the TRL range it was tested with, and this file fails loudly,
+naming what moved, when the installed TRL's methods, batch keys, metric names or completions
+table change shape."""
 
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ import pytest
 
 trl = pytest.importorskip("trl")
 
-from memsifter.training.dynamic_sampling import _MERGED  # noqa: E402
+from memsifter.training.dynamic_sampling import (  # noqa: E402
+    _LOG_KEYS,
+    _MERGED,
+    recomputed_metrics,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # The keys TRL 1.16's batch may hold that dynamic sampling refuses (multimodal and tool
@@ -73,3 +79,60 @@ def test_generation_batch_keys_are_all_handled() -> None:
     assert keys - _MERGED - RECOMPUTED - REFUSED == set(), "new keys in TRL's generation batch"
     assert _MERGED <= keys, "keys dynamic sampling merges that TRL no longer returns"
     assert {"prompt_ids", "completion_ids", "completion_mask", "advantages"} <= keys
+
+
+def _source(name: str) -> str:
+    from trl import GRPOTrainer
+
+    return inspect.getsource(getattr(GRPOTrainer, name))
+
+
+def test_metric_names_are_all_recomputed_or_refused() -> None:
+    """Every metric TRL logs per generation round by name is one dynamic sampling recomputes
+    over the trained groups (or a tool metric: tool batches are refused). Reward functions'
+    ``log_metric`` scalars are flushed under their own names (kept per round, by design)."""
+    literal = re.compile(r'self\._metrics\[mode\]\[f?"([^"]+)"\]')
+    logged = set()
+    for name in ("_generate", "_generate_and_score_completions"):
+        logged |= set(literal.findall(_source(name)))
+    ours = recomputed_metrics(["{reward_func_name}"])
+    tools = {"tools/call_frequency", "tools/failure_frequency"}
+    assert logged - tools == ours, "TRL's per-round metrics changed"
+    assert "self._metrics[mode][name].append(total / count)" in _source(
+        "_generate_and_score_completions"
+    ), "TRL no longer flushes log_metric scalars per round"
+
+
+def test_row_facts_dynamic_sampling_recomputes_from() -> None:
+    """The metrics are recomputed from the gathered rewards ``_calculate_rewards`` returns and
+    from the same length and truncation tests ``_generate`` applies to the token lists."""
+    assert "rewards_per_func = gather(rewards_per_func)" in _source("_calculate_rewards")
+    gen = _source("_generate")
+    for line in (
+        "completion_lengths = torch.tensor([len(ids) for ids in completion_ids], device=device)",
+        "eos_and_pad = [*self.eos_token_ids, self._tokenizer.pad_token_id]",
+        "is_truncated = torch.tensor([ids[-1] not in eos_and_pad for ids in completion_ids]",
+        "self.state.num_input_tokens_seen += (total_prompt_tokens + agg_completion_lengths.sum())",
+    ):
+        assert line in gen, f"GRPOTrainer._generate no longer has: {line}"
+    score = _source("_generate_and_score_completions")
+    assert "self._calculate_rewards(inputs, prompts, completions, completion_ids_list)" in score
+    assert 'self.vllm_importance_sampling_mode in ["sequence_mask", "sequence_truncate"]' in score
+
+
+def test_completions_table_keys() -> None:
+    """The completions table (``_logs``) dynamic sampling swaps per round and refills with the
+    trained rows: its keys, and that a round extends it with gathered, per-row values."""
+    from trl import GRPOTrainer
+
+    init = inspect.getsource(GRPOTrainer.__init__)
+    literal = re.search(r"self\._logs = \{(.*?)\n        \}", init, re.DOTALL)
+    assert literal, "GRPOTrainer no longer builds its completions table as `self._logs = {...}`"
+    assert set(re.findall(r'"(\w+)":', literal.group(1))) == _LOG_KEYS
+    score = _source("_generate_and_score_completions")
+    for line in (
+        'self._logs["prompt"].extend(gather_object(prompts))',
+        'self._logs["advantages"].extend(all_process_advantages.tolist())',
+        'self._logs["extra"][column].extend(gather_object(values))',
+    ):
+        assert line in score, f"GRPOTrainer no longer fills its table with: {line}"

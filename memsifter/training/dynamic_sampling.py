@@ -3,38 +3,77 @@
 A GRPO group whose rewards all agree has zero advantage everywhere: it costs a forward and a
 backward pass and teaches nothing, and the more of them a batch holds the noisier the step. DAPO
 drops such groups and generates for fresh prompts until the batch is full again. TRL does not
-do this, so :class:`DynamicSamplingGRPOTrainer` overrides one method,
-``_generate_and_score_completions``:
+do this, so :class:`DynamicSamplingGRPOTrainer` overrides ``_generate_and_score_completions``
+(and ``_calculate_rewards``, to keep what it scored):
 
-1. generate and score the batch as TRL does;
-2. find the groups whose reward std is ``<= min_std`` (our rewards are continuous, so the test is
-   on the spread, not on "all 0" or "all 1" as in DAPO's accuracy rewards);
-3. while groups are missing and fewer than ``max_extra_rounds`` extra rounds ran, generate a
-   whole extra batch for fresh prompts drawn from the training set (seeded by the optimiser step
-   and the round, so a resumed run draws the same prompts) and keep its informative groups;
-4. fill the batch back to its original size: informative groups first, in the order found, then
-   (only when the rounds ran out) zero-std groups, whose advantages are 0 and so add nothing to
-   the gradient but keep every tensor the shape TRL's buffering expects.
+1. generate and score the generation batch as TRL does: each process generates its slice, TRL
+   gathers the rewards of every process, and each process keeps its slice of the tensors;
+2. judge every group of the *global* batch from those gathered rewards: a group whose reward
+   std is ``<= min_std`` is flat (our rewards are continuous, so the test is on the spread, not on
+   "all 0" or "all 1" as in DAPO's accuracy rewards). The main process's flags are broadcast, so
+   every process holds the same flags by construction, not by floating-point agreement;
+3. while the run has fewer informative groups than the global batch holds and fewer than
+   ``max_extra_rounds`` extra rounds ran, generate a whole extra batch for fresh prompts drawn
+   from the training set for the global batch (seeded by the run's step and the round, so a
+   resumed run draws the same prompts; each process generates its slice of them);
+4. choose the groups that train: the first informative groups of all rounds, in round-then-group
+   order, up to the global batch; when the rounds ran out, zero-std groups fill the rest;
+5. hand each process its share (:func:`assign_groups`): every process first keeps the chosen
+   groups it generated itself, and the others fill the free places of the processes that came up
+   short, so a process whose own slice was flat trains on the groups another process generated.
+   A round whose groups change process is gathered (every process joins, the plan being the same
+   everywhere); a step where nothing moves costs no transfer.
 
-The effective batch (informative groups) and the rounds used are logged as
-``dynamic_sampling/*``. Group membership comes from the rewards TRL gathers across processes,
-so every process makes the same decision; a process keeps whole groups of its own slice, which
-needs ``per_device_train_batch_size * steps_per_generation`` to be a multiple of
-``num_generations`` (checked). The token count used by the DAPO loss normaliser
-(``num_items_in_batch``) is recomputed for the rebuilt batch over the informative groups
-only: padding groups add no gradient, and counting their tokens would shrink every real
-token's weight by the fraction of the batch that was padding. Multimodal inputs, tool masks
-and any batch key not listed here are refused, by name. The TRL range is pinned in
-``pyproject.toml``; ``tests/test_trl_contract.py`` fails when TRL's methods change shape.
+Why move groups between processes rather than let each process keep its own. TRL's batch is a
+fixed ``per_device_train_batch_size x steps_per_generation`` rows per process (its buffering
+splits it evenly and every process must run the same number of forward passes), so kept counts
+cannot differ between processes. Keeping each process's own groups would leave a process with a
+flat slice padding with zero-advantage groups while another process's refills, generated for the
+same collective round, were thrown away. DAPO's implementations on TRL pool the batch instead:
+ms-swift's ``GRPOTrainer._dynamic_sampling`` gathers every process's samples, keeps the
+informative ones and hands each process its slice of that pool (TRL itself has no dynamic
+sampling: huggingface/trl#3708). We pool the same way, but over finished TRL batches (TRL 1.16
+computes old/ref log-probs and advantages inside the method we extend), and prefer a group's own
+process so that nothing moves when no group was dropped.
+
+Padding groups (zero-std groups that fill the batch when the rounds ran out) get an all-zero
+completion mask: they add nothing to the policy loss (their advantage is 0 anyway), nothing to
+the KL or entropy terms, and their tokens are not in the DAPO normaliser (``num_items_in_batch``
+is recounted over the masked batch), so they keep the tensors' shapes and nothing else. With
+``loss_type: grpo`` (a per-sequence mean averaged over rows) masked rows still count in the row
+average; our configs use ``dapo``.
+
+Metrics and the completions table count only the groups that trained. TRL logs each round as it
+generates it, so each round runs with scratch ``_metrics``/``_logs`` (and ``num_input_tokens_seen``
+restored afterwards); the metrics TRL computes from rows (completion lengths, reward means and
+stds, ``frac_reward_zero_std``, ``num_tokens``, vLLM importance-sampling statistics) are
+recomputed over the trained groups and the table holds their rows only. Scalars that a reward
+function logs with ``log_metric`` describe a whole scored batch and cannot be split by group:
+they are kept from every round, discarded ones included (they also count the scoring's cost, such
+as working-LLM calls). ``dynamic_sampling/*`` reports the trained groups, the batch's groups, the
+extra rounds, the informative fraction over every generated group and the groups that changed
+process.
+
+Each process's slice must hold whole groups (``per_device_train_batch_size *
+steps_per_generation`` a multiple of ``num_generations``, checked). Multimodal inputs, tool
+masks, any batch key not listed here and ``multi_objective_aggregation: normalize_then_sum``
+(whose advantages depend on the whole batch, so groups from different rounds would not mix) are
+refused by name. With ``scale_rewards: batch`` each group keeps the advantages of its own round's
+batch std. The TRL range is pinned in ``pyproject.toml``; ``tests/test_trl_contract.py`` fails
+when TRL's methods, batch keys, metric names or completions table change shape.
 """
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 from trl import GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin, nanstd
 
 # Batch keys whose second dimension is padded on the left (prompts) or right (completions).
 _LEFT_PADDED = {"prompt_ids": "pad", "prompt_mask": 0}
@@ -51,6 +90,47 @@ _PER_ROW = {"advantages"}
 # Everything else TRL may put in a batch (images, tool masks, token type ids, and whatever a later
 # release adds) is refused by name rather than merged by a guess at its layout.
 _MERGED = set(_LEFT_PADDED) | set(_RIGHT_PADDED) | _PER_ROW
+# The completions table TRL 1.16 keeps (``GRPOTrainer._logs``).
+_LOG_KEYS = {"images", "prompt", "completion", "rewards", "advantages", "extra"}
+# Metrics TRL computes from a round's rows; recomputed over the trained groups. Per reward
+# function it adds ``rewards/<name>/mean`` and ``rewards/<name>/std`` (see recomputed_metrics).
+_ROW_METRICS = {
+    "num_tokens",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+}
+_SAMPLING_METRICS = (
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+    "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+)
+
+
+class GroupRef(NamedTuple):
+    """One group of one generation round. ``group`` indexes the round's *global* batch (every
+    process's rows in process order), so process ``group // groups_per_process`` generated it."""
+
+    round: int
+    group: int
+
+
+def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The reward TRL normalises per group (``sum_then_normalize``): the weighted sum of the
+    reward functions, NaN where every function returned None (TRL leaves those rows out of the
+    group baseline)."""
+    rewards = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
 
 
 def zero_std_groups(rewards: torch.Tensor, num_generations: int, min_std: float) -> torch.Tensor:
@@ -61,15 +141,60 @@ def zero_std_groups(rewards: torch.Tensor, num_generations: int, min_std: float)
     return torch.nan_to_num(var.sqrt(), nan=0.0) <= min_std
 
 
-def informative_tokens(completion_mask: torch.Tensor, informative_rows: int) -> torch.Tensor:
-    """The DAPO normaliser's token count of a rebuilt batch whose first ``informative_rows`` rows
-    are the informative groups (the rest is zero-advantage padding). At least 1, so a batch of
-    padding alone divides a zero loss by 1, not by 0."""
-    return completion_mask[:informative_rows].sum().clamp(min=1)
+def count_informative(zero_std: Sequence[Sequence[bool]]) -> int:
+    """Informative (not flat) groups over every round's flags."""
+    return sum(not flat for flags in zero_std for flat in flags)
+
+
+def select_groups(
+    zero_std: Sequence[Sequence[bool]], need: int
+) -> tuple[list[GroupRef], list[GroupRef]]:
+    """(trained, padding) for a global batch of ``need`` groups, from every round's flags over
+    the global batch: the first informative groups in round-then-group order, then, only when
+    fewer than ``need`` were found, the first zero-std groups to fill the batch."""
+    refs = [GroupRef(r, g) for r, flags in enumerate(zero_std) for g in range(len(flags))]
+    trained = [ref for ref in refs if not zero_std[ref.round][ref.group]][:need]
+    padding = [ref for ref in refs if zero_std[ref.round][ref.group]][: need - len(trained)]
+    if len(trained) + len(padding) != need:
+        raise ValueError(f"{len(refs)} generated groups cannot fill a batch of {need}")
+    return trained, padding
+
+
+def assign_groups(groups: Sequence[GroupRef], per_process: int, world: int) -> list[list[GroupRef]]:
+    """Which process trains which group, ``per_process`` groups each. Every process first keeps
+    the groups it generated (no transfer); the rest fill the other processes' free places in
+    process order. Pure and order-preserving: every process computes the same plan from the same
+    broadcast flags."""
+    if len(groups) != per_process * world:
+        raise ValueError(f"{len(groups)} groups for {world} processes of {per_process}")
+    plan: list[list[GroupRef]] = [[] for _ in range(world)]
+    spill: list[GroupRef] = []
+    for ref in groups:
+        owner = ref.group // per_process
+        if len(plan[owner]) < per_process:
+            plan[owner].append(ref)
+        else:
+            spill.append(ref)
+    for ref in spill:
+        dest = next(p for p in range(world) if len(plan[p]) < per_process)
+        plan[dest].append(ref)
+    return plan
+
+
+def moved_groups(plan: Sequence[Sequence[GroupRef]], per_process: int) -> list[GroupRef]:
+    """The groups a process other than their generator trains."""
+    return [ref for p, refs in enumerate(plan) for ref in refs if ref.group // per_process != p]
+
+
+def group_rows(groups: Sequence[int], num_generations: int) -> torch.Tensor:
+    """Row indices of ``groups`` (a group's completions are adjacent rows)."""
+    return torch.tensor(
+        [i * num_generations + j for i in groups for j in range(num_generations)], dtype=torch.long
+    )
 
 
 def check_whole_groups(local_rows: int, num_generations: int) -> None:
-    """A process filters the groups of its own slice, so its slice must hold whole groups
+    """Groups move between processes whole, so each process's slice must hold whole groups
     (TRL only needs the *global* batch to; with one process the two agree)."""
     if local_rows % num_generations:
         raise ValueError(
@@ -77,6 +202,111 @@ def check_whole_groups(local_rows: int, num_generations: int) -> None:
             f"x steps_per_generation ({local_rows}) must be a multiple of num_generations "
             f"({num_generations})"
         )
+
+
+def mask_untrained(completion_mask: torch.Tensor, trained_rows: torch.Tensor) -> torch.Tensor:
+    """The completion mask with padding rows (``trained_rows`` False) zeroed: such a row adds
+    nothing to the loss, the KL or entropy terms, the loss-side metrics or the token count."""
+    return completion_mask * trained_rows.to(completion_mask.dtype).unsqueeze(1)
+
+
+def recomputed_metrics(reward_func_names: Sequence[str]) -> set[str]:
+    """Every metric key TRL logs per round that :func:`trained_metrics` (or the vLLM statistics)
+    recompute over the trained groups."""
+    per_func = {f"rewards/{n}/{s}" for n in reward_func_names for s in ("mean", "std")}
+    return _ROW_METRICS | set(_SAMPLING_METRICS) | per_func
+
+
+def trained_metrics(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    reward_func_names: Sequence[str],
+    completion_lengths: torch.Tensor,
+    truncated: torch.Tensor,
+    num_generations: int,
+) -> dict[str, float]:
+    """TRL's per-batch metrics (``_generate`` and ``_generate_and_score_completions``, same
+    formulas) over the trained rows only, whole groups in order. Nothing when nothing trained:
+    a mean over no group is not a value, and a step without one has no entry (TRL averages the
+    entries of a logging window, and writes None for a key whose entries are all NaN)."""
+    if rewards_per_func.shape[0] == 0:
+        return {}
+    out: dict[str, float] = {}
+    for i, name in enumerate(reward_func_names):
+        out[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, i]).item()
+        out[f"rewards/{name}/std"] = nanstd(rewards_per_func[:, i]).item()
+    rewards = weighted_rewards(rewards_per_func, weights)
+    out["reward"] = torch.nanmean(rewards).item()
+    out["reward_std"] = nanstd(rewards).item()
+    group_std = nanstd(rewards.view(-1, num_generations), dim=1)
+    out["frac_reward_zero_std"] = (
+        torch.isclose(group_std, torch.zeros_like(group_std)).float().mean().item()
+    )
+    lengths = completion_lengths.float()
+    out["completions/mean_length"] = lengths.mean().item()
+    out["completions/min_length"] = lengths.min().item()
+    out["completions/max_length"] = lengths.max().item()
+    out["completions/clipped_ratio"] = truncated.float().mean().item()
+    terminated = lengths[~truncated.bool()]
+    if terminated.numel() == 0:  # TRL's edge case: no completion ended with EOS
+        terminated = torch.zeros(1)
+    out["completions/mean_terminated_length"] = terminated.mean().item()
+    out["completions/min_terminated_length"] = terminated.min().item()
+    out["completions/max_terminated_length"] = terminated.max().item()
+    return out
+
+
+def importance_sampling_stats(
+    batch: dict[str, Any], trained_rows: torch.Tensor, sequence_level: bool
+) -> torch.Tensor:
+    """This process's vLLM importance-sampling statistics over its trained rows, as TRL computes
+    them per process before gathering: (mean |logp diff|, max |logp diff|, min ratio, mean ratio,
+    max ratio). NaN where the process trained no token (TRL would report 0)."""
+    mask = batch["completion_mask"].bool() & trained_rows.bool().unsqueeze(1)
+    delta = (batch["old_per_token_logps"] - batch["sampling_per_token_logps"]).abs()
+    delta = delta[mask & ~torch.isnan(delta)]
+    ratio = batch["importance_sampling_ratio"]
+    flat = ratio[trained_rows.bool()].flatten() if sequence_level else ratio[mask]
+    nan = torch.tensor(math.nan, device=delta.device)
+
+    def stat(t: torch.Tensor, fn: Any) -> torch.Tensor:
+        return fn(t).float() if t.numel() else nan
+
+    return torch.stack(
+        [
+            stat(delta, torch.mean),
+            stat(delta, torch.max),
+            stat(flat, torch.min),
+            stat(flat, torch.mean),
+            stat(flat, torch.max),
+        ]
+    )
+
+
+def select_log_rows(
+    round_logs: Sequence[dict[str, Any]], rows_per_round: Sequence[Sequence[int]]
+) -> dict[str, Any]:
+    """The completions-table rows of the trained groups (``rows_per_round``: global row indices
+    per round) from each round's table. A per-completion column a reward function logged in some
+    rounds only is None in the others."""
+    out: dict[str, Any] = {"prompt": [], "completion": [], "advantages": []}
+    out["rewards"], out["extra"] = {}, {}
+    n = 0
+    for logs, rows in zip(round_logs, rows_per_round, strict=True):
+        for key in ("prompt", "completion", "advantages"):
+            out[key].extend(logs[key][i] for i in rows)
+        for nested in ("rewards", "extra"):
+            for column in set(logs[nested]) | set(out[nested]):
+                values = logs[nested].get(column)
+                picked = [None] * len(rows) if values is None else [values[i] for i in rows]
+                out[nested].setdefault(column, [None] * n).extend(picked)
+        n += len(rows)
+    return out
+
+
+def _pad_value(key: str, pad_token_id: int) -> float:
+    fill = _LEFT_PADDED.get(key, _RIGHT_PADDED.get(key, 0))
+    return pad_token_id if fill == "pad" else fill
 
 
 def _pad_cat(tensors: Sequence[torch.Tensor], value: float, left: bool) -> torch.Tensor:
@@ -93,6 +323,16 @@ def _pad_cat(tensors: Sequence[torch.Tensor], value: float, left: bool) -> torch
     return torch.cat(out)
 
 
+def check_batch_keys(batch: dict[str, Any]) -> None:
+    """Refuse, by name, batch keys dynamic sampling does not know how to move or merge."""
+    bad = {k for k, v in batch.items() if v is not None} - _MERGED - {"num_items_in_batch"}
+    if bad:
+        raise NotImplementedError(
+            f"dynamic sampling does not support batches with {sorted(bad)} (multimodal "
+            "inputs, tool masks, or a key a newer TRL added)"
+        )
+
+
 def merge_batches(
     parts: Sequence[tuple[dict[str, Any], torch.Tensor]], pad_token_id: int
 ) -> dict[str, Any]:
@@ -101,12 +341,7 @@ def merge_batches(
     caller (it is a cross-process sum)."""
     keys = [k for k in parts[0][0] if k != "num_items_in_batch"]
     for batch, _ in parts:
-        bad = {k for k, v in batch.items() if v is not None} - _MERGED - {"num_items_in_batch"}
-        if bad:
-            raise NotImplementedError(
-                f"dynamic sampling does not support batches with {sorted(bad)} (multimodal "
-                "inputs, tool masks, or a key a newer TRL added)"
-            )
+        check_batch_keys(batch)
         if [k for k in batch if k != "num_items_in_batch"] != keys:
             raise ValueError("generation batches disagree on their keys; cannot merge them")
     out: dict[str, Any] = {}
@@ -115,14 +350,44 @@ def merge_batches(
         if values[0] is None:
             out[key] = None
             continue
-        rows = [v[idx] for v, (_, idx) in zip(values, parts, strict=True)]
-        if key in _LEFT_PADDED:
-            fill = _LEFT_PADDED[key]
-            out[key] = _pad_cat(rows, pad_token_id if fill == "pad" else fill, left=True)
-        else:
-            fill = _RIGHT_PADDED.get(key, 0)
-            out[key] = _pad_cat(rows, pad_token_id if fill == "pad" else fill, left=False)
+        rows = [v[idx.to(v.device)] for v, (_, idx) in zip(values, parts, strict=True)]
+        out[key] = _pad_cat(rows, _pad_value(key, pad_token_id), left=key in _LEFT_PADDED)
     return out
+
+
+@dataclass
+class _Scored:
+    """What ``_calculate_rewards`` saw: the gathered rewards and this process's completions."""
+
+    rewards_per_func: torch.Tensor  # global rows x reward functions
+    completion_lengths: list[int]  # this process's rows
+    truncated: list[bool]  # this process's rows: the last token is not EOS/pad
+
+
+@dataclass
+class _Round:
+    """One generation round: this process's TRL batch, and the global per-row facts."""
+
+    batch: dict[str, Any]
+    zero_std: list[bool]  # per global group, the main process's flags
+    rewards_per_func: torch.Tensor  # global rows
+    prompt_lengths: torch.Tensor  # global rows
+    completion_lengths: torch.Tensor  # global rows
+    truncated: torch.Tensor  # global rows
+    logs: dict[str, Any]  # TRL's completions-table rows for the round (global rows)
+    metrics: dict[str, list[float]]  # what TRL logged for the round
+
+
+def _empty_logs() -> dict[str, Any]:
+    """A scratch completions table with TRL's keys (``_LOG_KEYS``), unbounded."""
+    return {
+        "images": [],
+        "prompt": [],
+        "completion": [],
+        "rewards": defaultdict(list),
+        "advantages": [],
+        "extra": defaultdict(list),
+    }
 
 
 class DynamicSamplingGRPOTrainer(GRPOTrainer):
@@ -137,31 +402,50 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if max_extra_rounds < 0:
+            raise ValueError(f"max_extra_rounds must be >= 0, got {max_extra_rounds}")
         self.max_extra_rounds = max_extra_rounds
         self.min_std = min_std
         # Steps of earlier epochs: each epoch is a new trainer whose global_step restarts at 0,
         # and without the offset every epoch would refill from the same prompts.
         self.step_offset = step_offset
-        self._last_rewards: torch.Tensor | None = None
+        self._scored: _Scored | None = None
         check_whole_groups(
             self.args.per_device_train_batch_size * self.args.steps_per_generation,
             self.num_generations,
         )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise NotImplementedError(
+                "dynamic sampling needs multi_objective_aggregation sum_then_normalize: with "
+                f"{self.multi_objective_aggregation!r} an advantage depends on the whole batch, "
+                "so groups from different rounds cannot be mixed"
+            )
+        if set(self._logs) != _LOG_KEYS:
+            raise NotImplementedError(
+                f"TRL's completions table has keys {sorted(self._logs)}, dynamic sampling "
+                f"knows {sorted(_LOG_KEYS)}"
+            )
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
+        """TRL's gathered rewards, unchanged; keeps them and this process's completion lengths
+        and truncation flags, which TRL only turns into batch-wide metrics (so they cannot be
+        recomputed for the trained groups afterwards)."""
         rewards_per_func = super()._calculate_rewards(
             inputs, prompts, completions, completion_ids_list
         )
-        # TRL sums the weighted functions before normalising per group; mirror it to judge spread.
-        weights = self.reward_weights.to(rewards_per_func.device)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        self._last_rewards = rewards
+        # TRL's own length and truncation tests (``_generate``), on the same token lists.
+        eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+        self._scored = _Scored(
+            rewards_per_func=rewards_per_func,
+            completion_lengths=[len(ids) for ids in completion_ids_list],
+            truncated=[ids[-1] not in eos_and_pad for ids in completion_ids_list],
+        )
         return rewards_per_func
 
     def _refill_inputs(self, n_rows: int, round_: int) -> list[dict[str, Any]]:
-        """This process's slice of a fresh generation batch: prompts drawn without replacement
-        from the training set, seeded by (seed, run step, round), each repeated per generation."""
+        """This process's slice of a fresh global generation batch: prompts drawn without
+        replacement from the training set, seeded by (seed, run step, round), each repeated per
+        generation. Every process draws the same global batch and generates its own slice."""
         step = self.step_offset + self.state.global_step
         seed = (self.args.seed * 1_000_003 + step) * 101 + round_
         g = torch.Generator().manual_seed(seed)
@@ -174,71 +458,190 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         start = self.accelerator.process_index * n_rows
         return [dataset[i] for i in rows[start : start + n_rows]]
 
+    def _score_round(self, inputs: list[dict[str, Any]]) -> _Round:
+        """One TRL generation round with its metrics and completions table kept apart (TRL logs
+        as it goes; only the groups that train may reach the real ones)."""
+        from accelerate.utils import broadcast
+
+        real_metrics, real_logs = self._metrics["train"], self._logs
+        tokens_seen = self.state.num_input_tokens_seen
+        self._metrics["train"], self._logs = defaultdict(list), _empty_logs()
+        self._scored = None
+        try:
+            batch = super()._generate_and_score_completions(inputs)
+            metrics, logs = self._metrics["train"], self._logs
+        finally:
+            self._metrics["train"], self._logs = real_metrics, real_logs
+            self.state.num_input_tokens_seen = tokens_seen
+        scored = self._scored
+        if scored is None:
+            raise RuntimeError("TRL scored the round without _calculate_rewards")
+        if logs["images"]:
+            raise NotImplementedError("dynamic sampling does not support image batches")
+        check_batch_keys(batch)
+        device = self.accelerator.device
+        rewards = weighted_rewards(scored.rewards_per_func, self.reward_weights)
+        flat = zero_std_groups(rewards, self.num_generations, self.min_std)
+        # The main process decides; the others take its flags (one tiny collective).
+        flat = broadcast(flat.to(device=device, dtype=torch.uint8), from_process=0).bool()
+        gather = self.accelerator.gather
+        return _Round(
+            batch=batch,
+            zero_std=flat.tolist(),
+            rewards_per_func=scored.rewards_per_func,
+            prompt_lengths=gather(batch["prompt_mask"].sum(dim=1)),
+            completion_lengths=gather(torch.tensor(scored.completion_lengths, device=device)),
+            truncated=gather(torch.tensor(scored.truncated, device=device)),
+            logs=logs,
+            metrics=dict(metrics),
+        )
+
+    def _gather_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Every process's rows of a round's batch, in process order (a collective)."""
+        pad_id = self._tokenizer.pad_token_id
+        out: dict[str, Any] = {}
+        for key, value in batch.items():
+            if key == "num_items_in_batch" or value is None:
+                out[key] = value
+                continue
+            if value.dim() > 1:
+                value = self.accelerator.pad_across_processes(
+                    value, dim=1, pad_index=_pad_value(key, pad_id), pad_first=key in _LEFT_PADDED
+                )
+            out[key] = self.accelerator.gather(value)
+        return out
+
+    def _planned_batch(
+        self, rounds: Sequence[_Round], plan: Sequence[Sequence[GroupRef]], trained: set[GroupRef]
+    ) -> tuple[dict[str, Any], torch.Tensor]:
+        """This process's batch under ``plan``, and which of its rows train. Rounds with a group
+        that changes process are gathered on every process, in round order."""
+        g = self.num_generations
+        rank = self.accelerator.process_index
+        per_process = len(plan[rank])
+        gathered = {
+            r: self._gather_batch(rounds[r].batch)
+            for r in sorted({ref.round for ref in moved_groups(plan, per_process)})
+        }
+        parts: list[tuple[dict[str, Any], torch.Tensor]] = []
+        keep: list[bool] = []
+        mine = sorted(plan[rank])
+        for r in sorted({ref.round for ref in mine}):
+            refs = [ref for ref in mine if ref.round == r]
+            if r in gathered:
+                parts.append((gathered[r], group_rows([ref.group for ref in refs], g)))
+            else:  # nothing of this round moved: every group here is this process's own
+                local = [ref.group - rank * per_process for ref in refs]
+                if not all(0 <= i < per_process for i in local):
+                    raise RuntimeError(f"round {r}: groups {refs} are not process {rank}'s own")
+                parts.append((rounds[r].batch, group_rows(local, g)))
+            keep += [ref in trained for ref in refs for _ in range(g)]
+        merged = merge_batches(parts, self._tokenizer.pad_token_id)
+        trained_rows = torch.tensor(keep, device=merged["completion_mask"].device)
+        return merged, trained_rows
+
+    def _log_trained(
+        self,
+        rounds: Sequence[_Round],
+        trained: Sequence[GroupRef],
+        batch: dict[str, Any],
+        trained_rows: torch.Tensor,
+    ) -> None:
+        """TRL's metrics and completions table for the groups that trained only."""
+        g = self.num_generations
+        metrics = self._metrics["train"]
+        by_round = [
+            sorted(ref.group for ref in trained if ref.round == r) for r in range(len(rounds))
+        ]
+        rows = [group_rows(groups, g) for groups in by_round]
+
+        def cat(field: str) -> torch.Tensor:
+            return torch.cat(
+                [
+                    getattr(rnd, field)[idx.to(getattr(rnd, field).device)]
+                    for rnd, idx in zip(rounds, rows, strict=True)
+                ]
+            )
+
+        completion_lengths = cat("completion_lengths")
+        values = trained_metrics(
+            cat("rewards_per_func"),
+            self.reward_weights,
+            self.reward_func_names,
+            completion_lengths,
+            cat("truncated"),
+            g,
+        )
+        for key, value in values.items():
+            metrics[key].append(value)
+        tokens = (cat("prompt_lengths") + completion_lengths).sum().item()
+        self.state.num_input_tokens_seen += tokens
+        metrics["num_tokens"] = [self.state.num_input_tokens_seen]
+        if trained and self.use_vllm and self.vllm_importance_sampling_correction:
+            sequence_level = self.vllm_importance_sampling_mode in (
+                "sequence_mask",
+                "sequence_truncate",
+            )
+            local = importance_sampling_stats(batch, trained_rows, sequence_level)
+            stats = self.accelerator.gather(local.reshape(1, -1)).view(-1, len(local))
+            reduced = (
+                torch.nanmean(stats[:, 0]),
+                nanmax(stats[:, 1]),
+                nanmin(stats[:, 2]),
+                torch.nanmean(stats[:, 3]),
+                nanmax(stats[:, 4]),
+            )
+            for key, value in zip(_SAMPLING_METRICS, reduced, strict=True):
+                metrics[key].append(value.item())
+        # What TRL logged that is not recomputed here: reward functions' log_metric scalars,
+        # one per scored batch, discarded rounds included (see the module docstring).
+        recomputed = recomputed_metrics(self.reward_func_names)
+        for rnd in rounds:
+            for key, logged in rnd.metrics.items():
+                if key not in recomputed:
+                    metrics[key].extend(logged)
+        # TRL's table holds the last generation batch: replace it with the trained rows.
+        table = select_log_rows([rnd.logs for rnd in rounds], [r.tolist() for r in rows])
+        for key in ("prompt", "completion", "advantages"):
+            self._logs[key].clear()
+            self._logs[key].extend(table[key])
+        for nested in ("rewards", "extra"):
+            self._logs[nested].clear()
+            for column, column_values in table[nested].items():
+                self._logs[nested][column].extend(column_values)
+        self._logs["images"].clear()
+
     def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
         n_rows = len(inputs)
-        g = self.num_generations
-        want = n_rows // g  # groups this process must hand back
-        start = self.accelerator.process_index * n_rows
-        kept: list[tuple[dict[str, Any], torch.Tensor]] = []
-        fillers: list[tuple[dict[str, Any], torch.Tensor]] = []
-        n_kept = 0
-        rounds = 0
-        informative_total = 0
-        groups_total = 0
-        batch_inputs = inputs
-        while True:
-            batch = super()._generate_and_score_completions(batch_inputs)
-            assert self._last_rewards is not None
-            flat = zero_std_groups(self._last_rewards, g, self.min_std)
-            groups_total += flat.numel()
-            informative_total += int((~flat).sum())
-            # This process's rows are [start, start + n_rows) of the gathered batch.
-            local_flat = flat[start // g : (start + n_rows) // g]
-            good = [i for i, f in enumerate(local_flat.tolist()) if not f]
-            bad = [i for i, f in enumerate(local_flat.tolist()) if f]
-            take = good[: want - n_kept]
-            if take:
-                kept.append((batch, _rows(take, g)))
-                n_kept += len(take)
-            if bad:
-                fillers.append((batch, _rows(bad, g)))
-            # Every process must agree on whether to go again (generation is collective).
-            short = torch.tensor(float(want - n_kept), device=self.accelerator.device)
-            short = self.accelerator.gather(short.reshape(1)).max().item()
-            if short <= 0 or rounds >= self.max_extra_rounds:
-                break
-            rounds += 1
-            batch_inputs = self._refill_inputs(n_rows, rounds)
-
-        parts = list(kept)
-        missing = want - n_kept
-        for batch, idx in fillers:
-            if missing <= 0:
-                break
-            take_n = min(missing, idx.numel() // g)
-            parts.append((batch, idx[: take_n * g]))
-            missing -= take_n
-        tok = getattr(self, "_tokenizer", None) or self.processing_class
-        merged = merge_batches(parts, tok.pad_token_id)
-        mask = merged["completion_mask"]
-        # Informative groups come first in ``parts``; padding groups add no gradient and their
-        # tokens must not dilute the real ones in the DAPO token-mean.
-        count = informative_tokens(mask, n_kept * g)
-        merged["num_items_in_batch"] = self.accelerator.gather(count.reshape(1)).sum()
-
-        mode = "train"
-        effective = self.accelerator.gather(torch.tensor([float(n_kept)], device=mask.device))
-        self._metrics[mode]["dynamic_sampling/effective_groups"].append(effective.sum().item())
+        per_process = n_rows // self.num_generations  # groups each process hands back
         world = self.accelerator.num_processes
-        self._metrics[mode]["dynamic_sampling/batch_groups"].append(float(want * world))
-        self._metrics[mode]["dynamic_sampling/extra_rounds"].append(float(rounds))
-        self._metrics[mode]["dynamic_sampling/informative_frac"].append(
-            informative_total / max(groups_total, 1)
+        need = per_process * world
+        rounds = [self._score_round(inputs)]
+        while (
+            count_informative([r.zero_std for r in rounds]) < need
+            and len(rounds) <= self.max_extra_rounds
+        ):
+            rounds.append(self._score_round(self._refill_inputs(n_rows, len(rounds))))
+
+        flags = [r.zero_std for r in rounds]
+        trained, padding = select_groups(flags, need)
+        plan = assign_groups(trained + padding, per_process, world)
+        batch, trained_rows = self._planned_batch(rounds, plan, set(trained))
+        batch["completion_mask"] = mask_untrained(batch["completion_mask"], trained_rows)
+        # TRL's own count (loss-mask tokens over every process), now over the trained rows.
+        count = batch["completion_mask"].sum().reshape(1)
+        batch["num_items_in_batch"] = self.accelerator.gather(count).sum()
+
+        self._log_trained(rounds, trained, batch, trained_rows)
+        metrics = self._metrics["train"]
+        generated = sum(len(f) for f in flags)
+        metrics["dynamic_sampling/effective_groups"].append(float(len(trained)))
+        metrics["dynamic_sampling/batch_groups"].append(float(need))
+        metrics["dynamic_sampling/extra_rounds"].append(float(len(rounds) - 1))
+        metrics["dynamic_sampling/informative_frac"].append(
+            count_informative(flags) / max(generated, 1)
         )
-        return merged
-
-
-def _rows(groups: Sequence[int], g: int) -> torch.Tensor:
-    return torch.tensor([i * g + j for i in groups for j in range(g)], dtype=torch.long)
+        metrics["dynamic_sampling/moved_groups"].append(float(len(moved_groups(plan, per_process))))
+        return batch

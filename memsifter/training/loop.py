@@ -552,7 +552,8 @@ def write_report(out: Path, summary: dict[str, Any]) -> Path:
         history = json.loads(state_path.read_text(encoding="utf-8")).get("log_history", [])
         cells = []
         for k in keys:
-            vals = [float(h[k]) for h in history if k in h]
+            # TRL writes None for a metric with no valid value in a logging window.
+            vals = [float(h[k]) for h in history if h.get(k) is not None]
             cells.append(f"{sum(vals) / len(vals):.3f}" if vals else "")
         lines.append(f"| {epoch} | {entry.get('steps', '')} | " + " | ".join(cells) + " |")
     path = out / "report.md"
@@ -595,7 +596,7 @@ def plot_curves(out: Path, epochs: int) -> Path | None:
             step = int(row.get("step", 0))
             last = max(last, step)
             for k, _ in _CURVES:
-                if k in row:
+                if row.get(k) is not None:  # None: no valid value in that logging window
                     series[k].append((offset + step, float(row[k])))
         vpath = edir / "validation.json"
         if vpath.exists():
