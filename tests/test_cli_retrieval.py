@@ -53,6 +53,26 @@ def test_eval_retrieval_bm25(tmp_path: Path, locomo_mini_path: Path) -> None:
     assert (out / "recall_at_k.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_eval_retrieval_seeded_sample(tmp_path: Path, locomo_mini_path: Path) -> None:
+    """--sample-questions ranks a seeded N of the scoreable questions, kept in file order: the
+    same seed picks the same questions (so every filter is scored on one sample)."""
+
+    def run(name: str, seed: int) -> tuple[dict, list[str]]:
+        out = tmp_path / name
+        args = ["eval", "retrieval", "--data", str(locomo_mini_path), "--out", str(out)]
+        res = CliRunner().invoke(app, [*args, "--sample-questions", "3", "--seed", str(seed)])
+        assert res.exit_code == 0, res.output
+        qids = [ln.split()[0] for ln in (out / "run.trec").read_text().splitlines()]
+        return json.loads((out / "metrics.json").read_text()), list(dict.fromkeys(qids))
+
+    m, qids = run("a", 0)
+    assert m["n_questions"] == m["n_questions_ranked"] == 3 and m["sample_questions"] == 3
+    assert m["n_questions_total"] - m["n_questions_without_evidence"] > 3
+    assert len(qids) == 3 and run("b", 0)[1] == qids
+    others = {tuple(run(f"s{seed}", seed)[1]) for seed in range(1, 5)}
+    assert others - {tuple(qids)}  # another seed, another sample
+
+
 def test_eval_retrieval_two_retrievers_32k(tmp_path: Path, locomo_mini_path: Path) -> None:
     out = tmp_path / "run"
     # "hybrid:bm25+bm25" keeps this fast (no model) while exercising fusion end to end.

@@ -43,6 +43,11 @@ class RetrievalEvalConfig:
         None, help="tokenizer (hub id or folder) for exact token budgets; default: approx regex"
     )
     max_questions: int | None = setting(None, help="smoke runs: the first N scoreable questions")
+    sample_questions: int | None = setting(
+        None,
+        help="a seeded random N of the scoreable questions (seed: --seed), kept in file order: "
+        "a costly filter on a large set; reports say n",
+    )
     recall_max_k: int = setting(20, help="the recall@k curve's largest k")
     longmemeval_text: str = setting(
         "user",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -68,6 +69,9 @@ def prepare_queries(
     dataset: MemoryDataset, cfg: RetrievalEvalConfig
 ) -> tuple[list[Query], list[HaystackStats]]:
     queries = [q for q in dataset.queries if q.has_evidence]
+    if cfg.sample_questions is not None and cfg.sample_questions < len(queries):
+        keep = set(random.Random(cfg.seed).sample(range(len(queries)), cfg.sample_questions))
+        queries = [q for i, q in enumerate(queries) if i in keep]
     if cfg.max_questions:
         queries = queries[: cfg.max_questions]
     budget = parse_budget(cfg.haystack)
@@ -280,6 +284,9 @@ def run_retrieval_eval(cfg: RetrievalEvalConfig, console: Any = None) -> list[Re
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"),
         "n_questions_total": dataset.report.n_questions,
         "n_questions_without_evidence": dataset.report.n_no_evidence,
+        # The questions ranked: fewer than the scoreable ones with a sample or --max-questions.
+        "n_questions_ranked": len(queries),
+        **({"sample_questions": cfg.sample_questions} if cfg.sample_questions else {}),
         "haystack_sessions_mean": float(np.mean([len(q.haystack) for q in queries]))
         if queries
         else 0.0,
