@@ -1,12 +1,16 @@
 """Build eval/results/longmemeval_retrieval.md: every offline coarse filter on the real
-LongMemEval (LongMemEval-S and the oracle set), with the benchmark's own metrics by question type
-beside ours. Runs `memsifter eval retrieval` per split (or, with --reuse, reads the
-``<out>/longmemeval_<split>/<retriever>/metrics.json`` such runs wrote) and renders the tables
-with the machine they ran on. A retriever without results is listed as not run, with --skip's
-reason.
+LongMemEval (LongMemEval-S, a seeded sample of it, and the oracle set), with the benchmark's own
+metrics by question type beside ours. Runs `memsifter eval retrieval` per split and retriever
+(or, with --reuse, reads the ``<out>/longmemeval_<split>/<retriever>/metrics.json`` such runs
+wrote) and renders the tables with the machine they ran on. A retriever without results is
+listed as not run, with --skip's reason (``SPLIT:RETRIEVER=REASON`` or ``RETRIEVER=REASON``).
+
+The sample exists because MiniLM embeds LongMemEval-S's ~150K unique user-turn passages at about
+8-25 a second on 2 cores (hours); every filter is scored on the same seeded questions there, so
+the rows compare with each other. Dense filters share ``outputs/embedding_cache``.
 
     python eval/longmemeval_retrieval.py --reuse \\
-        --skip "minilm=MiniLM on LongMemEval-S would take ~N min at 1 thread"
+        --skip "s:minilm=MiniLM on all of LongMemEval-S would take ~N h on 2 cores"
 """
 
 from __future__ import annotations
@@ -33,10 +37,16 @@ from memsifter.evaluation.retrieval import (
 from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_QUESTIONS = 100  # the seeded sample of LongMemEval-S (seed: the config's)
 SPLITS = {
     "s": ("LongMemEval-S", f"{SHARED_DATA}/{LONGMEMEVAL_FILES['s']}"),
+    "s_sample": (
+        f"LongMemEval-S, a seeded sample of {SAMPLE_QUESTIONS} questions",
+        f"{SHARED_DATA}/{LONGMEMEVAL_FILES['s']}",
+    ),
     "oracle": ("LongMemEval oracle", f"{SHARED_DATA}/{LONGMEMEVAL_FILES['oracle']}"),
 }
+SAMPLED = {"s_sample": SAMPLE_QUESTIONS}
 TYPES = (
     "single-session-user",
     "single-session-assistant",
@@ -95,11 +105,22 @@ def _section(split: str, results: list[RetrieverResult], missing: list[str], ski
     name, _ = SPLITS[split]
     ctx = results[0].metrics
     info = ctx["longmemeval"]
+    if split in SAMPLED:
+        head = (
+            f"{ctx['n_questions']} of LongMemEval-S's {ctx['n_questions_total']} questions, drawn "
+            f"at random (seed {ctx['seed']}) from the "
+            f"{ctx['n_questions_total'] - ctx['n_questions_without_evidence']} "
+            "that are not abstention questions; every row below ranks these same questions."
+        )
+    else:
+        head = (
+            f"{ctx['n_questions_total']} questions, {ctx['n_questions_without_evidence']} of them "
+            "abstention (not scored)."
+        )
     lines = [
         f"## {name}",
         "",
-        f"{ctx['n_questions_total']} questions, {ctx['n_questions_without_evidence']} of them "
-        f"abstention (not scored); {ctx['haystack_sessions_mean']:.1f} sessions per haystack on "
+        f"{head} {ctx['haystack_sessions_mean']:.1f} sessions per haystack on "
         f"average. The benchmark's metrics score {info['n_scored']} questions: "
         f"{info['n_no_target']} more have no relevant document after the relabelling (their "
         "evidence is on the assistant side) and are left out, as the benchmark leaves them out.",
@@ -141,17 +162,30 @@ def main(
     result: Annotated[Path, typer.Option()] = ROOT / "eval/results/longmemeval_retrieval.md",
 ) -> None:
     base = load_config(RetrievalEvalConfig, ROOT / "configs/eval/longmemeval_retrieval.yaml")
-    reasons = dict(s.split("=", 1) for s in skip or [])
+    given = dict(s.split("=", 1) for s in skip or [])
     sections = []
+    threads: set[str] = set()
     for split, (_, data) in SPLITS.items():
         folder = out / f"longmemeval_{split}"
+        # "split:retriever=why" skips one split's run; "retriever=why" every split's.
+        reasons = {r: given.get(f"{split}:{r}", given.get(r)) for r in base.retrievers}
+        reasons = {r: why for r, why in reasons.items() if why is not None}
         todo = [r for r in base.retrievers if r not in reasons]
         if not reuse:
-            cfg = dataclasses.replace(base, data=data, retrievers=todo, out=str(folder))
-            run_retrieval_eval(cfg)
+            for r in todo:
+                cfg = dataclasses.replace(
+                    base,
+                    data=data,
+                    retrievers=[r],
+                    out=str(folder / slug(r)),
+                    sample_questions=SAMPLED.get(split),
+                    embedding_cache=str(out / "embedding_cache"),
+                )
+                run_retrieval_eval(cfg)
         results, missing = _load(folder, base.retrievers)
         if not results:
             raise typer.BadParameter(f"no metrics.json under {folder}; run without --reuse")
+        threads |= {str(r.metrics.get("omp_num_threads", "unset")) for r in results}
         sections.append(_section(split, results, missing, reasons))
     lines = [
         "# LongMemEval retrieval: offline coarse filters, the benchmark's own metrics",
@@ -160,8 +194,8 @@ def main(
         "LongMemEval-S (498 of its 500 questions; `7e00a6cb` and `gpt4_7a0daae1` are missing "
         "from the offline copy) and the oracle set (500 questions, evidence sessions only).",
         f"Machine: {cpu_model()}, {os.cpu_count()} cores, {memory_gib()} GiB; "
-        f"{date.today().isoformat()}; one thread per run (`OMP_NUM_THREADS=1`), beside a "
-        "training job.",
+        f"{date.today().isoformat()}; `OMP_NUM_THREADS` {' / '.join(sorted(threads))} per run "
+        "(latencies were taken beside other jobs: read them as rough).",
         "",
         "**Metrics.** `session/…` and `turn/…` are LongMemEval's own (`src/retrieval/"
         "eval_utils.py`, reimplemented in `memsifter/evaluation/longmemeval.py`; "
@@ -173,7 +207,9 @@ def main(
         "turn-level run ranks single user turns; relevant = user turns marked `has_answer` (an "
         "answer session without one is relabelled as not an answer). Abstention questions are "
         "left out. Session numbers come from ranking sessions, turn numbers from ranking turns "
-        "(the benchmark's two granularities). The usual `ndcg@k`/`recall@k`/`mrr` are "
+        "(the benchmark's two granularities); a ranker of sessions or pages (the proxy, "
+        "`--retriever memsifter`) reports the session level only, since no turn ranking "
+        "exists to score. The usual `ndcg@k`/`recall@k`/`mrr` are "
         "ir-measures' on the same session ranking with the dataset's `answer_session_ids` as "
         "gold (no relabelling).",
         "",
@@ -187,17 +223,14 @@ def main(
         "`qrels_benchmark.txt` and `qrels_turn.txt` beside its `metrics.json`):",
         "",
         "```bash",
-        f"S={SPLITS['s'][1]}",
-        f"O={SPLITS['oracle'][1]}",
-        "export OMP_NUM_THREADS=1",
-        "for r in bm25 wordllama minilm hybrid:bm25+minilm; do  # minilm, hybrid: oracle only",
-        "  memsifter eval retrieval --config configs/eval/longmemeval_retrieval.yaml --data $S \\",
-        '    --retriever "$r" --out "outputs/longmemeval_s/${r//[:+]/_}"',
-        "  memsifter eval retrieval --config configs/eval/longmemeval_retrieval.yaml --data $O \\",
-        '    --retriever "$r" --out "outputs/longmemeval_oracle/${r//[:+]/_}"',
-        "done",
-        "python eval/longmemeval_retrieval.py --reuse --skip minilm=WHY "
-        "--skip hybrid:bm25+minilm=WHY",
+        "export OMP_NUM_THREADS=2",
+        "python eval/longmemeval_retrieval.py \\",
+        '  --skip "s:minilm=WHY" --skip "s:hybrid:bm25+minilm=WHY"   # runs the rest, renders this',
+        "# or one run by hand, e.g. the sample's MiniLM:",
+        "memsifter eval retrieval --config configs/eval/longmemeval_retrieval.yaml \\",
+        f"  --data {SPLITS['s'][1]} \\",
+        f"  --retriever minilm --sample-questions {SAMPLE_QUESTIONS} --seed 0 \\",
+        "  --embedding-cache outputs/embedding_cache --out outputs/longmemeval_s_sample/minilm",
         "```",
         "",
         "(`bash scripts/eval_longmemeval.sh` runs the config on LongMemEval-S in one go.)",
