@@ -114,7 +114,7 @@ def main(
         f"{date.today().isoformat()}.",
         "Latency is per query with the haystack already indexed (sessions embedded once); these",
         "runs shared the 2 cores with a training job (OMP_NUM_THREADS=1, nice 19), so take p95",
-        "loosely and see `scripts/bench_coarse.md` for controlled timings. Dense filters score a",
+        "loosely and see `eval/bench_coarse.md` for controlled timings. Dense filters score a",
         "session by its best ~160-token passage (MaxP). BGE-M3 needs hub weights: not in this",
         "offline table.",
         "",

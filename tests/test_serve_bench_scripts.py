@@ -1,4 +1,4 @@
-"""The recall-service benchmark scripts in ``serve/`` run end to end in a tiny mode and write
+"""The recall-service benchmark scripts in ``eval/`` run end to end in a tiny mode and write
 reports of the committed shape: each starts a real ``memsifter serve`` subprocess, so this also
 covers starting, killing (``kill -9``) and restarting the server on the same database.
 
@@ -30,10 +30,10 @@ from memsifter.testing.backends import FakeTokenizer, ScriptedBackend, reverse_r
 from memsifter.testing.stub_proxy import answer
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE = ROOT / "serve"
+EVAL = ROOT / "eval"
 PG_DSN = os.environ.get("MEMSIFTER_TEST_PG_DSN")
 
-sys.path.insert(0, str(SERVE))
+sys.path.insert(0, str(EVAL))
 
 from benchlib import percentile, summarize  # noqa: E402
 
@@ -41,7 +41,7 @@ from benchlib import percentile, summarize  # noqa: E402
 def _run(script: str, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, str(SERVE / script), *args],
+        [sys.executable, str(EVAL / script), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -84,7 +84,7 @@ def test_bench_load_tiny(tmp_path: Path) -> None:
 
     md = out.read_text()
     assert "full run pending" in md and "SMOKE RUN" in md  # a tiny run must say so
-    assert "python serve/bench_load.py" in md and " cores, " in md
+    assert "python eval/bench_load.py" in md and " cores, " in md
     assert "| endpoint | requests | req/s | p50 ms | p95 ms | p99 ms |" in md
     assert "**overhead over the model call**" in md and "Goal: 0 errors" in md
 

@@ -1,4 +1,4 @@
-"""What the recall-service benchmarks in ``serve/`` share: starting ``memsifter serve`` as a
+"""What the recall-service benchmarks in ``eval/`` share: starting ``memsifter serve`` as a
 subprocess on a throwaway config and database, synthetic chat sessions, latency statistics and a
 description of the machine.
 

@@ -1,4 +1,4 @@
-"""Reward-service benchmark (committed as scripts/bench_rewards.md and .json): working-LLM calls
+"""Reward-service benchmark (committed as eval/bench_rewards.md and .json): working-LLM calls
 and wall time of the reward service against the naive loop, and bit-for-bit equal rewards.
 
 Why: the answer reward costs n x (tiers + 1) working-LLM calls per GRPO group when every
@@ -41,7 +41,7 @@ How (every choice is also written into the report):
 * Render-only (no model calls): the call ratio if the six rankings were uniformly random
   permutations, the least sharing a group can have.
 
-    flock /tmp/memsifter-heavy.lock python scripts/bench_rewards.py
+    flock /tmp/memsifter-heavy.lock python eval/bench_rewards.py
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def main(
     prompt_tokens = [g.prompt_tokens for g in recording.log.values()]
     call_s = [g.latency_s for g in recording.log.values()]
     wall_s = time.perf_counter() - t_start
-    command = "flock /tmp/memsifter-heavy.lock python scripts/bench_rewards.py"
+    command = "flock /tmp/memsifter-heavy.lock python eval/bench_rewards.py"
     data_line = (
         f"**synthetic fixture** `{FIXTURE.name}` (the real LoCoMo file `{data}` was missing)"
         if fallback

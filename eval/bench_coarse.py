@@ -543,7 +543,7 @@ def main(
     ] = 1.0,
     target_ratio: float = 1.2,
     out: Annotated[Path, typer.Option(help="report path; .md and .json are written")] = (
-        ROOT / "scripts" / "bench_coarse"
+        ROOT / "eval" / "bench_coarse"
     ),
 ) -> None:
     """Benchmark index time, query latency and peak RSS of coarse filters."""

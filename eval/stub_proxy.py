@@ -2,7 +2,7 @@
 ``bench_load.py --proxy stub``: an OpenAI-compatible server that answers every prompt with a
 well-formed ranking after a fixed delay.
 
-    python serve/stub_proxy.py --port 8001 --latency-ms 50
+    python eval/stub_proxy.py --port 8001 --latency-ms 50
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ doubt": present or not, both are correct, and the report says how many were comm
 A sample of acknowledged sessions is also read back turn by turn, so a truncated or mangled
 row would count as lost too.
 
-    python serve/bench_durability.py --db sqlite
-    python serve/bench_durability.py --db postgres --pg-dsn postgresql+psycopg://postgres@127.0.0.1:5432/test
+    python eval/bench_durability.py --db sqlite
+    python eval/bench_durability.py --db postgres --pg-dsn postgresql+psycopg://postgres@127.0.0.1:5432/test
 
-Results go to ``serve/bench_durability.md`` / ``.json`` (``--out``); one run per database
+Results go to ``eval/bench_durability.md`` / ``.json`` (``--out``); one run per database
 updates its own section and keeps the other's.
 """
 
@@ -323,8 +323,8 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         "the process, not the machine. PostgreSQL runs with its defaults (`synchronous_commit = "
         "on`), and only the service is killed.",
         "",
-        "Regenerate: `python serve/bench_durability.py --db sqlite` and "
-        "`python serve/bench_durability.py --db postgres` (see `--help`).",
+        "Regenerate: `python eval/bench_durability.py --db sqlite` and "
+        "`python eval/bench_durability.py --db postgres` (see `--help`).",
         "",
     ]
     sections = [_section(runs[db]) for db in ("sqlite", "postgres") if db in runs]

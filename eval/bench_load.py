@@ -17,15 +17,15 @@ the stack adds: HTTP and JSON, auth, the database look-ups, the coarse filter an
 the proxy stage's own work (``proxy_ms - model_ms``: prompt building with the real tokenizer,
 parsing, and under load the wait for a free proxy slot). Coarse-only has no model call, so its
 overhead is its whole latency. ``--proxy stub`` runs the full proxy path against
-``serve/stub_proxy.py``, an OpenAI-compatible server with a fixed ``--stub-latency-ms``.
+``eval/stub_proxy.py``, an OpenAI-compatible server with a fixed ``--stub-latency-ms``.
 
-    python serve/bench_load.py                              # coarse-only, full size
-    python serve/bench_load.py --proxy openai --proxy-base-url http://127.0.0.1:8000/v1 \\
+    python eval/bench_load.py                              # coarse-only, full size
+    python eval/bench_load.py --proxy openai --proxy-base-url http://127.0.0.1:8000/v1 \\
         --proxy-served-model-name smollm2-135m-instruct
-    python serve/bench_load.py --proxy stub --stub-latency-ms 50
-    python serve/bench_load.py --workers 2 --db postgres   # several workers (own section)
+    python eval/bench_load.py --proxy stub --stub-latency-ms 50
+    python eval/bench_load.py --workers 2 --db postgres   # several workers (own section)
 
-Results go to ``serve/bench_load.md`` / ``.json`` (``--out``): one section per ranker, so a
+Results go to ``eval/bench_load.md`` / ``.json`` (``--out``): one section per ranker, so a
 proxy run updates its own section and keeps the coarse-only one.
 """
 
@@ -364,11 +364,11 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         "Full-size commands (the goals are stated for these):",
         "",
         "```bash",
-        "python serve/bench_load.py                       # coarse-only: 50 clients, 60 s, "
+        "python eval/bench_load.py                       # coarse-only: 50 clients, 60 s, "
         "10K sessions",
-        "python serve/bench_load.py --proxy openai --proxy-base-url http://127.0.0.1:8000/v1 "
+        "python eval/bench_load.py --proxy openai --proxy-base-url http://127.0.0.1:8000/v1 "
         "--proxy-served-model-name smollm2-135m-instruct  # with the proxy (vLLM server)",
-        "python serve/bench_load.py --proxy stub --stub-latency-ms 50   # proxy path, known "
+        "python eval/bench_load.py --proxy stub --stub-latency-ms 50   # proxy path, known "
         "model time",
         "```",
         "",
@@ -383,7 +383,7 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
     if any(not _is_full(r) for r in runs.values()):
         header += [
             "> **NOTE: full run pending.** At least one section below is a smoke run made while "
-            "a training job held this 2-core machine. Rerun `python serve/bench_load.py` (and "
+            "a training job held this 2-core machine. Rerun `python eval/bench_load.py` (and "
             "the proxy variant) on a quiet machine; the output overwrites the smoke sections.",
             "",
         ]
