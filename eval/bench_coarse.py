@@ -29,7 +29,6 @@ import gc
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import shlex
 import statistics
@@ -47,12 +46,12 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
+from benchlib import machine, machine_line
 
 from memsifter.data import MemoryDataset, Ranking, Session, Turn, load_locomo
 from memsifter.data.haystack import HaystackBuilder, parse_budget
 from memsifter.data.locations import locomo_file
 from memsifter.data.tokens import SessionTokenCache, get_counter
-from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_LOCOMO = locomo_file()
@@ -327,7 +326,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def machine_info(threads: int) -> dict[str, Any]:
-    model = cpu_model()
+    """``benchlib.machine()`` plus what this benchmark adds: package versions, torch threads,
+    the date and the git revision."""
     versions = {}
     for pkg in ("torch", "bm25s", "numpy", "PyStemmer", "sentence-transformers", "wordllama"):
         try:
@@ -335,17 +335,11 @@ def machine_info(threads: int) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[pkg] = "not installed"
     return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "ram_gib": memory_gib(),
-        "python": platform.python_version(),
+        **machine(),
         "versions": versions,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_set_num_threads": threads,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "git": _git(),
-        "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
     }
 
 
@@ -440,8 +434,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"- Command: `{report['command']}`",
         f"- Date: {m['date']}; git {m['git']}",
-        f"- Machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), "
-        f"{m['ram_gib']} GiB RAM; Python {m['python']}",
+        f"- Machine: {machine_line(m, threads=False)}; Python {m['python']}",
         f"- Versions: torch {v['torch']}, bm25s {v['bm25s']}, numpy {v['numpy']}, PyStemmer "
         f"{v['PyStemmer']}, sentence-transformers {v['sentence-transformers']}, wordllama "
         f"{v['wordllama']}",
@@ -451,7 +444,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "- Filters as `build_filter(spec)` makes them: the dense ones (minilm, wordllama) embed "
         "~160-approx-token passages of each session and score its best one (MaxP), so their "
         "index cost grows with tokens, not sessions.",
-        f"- Load average (1/5/15 min) at start {' '.join(m['loadavg_start'])}, at end "
+        f"- Load average (1/5/15 min) at start {' '.join(map(str, m['loadavg_1_5_15']))}, at end "
         f"{' '.join(report['loadavg_end'])} (other jobs share this box; heavy runs are "
         "serialised with flock)",
         f"- Corpus: `{cfg['data']}` ({cfg['pool_sessions']} sessions, {cfg['pool_tokens']} approx "
@@ -552,7 +545,7 @@ def main(
     os.environ["OMP_NUM_THREADS"] = str(threads)
     data_path = data or (REAL_LOCOMO if REAL_LOCOMO.exists() else FIXTURE)
     specs, size_names = _csv(filters), _csv(sizes)
-    machine = machine_info(threads)
+    facts = machine_info(threads)
     command = exact_command()
 
     dataset = load_locomo(data_path)
@@ -616,7 +609,7 @@ def main(
 
     report = {
         "command": command,
-        "machine": machine,
+        "machine": facts,
         "config": {
             "data": str(data_path),
             "filters": specs,

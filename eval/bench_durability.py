@@ -32,10 +32,7 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import (  # noqa: E402
+from benchlib import (
     DEFAULT_PG_DSN,
     HERE,
     Server,
@@ -265,7 +262,7 @@ def _section(result: dict[str, Any]) -> str:
     lines = [
         f"## {result['db']}",
         "",
-        f"Date: {result['date']}. Machine: {machine_line(result['machine'])}.",
+        f"Date: {result['date']}. Machine: {machine_line(result['machine'], run=True)}.",
         "",
         f"Command: `{result['command']}`",
         "",

@@ -44,10 +44,7 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchlib import (  # noqa: E402
+from benchlib import (
     DEFAULT_PG_DSN,
     HERE,
     ProxyOptions,
@@ -266,8 +263,8 @@ def _section(r: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        f"Date: {r['date']}. Machine: {machine_line(r['machine'])}. Load average at the end: "
-        f"{', '.join(str(x) for x in r['loadavg_end'])}. Client and server share the machine.",
+        f"Date: {r['date']}. Machine: {machine_line(r['machine'], run=True)}. Load average at the "
+        f"end: {', '.join(str(x) for x in r['loadavg_end'])}. Client and server share the machine.",
         "",
         f"Command: `{r['command']}`",
         "",

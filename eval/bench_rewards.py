@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import tempfile
 import time
@@ -58,6 +57,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from benchlib import machine, machine_line
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
@@ -66,7 +66,6 @@ from memsifter.data.splits import LOCOMO_TEST
 from memsifter.data.types import Query, Session
 from memsifter.data.units import to_units
 from memsifter.llm import BackendSpec, Generation, SamplingConfig, build_backend
-from memsifter.machine import cpu_model, memory_gib
 from memsifter.qa.answerer import Answerer
 from memsifter.ranker import BuiltPrompt, PromptBuilder, parse_ranking
 from memsifter.rewards import (
@@ -84,15 +83,6 @@ FIXTURE = HERE.parent / "data" / "fixtures" / "locomo_mini.json"
 MODEL = "smollm2-135m-instruct"
 LOCAL_PROXY = BackendSpec(kind="transformers", model=MODEL, batch_size=1, threads=2)
 PARTIAL = Path(tempfile.gettempdir()) / "bench_rewards.partial.jsonl"  # rows, if the run dies
-
-
-def _machine() -> str:
-    cpu, mem = cpu_model(), memory_gib()
-    threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    return (
-        f"{cpu}, {os.cpu_count()} cores (shared), {mem or '?'} GiB, no GPU, "
-        f"OMP_NUM_THREADS={threads}"
-    )
 
 
 class Recording:
@@ -229,6 +219,7 @@ def main(
     out: Annotated[Path, typer.Option()] = HERE / "bench_rewards.md",
 ) -> None:
     t_start = time.perf_counter()
+    facts = machine()  # the load average before the run loads it
     PARTIAL.unlink(missing_ok=True)
     fallback = not data.exists()
     if fallback:
@@ -402,8 +393,8 @@ def main(
     lines = [
         "# Reward service vs naive loop: working-LLM calls, wall time, identical rewards",
         "",
-        f"Machine: {_machine()}; {date.today().isoformat()}. Command: `{command}` "
-        f"(whole run {wall_s / 60:.1f} min).",
+        f"Machine: {machine_line(facts, run=True)}; {date.today().isoformat()}. "
+        f"Command: `{command}` (whole run {wall_s / 60:.1f} min).",
         "",
         f"Data: {data_line}; {len(queries)} questions with evidence. Memory units are LoCoMo "
         "turns with their session's date (gold: the evidence turns), not whole sessions, to keep "
@@ -475,7 +466,7 @@ def main(
     out.with_suffix(".json").write_text(
         json.dumps(
             {
-                "machine": _machine(),
+                "machine": facts,
                 "command": command,
                 "fallback_fixture": fallback,
                 "config": {

@@ -1,6 +1,9 @@
-"""What the recall-service benchmarks in ``eval/`` share: starting ``memsifter serve`` as a
-subprocess on a throwaway config and database, synthetic chat sessions, latency statistics and a
-description of the machine.
+"""What the benchmarks in ``eval/`` share: the machine they ran on (``machine()`` for the
+report's JSON, ``machine_line()`` for its text), how a run was started, latency statistics and
+the per-run JSON a report keeps; and, for the recall-service benchmarks, starting ``memsifter
+serve`` as a subprocess on a throwaway config and database, and synthetic chat sessions.
+
+A script run as ``python eval/X.py`` has ``eval/`` on ``sys.path``: ``from benchlib import ...``.
 
 The server always runs as its own process (never in-process), so that a benchmark measures the
 HTTP stack a deployment runs and the durability check can ``kill -9`` it for real.
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import random
 import shutil
 import signal
@@ -26,9 +28,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from memsifter.machine import cpu_model, memory_gib
+from memsifter.machine import machine_facts
+from memsifter.machine import machine_line as machine_line  # re-exported: one rendered line
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -40,28 +41,10 @@ TENANT = "bench"
 
 
 def machine() -> dict[str, Any]:
-    """The machine, and how busy it was when the run started: on a shared box the load average
-    says more about the numbers than the CPU model does."""
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "memory_gib": memory_gib(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "loadavg_1_5_15": [round(x, 2) for x in load],
-        "nice": os.nice(0),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-    }
-
-
-def machine_line(m: dict[str, Any]) -> str:
-    load = ", ".join(str(x) for x in m["loadavg_1_5_15"])
-    return (
-        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}; "
-        f"load average at start {load}; nice {m['nice']}, "
-        f"OMP_NUM_THREADS={m['omp_num_threads'] or 'unset'}"
-    )
+    """The machine facts every benchmark records in its JSON (``memsifter.machine``): CPU,
+    cores, memory, GPUs, Python, and the load average, nice level and ``OMP_NUM_THREADS`` when
+    the run started. Take them at the start of a run; ``machine_line`` renders them."""
+    return machine_facts()
 
 
 def utc_now_text() -> str:
@@ -266,6 +249,8 @@ class Server:
         self.start_seconds.append(round(time.perf_counter() - t0, 2))
 
     def _wait_ready(self, timeout_s: float) -> None:
+        import httpx  # the serve extra; the other benchmarks import this module without it
+
         deadline = time.monotonic() + timeout_s
         assert self.proc is not None
         while time.monotonic() < deadline:

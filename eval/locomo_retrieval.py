@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from datetime import date
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from benchlib import machine, machine_line
 
 from memsifter.config import load_config
 from memsifter.data.locations import DEFAULT_LOCOMO
@@ -26,7 +26,6 @@ from memsifter.evaluation.retrieval import (
     run_retrieval_eval,
     slug,
 )
-from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
 HAYSTACKS = ("native", "32k", "128k")
@@ -110,8 +109,7 @@ def main(
         "",
         "Data: `locomo10.json` (1,986 questions; 1,982 with usable evidence "
         "are scored). Gold = sessions named by evidence ids. Metrics by ir-measures.",
-        f"Machine: {cpu_model()}, {os.cpu_count()} cores, {memory_gib()} GiB; "
-        f"{date.today().isoformat()}.",
+        f"Machine: {machine_line(machine(), threads=False)}; {date.today().isoformat()}.",
         "Latency is per query with the haystack already indexed (sessions embedded once); these",
         "runs shared the 2 cores with a training job (OMP_NUM_THREADS=1, nice 19), so take p95",
         "loosely and see `eval/bench_coarse.md` for controlled timings. Dense filters score a",

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from benchlib import machine, machine_line
 
 from memsifter.config import load_config
 from memsifter.data.locations import LONGMEMEVAL_FILES, SHARED_DATA
@@ -34,7 +34,6 @@ from memsifter.evaluation.retrieval import (
     run_retrieval_eval,
     slug,
 )
-from memsifter.machine import cpu_model, memory_gib
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_QUESTIONS = 100  # the seeded sample of LongMemEval-S (seed: the config's)
@@ -193,7 +192,7 @@ def main(
         "Data: the real LongMemEval (Wu et al., ICLR 2025) from `../shared/data/longmemeval/`: "
         "LongMemEval-S (498 of its 500 questions; `7e00a6cb` and `gpt4_7a0daae1` are missing "
         "from the offline copy) and the oracle set (500 questions, evidence sessions only).",
-        f"Machine: {cpu_model()}, {os.cpu_count()} cores, {memory_gib()} GiB; "
+        f"Machine: {machine_line(machine(), threads=False)}; "
         f"{date.today().isoformat()}; `OMP_NUM_THREADS` {' / '.join(sorted(threads))} per run "
         "(latencies were taken beside other jobs: read them as rough).",
         "",

@@ -1,10 +1,24 @@
-"""What machine a benchmark ran on, for the tables committed next to each benchmark: the CPU
-model and the memory, read from /proc where it exists (Linux), else what ``platform`` knows."""
+"""What machine a benchmark ran on, for the tables committed next to each benchmark: the one
+description every benchmark and eval report uses (``eval/benchlib.py`` hands it to the scripts
+in ``eval/``; ``memsifter eval proxy`` writes it into its report).
+
+``machine_facts()`` is the record (stored in a report's JSON); ``machine_line(facts)`` renders
+it as one line, e.g. ``AMD EPYC, 2 cores, 23.5 GiB, no GPU, OMP_NUM_THREADS=1``, with the run's
+state (Python, load average at the start, nice) after it when ``run=True``. The CPU model and
+the memory are read from /proc where it exists (Linux), else from what ``platform`` knows.
+"""
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 def cpu_model() -> str:
@@ -26,3 +40,71 @@ def memory_gib() -> float | None:
     except OSError:
         pass
     return None
+
+
+def gpu_names() -> list[str]:
+    """The GPUs this process can use: torch's view when a model already imported torch (it is
+    never imported just to ask), else ``nvidia-smi``'s; empty when there are none."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return []
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if not torch.cuda.is_available():
+            return []
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [name.strip() for name in out.splitlines() if name.strip()]
+
+
+def machine_facts() -> dict[str, Any]:
+    """The machine, and how busy it was when the run started: on a shared box the load average
+    says more about the numbers than the CPU model does."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    cores = os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    return {
+        "cpu": cpu_model(),
+        "cores": cores,
+        "usable_cores": usable,
+        "memory_gib": memory_gib(),
+        "gpus": gpu_names(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "nice": os.nice(0) if hasattr(os, "nice") else None,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def machine_line(m: Mapping[str, Any], *, threads: bool = True, run: bool = False) -> str:
+    """``m`` (``machine_facts()``) as one line: CPU, cores, memory and GPUs; then
+    ``OMP_NUM_THREADS`` (``threads``: leave it out where the runs set their own); then, with
+    ``run``, the Python version, the load average at the start and the nice level."""
+    cores = f"{m['cores']} cores"
+    if m.get("usable_cores") not in (None, m["cores"]):
+        cores += f" ({m['usable_cores']} usable)"
+    gpus = Counter(m.get("gpus") or ())
+    gpu = (
+        "GPU " + ", ".join(name if n == 1 else f"{n}x {name}" for name, n in gpus.items())
+        if gpus
+        else "no GPU"
+    )
+    line = f"{m['cpu']}, {cores}, {m['memory_gib'] or '?'} GiB, {gpu}"
+    if threads:
+        line += f", OMP_NUM_THREADS={m['omp_num_threads'] or 'unset'}"
+    if run:
+        load = ", ".join(str(x) for x in m["loadavg_1_5_15"])
+        line += f"; Python {m['python']}; load average at start {load}; nice {m['nice']}"
+    return line

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import shlex
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -507,16 +505,11 @@ class ProxyEvalResult:
 
 
 def machine_line() -> str:
-    from memsifter.machine import cpu_model, memory_gib
+    """This machine as every benchmark report describes it (``memsifter.machine``)."""
+    from memsifter.machine import machine_facts
+    from memsifter.machine import machine_line as render
 
-    gpu = "no GPU"
-    torch = sys.modules.get("torch")  # only asked when a model already imported it
-    if torch is not None and torch.cuda.is_available():
-        gpu = f"GPU {torch.cuda.get_device_name(0)}"
-    return (
-        f"{cpu_model()}, {os.cpu_count()} cores, {memory_gib() or '?'} GiB, {gpu}, "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
-    )
+    return render(machine_facts())
 
 
 def command_line(cfg: ProxyEvalConfig) -> str:
