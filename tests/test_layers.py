@@ -21,6 +21,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         # test doubles and oracles: may use any floor, and no module of the library imports them
         {"testing"},
         {"cli"},
+        {"config_cli"},  # the command line built from config dataclasses: only the CLI uses it
         {"serving", "evaluation"},  # the service and the benchmarks
         {"training"},
         {"rewards"},
