@@ -65,11 +65,11 @@ from memsifter.data.locations import locomo_file
 from memsifter.data.splits import LOCOMO_TEST
 from memsifter.data.types import Query, Session
 from memsifter.data.units import to_units
-from memsifter.llm import BackendSpec, Generation, SamplingConfig, build_backend
+from memsifter.llm import BackendSpec, Generation, SamplingParams, build_backend
 from memsifter.qa.answerer import Answerer
 from memsifter.ranker import BuiltPrompt, PromptBuilder, parse_ranking
 from memsifter.rewards import (
-    AnswererConfig,
+    AnswererSettings,
     RewardConfig,
     RewardRequest,
     RewardService,
@@ -99,7 +99,7 @@ class Recording:
     def tokenizer(self) -> Any:
         return self.backend.tokenizer
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         out = self.backend.generate(prompts, sampling)
         for p, g in zip(prompts, out, strict=True):
             self.log[p] = g[0]
@@ -120,7 +120,7 @@ class Replay:
     def tokenizer(self) -> Any:
         return self.recording.tokenizer
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         out = []
         for p in prompts:
             if p not in self.recording.log:
@@ -273,7 +273,7 @@ def main(
     cfg = RewardConfig(
         max_k=max_k,
         task_metrics={"locomo": "locomo"},
-        answerer=AnswererConfig(memory_order=memory_order),
+        answerer=AnswererSettings(memory_order=memory_order),
     )
     recording = Recording(build_backend(LOCAL_PROXY))
     answerer = Answerer(recording, answerer_window, answer_tokens, memory_order=memory_order)

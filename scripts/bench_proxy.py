@@ -27,7 +27,7 @@ from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.data.splits import LOCOMO_TEST
 from memsifter.evaluation.agreement import compare_greedy
 from memsifter.evaluation.retrieval import RetrievalEvalConfig, render_table, run_retrieval_eval
-from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+from memsifter.llm import BackendSpec, SamplingParams, build_backend
 from memsifter.llm.vllm_cpu import launch_vllm_cpu_server
 from memsifter.machine import cpu_model, memory_gib
 from memsifter.models import resolve_model
@@ -66,7 +66,7 @@ def main(
     )
     prompts = [builder.build_query(q) for q in queries]
     texts = [p.text for p in prompts]
-    sampling = SamplingConfig(max_new_tokens=completion_tokens)
+    sampling = SamplingParams(max_new_tokens=completion_tokens)
 
     t0 = time.perf_counter()
     local = [g[0] for g in hf.generate(texts, sampling)]
@@ -82,7 +82,7 @@ def main(
                 max_concurrency=64,
             )
         )
-        http.generate(texts[:2], SamplingConfig(max_new_tokens=8))  # warm-up
+        http.generate(texts[:2], SamplingParams(max_new_tokens=8))  # warm-up
         t0 = time.perf_counter()
         served = [g[0] for g in http.generate(texts, sampling)]
         vllm_s = time.perf_counter() - t0

@@ -105,13 +105,13 @@ def test_adapter_errors_are_clear(tiny_qwen3: Path, tmp_path: Path) -> None:
 
 
 def test_transformers_backend_serves_an_adapter(adapter: Path) -> None:
-    from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+    from memsifter.llm import BackendSpec, SamplingParams, build_backend
 
     be = build_backend(BackendSpec(kind="transformers", model=str(adapter), threads=1))
     prompt = be.tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
-    out = be.generate([prompt], SamplingConfig(max_new_tokens=4))
+    out = be.generate([prompt], SamplingParams(max_new_tokens=4))
     assert out[0][0].completion_tokens > 0
 
 

@@ -13,7 +13,7 @@ import pytest
 from memsifter.errors import DataError
 from memsifter.rewards.retrieval import retrieval_reward
 from memsifter.training.curriculum import (
-    CurriculumConfig,
+    CurriculumSettings,
     Example,
     attainable,
     priority,
@@ -60,7 +60,7 @@ def test_selection_takes_top_priority_per_source(scale: str) -> None:
     # 20 candidates, one gold: gold last scores NDCG@10 = 0, so both scales are the same here.
     ranks = [0, 1, 2, 3, 5, 7, 9, 15, None]
     exs = [_example(f"a{r}", r, "a") for r in ranks] + [_example(f"b{r}", r, "b") for r in ranks]
-    keep, report = select(exs, {"a": 3, "b": 5}, CurriculumConfig(scale=scale), seed=0)
+    keep, report = select(exs, {"a": 3, "b": 5}, CurriculumSettings(scale=scale), seed=0)
     kept = [exs[i] for i in keep]
     assert keep == sorted(keep)
     for source, count in (("a", 3), ("b", 5)):
@@ -86,9 +86,9 @@ def test_selection_takes_top_priority_per_source(scale: str) -> None:
     assert by["a"].coarse_top1_gold_after == 0.0
     # The formula over every row picks the gold-less example (priority 0.8) over rank 3 (0.77).
     loose, _ = select(
-        exs, {"a": 5, "b": 0}, CurriculumConfig(require_gold=False, scale=scale), seed=0
+        exs, {"a": 5, "b": 0}, CurriculumSettings(require_gold=False, scale=scale), seed=0
     )
-    strict, _ = select(exs, {"a": 5, "b": 0}, CurriculumConfig(scale=scale), seed=0)
+    strict, _ = select(exs, {"a": 5, "b": 0}, CurriculumSettings(scale=scale), seed=0)
     assert "aNone" in {exs[i].qid for i in loose} and "a3" not in {exs[i].qid for i in loose}
     assert "a3" in {exs[i].qid for i in strict} and "aNone" not in {exs[i].qid for i in strict}
 
@@ -110,21 +110,21 @@ def test_count_none_or_above_pool_keeps_everything() -> None:
 
 def test_random_fallback_deterministic_per_seed() -> None:
     exs = [_example(f"q{i}", i % 12) for i in range(50)]
-    cfg = CurriculumConfig(strategy="random")
+    cfg = CurriculumSettings(strategy="random")
     a0, rep = select(exs, {"a": 10}, cfg, seed=0)
     assert a0 == select(exs, {"a": 10}, cfg, seed=0)[0]
     assert a0 != select(exs, {"a": 10}, cfg, seed=1)[0]
     assert len(a0) == 10 and rep.strategy == "random" and "random sampling" in rep.note
     # Not the curriculum's choice.
-    assert a0 != select(exs, {"a": 10}, CurriculumConfig(), seed=0)[0]
+    assert a0 != select(exs, {"a": 10}, CurriculumSettings(), seed=0)[0]
 
 
 def test_unknown_strategy_is_an_error() -> None:
     with pytest.raises(ValueError, match="strategy"):
-        CurriculumConfig(strategy="anchor")
+        CurriculumSettings(strategy="anchor")
     with pytest.raises(ValueError, match="curriculum.scale must be one of"):
-        CurriculumConfig(scale="relative")
-    assert CurriculumConfig().scale == "attainable"
+        CurriculumSettings(scale="relative")
+    assert CurriculumSettings().scale == "attainable"
 
 
 # --- the attainable scale ----------------------------------------------------------------------
@@ -177,11 +177,11 @@ def test_short_lists_no_longer_simply_pick_the_worst_ranked() -> None:
     def qids(keep: list[int]) -> set[str]:
         return {exs[i].qid.split("-")[0] for i in keep}
 
-    absolute, _ = select(exs, {"a": 3}, CurriculumConfig(scale="absolute"), seed=0)
+    absolute, _ = select(exs, {"a": 3}, CurriculumSettings(scale="absolute"), seed=0)
     assert qids(absolute) == {"r3"}  # the worst-ranked prompts, and nothing else
-    scaled, rep = select(exs, {"a": 3}, CurriculumConfig(), seed=0)
+    scaled, rep = select(exs, {"a": 3}, CurriculumSettings(), seed=0)
     assert qids(scaled) == {"r2"}  # d = 0.12, the closest to tau = 0.2
-    six, _ = select(exs, {"a": 6}, CurriculumConfig(), seed=0)
+    six, _ = select(exs, {"a": 6}, CurriculumSettings(), seed=0)
     assert qids(six) == {"r2", "r1"}  # then d = 0.35 (priority 0.85) before gold last (0.8)
     # The report keeps raw NDCG: the selection's mean is that of gold third of four.
     (sel,) = rep.sources

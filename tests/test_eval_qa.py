@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from memsifter.data import load_locomo
 from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
-from memsifter.llm import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingParams
 
 
 class OracleBackend:
@@ -28,7 +28,7 @@ class OracleBackend:
     def tokenizer(self) -> Any:
         return self._tok
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         out = []
         for p in prompts:
             answer = "No information available"

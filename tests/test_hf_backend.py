@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+from memsifter.llm import BackendSpec, SamplingParams, build_backend
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def _prompts(backend) -> list[str]:
 
 def test_batched_equals_single_greedy(backend) -> None:
     prompts = _prompts(backend)
-    sampling = SamplingConfig(max_new_tokens=12)
+    sampling = SamplingParams(max_new_tokens=12)
     batched = backend.generate(prompts, sampling)
     single = [backend.generate([p], sampling)[0] for p in prompts]
     assert [g[0].text for g in batched] == [g[0].text for g in single]
@@ -43,7 +43,7 @@ def test_batched_equals_single_greedy(backend) -> None:
 
 def test_sampling_n_and_seed(backend) -> None:
     prompts = _prompts(backend)[:2]
-    s = SamplingConfig(max_new_tokens=8, temperature=1.0, n=3, seed=7)
+    s = SamplingParams(max_new_tokens=8, temperature=1.0, n=3, seed=7)
     a = backend.generate(prompts, s)
     b = backend.generate(prompts, s)
     assert [len(g) for g in a] == [3, 3]

@@ -14,7 +14,7 @@ import pytest
 from memsifter.data import load_locomo
 from memsifter.errors import MemSifterError
 from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
-from memsifter.llm import BackendSpec, Generation, SamplingConfig
+from memsifter.llm import BackendSpec, Generation, SamplingParams
 from memsifter.qa.judge import JudgeError, LLMJudge, get_rubric, parse_mem0_label
 from memsifter.qa.locomo import (
     DATE_HINT,
@@ -107,7 +107,7 @@ class Scripted:
                 return gold
         return "unknown"
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         out = []
         for p in prompts:
             self.prompts.append(p)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from memsifter.evaluation.qa import QAEvalConfig, run_qa_eval
-from memsifter.llm import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingParams
 from memsifter.qa import longmemeval_judge as lj
 from memsifter.testing.rewards import WhitespaceTokenizer
 
@@ -28,13 +28,13 @@ class ScriptedBackend:
     def __init__(self) -> None:
         self._tok = WhitespaceTokenizer()
         self.judge_prompts: list[str] = []
-        self.samplings: list[SamplingConfig] = []
+        self.samplings: list[SamplingParams] = []
 
     @property
     def tokenizer(self) -> WhitespaceTokenizer:
         return self._tok
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         out = []
         for p in prompts:
             if "Answer yes or no only." in p:

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from memsifter.llm import BackendError, BackendSpec, SamplingConfig, build_backend
+from memsifter.llm import BackendError, BackendSpec, SamplingParams, build_backend
 from memsifter.llm.openai_http import OpenAIBackend
 
 
@@ -44,7 +44,7 @@ def test_request_shape_order_and_n() -> None:
         served_model_name="srv",
         transport=httpx.MockTransport(handler),
     )
-    out = be.generate(["a", "b"], SamplingConfig(max_new_tokens=7, n=2, seed=3, stop=("</r>",)))
+    out = be.generate(["a", "b"], SamplingParams(max_new_tokens=7, n=2, seed=3, stop=("</r>",)))
     assert [[g.text for g in gs] for gs in out] == [["a|0", "a|1"], ["b|0", "b|1"]]
     assert out[0][0].completion_tokens == 2 and out[0][0].prompt_tokens == 3
     assert seen[0]["model"] == "srv" and seen[0]["max_tokens"] == 7 and seen[0]["seed"] == 3
@@ -64,7 +64,7 @@ def test_bounded_concurrency() -> None:
     be = OpenAIBackend(
         "http://x:1/v1", model="m", max_concurrency=3, transport=httpx.MockTransport(handler)
     )
-    out = be.generate([str(i) for i in range(20)], SamplingConfig())
+    out = be.generate([str(i) for i in range(20)], SamplingParams())
     assert len(out) == 20 and state["peak"] == 3
 
 
@@ -82,7 +82,7 @@ def test_retries_transient_then_succeeds() -> None:
     be = OpenAIBackend(
         "http://x:1", model="m", max_retries=3, transport=httpx.MockTransport(handler)
     )
-    assert be.generate(["p"], SamplingConfig())[0][0].text == "p|0"
+    assert be.generate(["p"], SamplingParams())[0][0].text == "p|0"
     assert calls["n"] == 3
 
 
@@ -101,7 +101,7 @@ def test_raises_after_last_retry_and_on_client_errors() -> None:
         transport=httpx.MockTransport(down),
     )
     with pytest.raises(BackendError, match="500"):
-        be.generate(["p"], SamplingConfig())
+        be.generate(["p"], SamplingParams())
     assert calls["n"] == 2  # first try + one retry, then loud failure
 
     calls["n"] = 0
@@ -114,7 +114,7 @@ def test_raises_after_last_retry_and_on_client_errors() -> None:
         ),
     )
     with pytest.raises(BackendError, match="400"):
-        bad.generate(["p"], SamplingConfig())
+        bad.generate(["p"], SamplingParams())
     assert calls["n"] == 1  # a 4xx is not transient: no retry
 
     garbage = OpenAIBackend(
@@ -123,7 +123,7 @@ def test_raises_after_last_retry_and_on_client_errors() -> None:
         transport=httpx.MockTransport(lambda r: httpx.Response(200, json={})),
     )
     with pytest.raises(BackendError, match="unusable response"):
-        garbage.generate(["p"], SamplingConfig())
+        garbage.generate(["p"], SamplingParams())
 
 
 def test_build_backend_unknown() -> None:

@@ -17,7 +17,7 @@ from memsifter.data import load_locomo
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
 from memsifter.errors import DataError
-from memsifter.llm import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingParams
 from memsifter.ranker.proxy import PromptSpecError, Proxy, merge_settings, resolve_spec
 from memsifter.ranker.spec import PromptSpec, write_spec
 from memsifter.serving.config import ProxySettings, ServeConfig, load_serve_config
@@ -64,7 +64,7 @@ class _Recorder:
         self.prompts: list[str] = []
         self.caps: list[int] = []
 
-    def __call__(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def __call__(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         self.prompts += prompts
         self.caps.append(sampling.max_new_tokens)
         return [[Generation("<ranking>1, 0</ranking>", 1, 1, "stop", 0.0)] for _ in prompts]
@@ -215,7 +215,7 @@ class _Scripted:
     def tokenizer(self) -> Any:
         return self._tok
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         return [[Generation(self.text, 1, 1, "stop", 0.0)] for _ in prompts]
 
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from memsifter.data.types import Ranking, Session, Turn
-from memsifter.llm.base import Generation, SamplingConfig
+from memsifter.llm.base import Generation, SamplingParams
 from memsifter.llm.openai_http import OpenAIBackend
 from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
 from memsifter.ranker.proxy import Proxy
@@ -169,7 +169,7 @@ class Recording:
     def tokenizer(self) -> Any:
         return self._tok
 
-    def generate(self, prompts: Sequence[Any], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[Any], sampling: SamplingParams) -> list[list[Generation]]:
         self.sent.extend(prompts)
         return [[Generation("<ranking>0</ranking>", 0, 3, "stop", 0.0)] for _ in prompts]
 
@@ -200,7 +200,7 @@ def test_openai_backend_posts_token_ids_as_the_prompt() -> None:
 
     backend = OpenAIBackend("http://x:1", model="m", transport=httpx.MockTransport(handler))
     assert backend.accepts_token_ids
-    backend.generate([[1, 2, 3], "text"], SamplingConfig(max_new_tokens=4))
+    backend.generate([[1, 2, 3], "text"], SamplingParams(max_new_tokens=4))
     assert [b["prompt"] for b in bodies] == [[1, 2, 3], "text"]
     text_only = OpenAIBackend("http://x:1", model="m", token_ids=False)
     assert not text_only.accepts_token_ids

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from memsifter.coarse import BM25Filter
 from memsifter.data import load_locomo
 from memsifter.data.types import Session, Turn
-from memsifter.ranker.proxy import Proxy, ProxyConfig, RankRequest
+from memsifter.ranker.proxy import Proxy, ProxyParams, RankRequest
 from memsifter.ranker.spec import PromptSpec
 from memsifter.testing.backends import ScriptedBackend
 
@@ -69,7 +69,7 @@ def test_partial_and_failed_rankings_complete_from_coarse(tok: Any) -> None:
 
 def test_no_completion_when_disabled(tok: Any) -> None:
     be = ScriptedBackend.replying(["garbage"], tok)
-    proxy = Proxy(be, _spec(4000, 200), BM25Filter(), ProxyConfig(complete_with_coarse=False))
+    proxy = Proxy(be, _spec(4000, 200), BM25Filter(), ProxyParams(complete_with_coarse=False))
     r = proxy.rank("dog?", _sessions())
     assert r.ranking.ids == () and r.parsed.error is not None
 

@@ -97,10 +97,12 @@ def _documented_tail(question: str, n: int, given: Sequence[int]) -> list[int]:
 
 @pytest.mark.parametrize("memory_order", ["rank", "chronological"])
 def test_short_ranking_answers_from_the_documented_tail(memory_order: str) -> None:
-    from memsifter.rewards import AnswererConfig
+    from memsifter.rewards import AnswererSettings
 
     # No warm-up: the reward is R_ans alone (R_ret completes differently, see the next test).
-    cfg = RewardConfig(beta0=0.0, decay_steps=0, answerer=AnswererConfig(memory_order=memory_order))
+    cfg = RewardConfig(
+        beta0=0.0, decay_steps=0, answerer=AnswererSettings(memory_order=memory_order)
+    )
     question = "What is the fact of c?"
     assert list(omission_order(question, 8)) == _documented_tail(question, 8, [])
     assert list(omission_order(question, 8)) != list(range(8))  # not the prompt (time) order

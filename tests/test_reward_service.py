@@ -16,13 +16,13 @@ import httpx
 import pytest
 
 from memsifter.errors import DataError
-from memsifter.llm import BackendError, Generation, SamplingConfig
+from memsifter.llm import BackendError, Generation, SamplingParams
 from memsifter.llm.openai_http import OpenAIBackend
 from memsifter.qa.answerer import Answerer
 from memsifter.qa.judge import JudgeError, LLMJudge
 from memsifter.rewards import (
-    AnswererConfig,
-    RetryConfig,
+    AnswererSettings,
+    RetrySettings,
     RewardConfig,
     RewardError,
     RewardRequest,
@@ -75,7 +75,7 @@ def test_calls_s0_once_and_shared_prefixes() -> None:
         [1, 0],  # short ranking: top-3/5/8 are all its top-2
     ]
     completions = [ranking_text(r) for r in rankings] + ["I do not know"]
-    service = _service(RewardConfig(answerer=AnswererConfig(memory_order="rank")))
+    service = _service(RewardConfig(answerer=AnswererSettings(memory_order="rank")))
     batch = service.score([_request(completions)])
     backend = service.answerer.backend
     tiers = (1, 2, 3, 5, 8)
@@ -111,9 +111,9 @@ def test_calls_s0_once_and_shared_prefixes() -> None:
 def test_chronological_memory_shares_top_k_sets() -> None:
     rankings = [[0, 1, 2], [1, 0, 2], [2, 1, 0]]
     completions = [ranking_text(r) for r in rankings]
-    rank = RewardConfig(answerer=AnswererConfig(memory_order="rank"))
+    rank = RewardConfig(answerer=AnswererSettings(memory_order="rank"))
     by_rank = _service(rank).score([_request(completions, n=3)]).stats
-    cfg = RewardConfig(answerer=AnswererConfig(memory_order="chronological"))
+    cfg = RewardConfig(answerer=AnswererSettings(memory_order="chronological"))
     service = _service(cfg)
     by_set = service.score([_request(completions, n=3)]).stats
     # rank: s_0, top-1 x3, top-2 x3 ({0,1} twice, but in two orders), top-3 x3 -> 10 prompts;
@@ -139,7 +139,7 @@ def test_chronological_window_drops_lowest_ranked_not_newest() -> None:
         chrono.render("q", ranked, None)
     with pytest.raises(ValueError, match="memory_order"):
         RewardService(
-            _answerer(RewardConfig(answerer=AnswererConfig(memory_order="rank"))), RewardConfig()
+            _answerer(RewardConfig(answerer=AnswererSettings(memory_order="rank"))), RewardConfig()
         )
 
 
@@ -217,7 +217,7 @@ def test_service_equals_naive_loop_bit_for_bit(seed: int) -> None:
         schedule=rng.choice(["linear", "cosine"]),
         format_reward=-1.25,
         task_metrics={"locomo": "locomo", "exact": "em"},
-        answerer=AnswererConfig(memory_order=rng.choice(["rank", "chronological"])),
+        answerer=AnswererSettings(memory_order=rng.choice(["rank", "chronological"])),
     )
     requests = _random_batch(rng, rng.randint(1, 5))
     step = rng.choice([0, 3, 10, 20])
@@ -273,7 +273,7 @@ class FakeJudgeBackend:
     def tokenizer(self) -> WhitespaceTokenizer:
         return self._tok
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         assert sampling.greedy
         self.prompts += prompts
         out = []
@@ -284,7 +284,9 @@ class FakeJudgeBackend:
 
 
 def test_judge_metric_through_the_service() -> None:
-    cfg = RewardConfig(task_metrics={"lme": "judge"}, answerer=AnswererConfig(memory_order="rank"))
+    cfg = RewardConfig(
+        task_metrics={"lme": "judge"}, answerer=AnswererSettings(memory_order="rank")
+    )
     judge = LLMJudge(FakeJudgeBackend())
     service = RewardService(_answerer(cfg), cfg, judge)
     req = _request(
@@ -364,7 +366,7 @@ def test_failing_endpoint_raises_after_retries(tiny_qwen3: Path) -> None:
             return _completion("<answer>unknown</answer>")
         return httpx.Response(503, text="overloaded")
 
-    cfg = RewardConfig(retry=RetryConfig(attempts=2, wait_s=0.0))
+    cfg = RewardConfig(retry=RetrySettings(attempts=2, wait_s=0.0))
     service = RewardService(_openai_answerer(handler, tiny_qwen3), cfg)
     with pytest.raises(RewardError, match="after 2 attempt") as err:
         service.score([_request([ranking_text([0])], n=1)])
@@ -384,20 +386,20 @@ def test_transient_failure_then_success(tiny_qwen3: Path) -> None:
         prompt = json.loads(request.content)["prompt"]
         return _completion("<answer>blue</answer>" if "blue" in prompt else "<answer>?</answer>")
 
-    cfg = RewardConfig(retry=RetryConfig(attempts=3, wait_s=0.0))
+    cfg = RewardConfig(retry=RetrySettings(attempts=3, wait_s=0.0))
     service = RewardService(_openai_answerer(handler, tiny_qwen3), cfg)
     batch = service.score([_request([ranking_text([0])], n=1)])
     assert batch.rewards[0][0].tier_scores == {0: 0.0, 1: pytest.approx(2 / 3)}
 
 
 def test_from_config_builds_http_answerer_and_judge() -> None:
-    from memsifter.rewards import JudgeConfig
+    from memsifter.rewards import JudgeSettings
 
     cfg = RewardConfig(
-        answerer=AnswererConfig(
+        answerer=AnswererSettings(
             model="m", backend="openai", base_url="http://a:1", max_concurrency=3
         ),
-        judge=JudgeConfig(model="j", base_url="http://j:2/v1", max_new_tokens=4),
+        judge=JudgeSettings(model="j", base_url="http://j:2/v1", max_new_tokens=4),
     )
     service = RewardService.from_config(cfg)
     assert isinstance(service.answerer.backend, OpenAIBackend)
@@ -414,7 +416,7 @@ def test_client_error_is_not_retried(tiny_qwen3: Path) -> None:
         hits["n"] += 1
         return httpx.Response(404, text="model not found")
 
-    cfg = RewardConfig(retry=RetryConfig(attempts=3, wait_s=0.0))
+    cfg = RewardConfig(retry=RetrySettings(attempts=3, wait_s=0.0))
     service = RewardService(_openai_answerer(handler, tiny_qwen3), cfg)
     with pytest.raises(RewardError, match="after 1 attempt"):
         service.score([_request([ranking_text([0])], n=1)])

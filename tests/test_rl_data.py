@@ -27,7 +27,7 @@ from memsifter.training.rl_data import (
     POOL_FILE,
     RLDataConfig,
     RLDataResult,
-    SourceConfig,
+    SourceSettings,
     build_rl_dataset,
     load_rl_data_config,
     load_rl_dataset,
@@ -84,7 +84,7 @@ def _recipe(
 def _config(recipe: dict[str, Any]) -> RLDataConfig:
     return RLDataConfig(
         prompt=PromptSpec(**recipe["prompt"]),
-        sources=[SourceConfig(**s) for s in recipe["sources"]],
+        sources=[SourceSettings(**s) for s in recipe["sources"]],
         seed=recipe.get("seed", 0),
     )
 
@@ -364,7 +364,7 @@ def _locomo_ten(src: Path, dst: Path) -> Path:
 def test_locomo_default_split_is_three_way(fixtures_dir: Path, tmp_path: Path) -> None:
     path = _locomo_ten(fixtures_dir / "locomo_mini.json", tmp_path / "locomo10.json")
     ds = load_locomo(path)
-    split = split_conversations(ds, SourceConfig("locomo", path=str(path)))
+    split = split_conversations(ds, SourceSettings("locomo", path=str(path)))
     assert split.method == "locomo-default"
     assert split.train == tuple(f"conv-{i}" for i in range(7))
     assert split.validation == ("conv-7",) and split.test == ("conv-8", "conv-9")
@@ -375,7 +375,7 @@ def test_locomo_default_split_is_three_way(fixtures_dir: Path, tmp_path: Path) -
         "conv-8": "test",
         "conv-9": "test",
     }
-    (plan,) = plan_sources(RLDataConfig(sources=[SourceConfig("locomo", path=str(path))]))
+    (plan,) = plan_sources(RLDataConfig(sources=[SourceSettings("locomo", path=str(path))]))
     for name, convs in (("train", range(7)), ("validation", [7]), ("test", [8, 9])):
         assert {q.conversation_id for q in plan.queries[name]} == {f"conv-{i}" for i in convs}
     assert plan.counts()["test"]["conversations"] == 2
@@ -391,7 +391,9 @@ def _many_conversations(n: int) -> Any:
 
 def test_hash_split_is_three_way_deterministic_and_stable() -> None:
     ds = _many_conversations(4000)
-    source = SourceConfig("lme", dataset="longmemeval", validation_fraction=0.15, test_fraction=0.2)
+    source = SourceSettings(
+        "lme", dataset="longmemeval", validation_fraction=0.15, test_fraction=0.2
+    )
     a = split_conversations(ds, source, seed=7)
     assert a.method == "hash" and a.fractions == {"validation": 0.15, "test": 0.2}
     assert a == split_conversations(ds, source, seed=7)  # deterministic
@@ -409,7 +411,7 @@ def test_hash_split_is_three_way_deterministic_and_stable() -> None:
     assert all(assignment[c] == where for c, where in small.assignment().items())
     # One fraction alone: the other held-out split is empty.
     only_test = split_conversations(
-        ds, SourceConfig("lme", dataset="longmemeval", test_fraction=0.1), seed=7
+        ds, SourceSettings("lme", dataset="longmemeval", test_fraction=0.1), seed=7
     )
     assert only_test.validation == () and 0.07 < len(only_test.test) / 4000 < 0.13
     assert only_test.fractions == {"validation": 0.0, "test": 0.1}
@@ -419,46 +421,46 @@ def test_split_rules(fixtures_dir: Path) -> None:
     ds = load_locomo(fixtures_dir / "locomo_mini.json")
     by_index = split_conversations(
         ds,
-        SourceConfig(
+        SourceSettings(
             "x", train_conversations=[0], validation_conversations=[1], test_conversations=[2]
         ),
     )
     assert by_index.train == ("conv-m1",) and by_index.validation == ("conv-m2",)
     assert by_index.test == ("conv-m3",) and by_index.method == "listed"
     rest = split_conversations(
-        ds, SourceConfig("x", validation_conversations=[1], test_conversations=["conv-m3"])
+        ds, SourceSettings("x", validation_conversations=[1], test_conversations=["conv-m3"])
     )
     assert rest.train == ("conv-m1",)  # no train list: train is the rest
     listed = split_conversations(
-        ds, SourceConfig("x", train_conversations=["conv-m1"], test_conversations=[2])
+        ds, SourceSettings("x", train_conversations=["conv-m1"], test_conversations=[2])
     )
     assert listed.unused == ("conv-m2",) and listed.validation == ()
     with pytest.raises(DataError, match="10 conversations of locomo10.json, but this file has 3"):
-        split_conversations(ds, SourceConfig("x"))  # the default: 0-6 train, 7 val, 8-9 test
+        split_conversations(ds, SourceSettings("x"))  # the default: 0-6 train, 7 val, 8-9 test
     with pytest.raises(DataError, match="in both train and validation"):
         split_conversations(
             ds,
-            SourceConfig(
+            SourceSettings(
                 "x", train_conversations=[0], validation_conversations=[0], test_conversations=[]
             ),
         )
     with pytest.raises(DataError, match="in both validation and test"):
         split_conversations(
-            ds, SourceConfig("x", validation_conversations=[1], test_conversations=["conv-m2"])
+            ds, SourceSettings("x", validation_conversations=[1], test_conversations=["conv-m2"])
         )
     with pytest.raises(UnknownNameError, match="unknown conversation 'conv-9'"):
         split_conversations(
-            ds, SourceConfig("x", validation_conversations=["conv-9"], test_conversations=[])
+            ds, SourceSettings("x", validation_conversations=["conv-9"], test_conversations=[])
         )
     h1 = split_conversations(
-        ds, SourceConfig("x", validation_fraction=0.3, test_fraction=0.3), seed=3
+        ds, SourceSettings("x", validation_fraction=0.3, test_fraction=0.3), seed=3
     )
     assert h1 == split_conversations(
-        ds, SourceConfig("x", validation_fraction=0.3, test_fraction=0.3), seed=3
+        ds, SourceSettings("x", validation_fraction=0.3, test_fraction=0.3), seed=3
     )
     assert set(h1.train) | set(h1.validation) | set(h1.test) == set(ds.conversations)
     with pytest.raises(ValueError, match="say how to split"):
-        SourceConfig("lme", dataset="longmemeval")
+        SourceSettings("lme", dataset="longmemeval")
 
 
 @pytest.mark.parametrize(
@@ -477,7 +479,7 @@ def test_split_rules(fixtures_dir: Path) -> None:
 )
 def test_split_settings_refused(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        SourceConfig("x", **kwargs)
+        SourceSettings("x", **kwargs)
 
 
 def test_recipe_without_test_list_is_refused_naming_the_file(
@@ -491,7 +493,7 @@ def test_recipe_without_test_list_is_refused_naming_the_file(
 
 
 def test_missing_data_file_names_it(tmp_path: Path) -> None:
-    cfg = RLDataConfig(sources=[SourceConfig("locomo", path=str(tmp_path / "nope.json"))])
+    cfg = RLDataConfig(sources=[SourceSettings("locomo", path=str(tmp_path / "nope.json"))])
     with pytest.raises(DataError, match="nope.json") as e:
         plan_sources(cfg)
     assert "sources[0].path" in str(e.value) and "--data locomo=PATH" in str(e.value)

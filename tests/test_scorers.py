@@ -15,7 +15,7 @@ import pytest
 from memsifter.config import load_config
 from memsifter.errors import DataError
 from memsifter.rewards.config import (
-    JudgeConfig,
+    JudgeSettings,
     RewardConfig,
     load_reward_config,
     with_endpoints,
@@ -107,7 +107,7 @@ def test_scorer_problems() -> None:
     remote = RewardConfig(answerer=replace(RewardConfig().answerer, backend="openai"))
     assert "--answerer-url" in (remote.scorer_problem("locomo") or "")
     assert with_endpoints(remote, answerer_url=ANSWERER_URL).scorer_problem("locomo") is None
-    with_judge = replace(judged, judge=JudgeConfig(model="j", base_url=JUDGE_URL))
+    with_judge = replace(judged, judge=JudgeSettings(model="j", base_url=JUDGE_URL))
     assert with_judge.scorer_problem("longmemeval") is None
 
 
@@ -119,7 +119,7 @@ def test_judge_url_needs_a_judge_model() -> None:
 def test_a_judge_without_url_builds_no_judge_backend() -> None:
     from memsifter.rewards.service import RewardService
 
-    cfg = RewardConfig(judge=JudgeConfig(model="Qwen/Qwen3-8B"), alpha=0.0, format_reward=0.0)
+    cfg = RewardConfig(judge=JudgeSettings(model="Qwen/Qwen3-8B"), alpha=0.0, format_reward=0.0)
     assert RewardService.from_config(cfg).judge is None
 
 
@@ -135,11 +135,11 @@ def test_train_refuses_a_judged_source_without_a_judge(
         TrainConfig,
     )
     from memsifter.training.loop import run_training
-    from memsifter.training.rl_data import RLDataConfig, SourceConfig, prepare_rl_data
+    from memsifter.training.rl_data import RLDataConfig, SourceSettings, prepare_rl_data
 
     recipe = RLDataConfig(
         sources=[
-            SourceConfig(
+            SourceSettings(
                 name="locomo", path=str(locomo_mini_path), count=2, train_conversations=[0],
                 validation_conversations=[1], test_conversations=[],
             )

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from memsifter.data import Turn
-from memsifter.data.segment import SegmentConfig, segment_turns
+from memsifter.data.segment import SegmentParams, segment_turns
 
 T0 = datetime(2024, 5, 1, 9, 0)
 
@@ -71,9 +71,9 @@ def test_time_gap_splits_even_within_one_topic() -> None:
 
 def test_gap_at_exactly_max_gap_does_not_split() -> None:
     turns = _turns(HIKING[:4], minutes=240)
-    cfg = SegmentConfig(max_gap=timedelta(hours=4), topic_threshold=None)
+    cfg = SegmentParams(max_gap=timedelta(hours=4), topic_threshold=None)
     assert _lengths(segment_turns(turns, cfg)) == [4]
-    cfg = SegmentConfig(max_gap=timedelta(hours=3, minutes=59), topic_threshold=None)
+    cfg = SegmentParams(max_gap=timedelta(hours=3, minutes=59), topic_threshold=None)
     assert _lengths(segment_turns(turns, cfg)) == [1, 1, 1, 1]
 
 
@@ -97,23 +97,23 @@ def test_no_split_within_one_topic() -> None:
 
 
 def test_topic_detection_can_be_switched_off() -> None:
-    cfg = SegmentConfig(topic_threshold=None)
+    cfg = SegmentParams(topic_threshold=None)
     assert _lengths(segment_turns(_turns(HIKING + BAKING), cfg)) == [12]
 
 
 def test_min_turns_respected() -> None:
     texts = HIKING[:2] + BAKING
     # The topic changes after two turns; a session needs four before a topic cut.
-    sessions = segment_turns(_turns(texts), SegmentConfig(min_turns=4))
+    sessions = segment_turns(_turns(texts), SegmentParams(min_turns=4))
     assert all(n >= 4 for n in _lengths(sessions)[:-1])
     assert _lengths(sessions) == [8]
     # With min_turns=2 the same stream is cut right at the shift.
-    assert _lengths(segment_turns(_turns(texts), SegmentConfig(min_turns=2))) == [2, 6]
+    assert _lengths(segment_turns(_turns(texts), SegmentParams(min_turns=2))) == [2, 6]
 
 
 def test_no_cut_without_enough_lookahead() -> None:
     # The shift sits two turns before the end, with window=3 there is no right-hand window.
-    sessions = segment_turns(_turns(HIKING + BAKING[:2]), SegmentConfig(window=3))
+    sessions = segment_turns(_turns(HIKING + BAKING[:2]), SegmentParams(window=3))
     assert _lengths(sessions) == [8]
 
 

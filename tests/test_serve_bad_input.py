@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from memsifter.serving.app import create_app
-from memsifter.serving.config import ApiKeySettings, Limits, ServeConfig
+from memsifter.serving.config import ApiKeySettings, LimitSettings, ServeConfig
 from memsifter.serving.store import hash_key
 
 KEY = "key-bad-input-0123456789"
@@ -22,7 +22,7 @@ FACT = "00000000-0000-4000-8000-000000000000"  # well-formed, never issued
 def client(serve_db: Callable[[str], str]) -> Iterator[TestClient]:
     config = ServeConfig(
         db_url=serve_db("bad"),
-        limits=Limits(max_body_bytes=200_000, max_sessions=20, max_question_chars=1000),
+        limits=LimitSettings(max_body_bytes=200_000, max_sessions=20, max_question_chars=1000),
         api_keys=[ApiKeySettings(tenant="acme", key_sha256=hash_key(KEY))],
     )
     with TestClient(create_app(config), headers={"Authorization": f"Bearer {KEY}"}) as c:

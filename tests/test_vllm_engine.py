@@ -17,7 +17,7 @@ QUESTION = "What is the capital of France? Answer in one sentence."
 
 _SCRIPT = """
 import json, sys
-from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+from memsifter.llm import BackendSpec, SamplingParams, build_backend
 
 if __name__ == "__main__":  # vLLM spawns its engine process
     be = build_backend(BackendSpec(kind="vllm", model=sys.argv[1], dtype="float32",
@@ -25,7 +25,7 @@ if __name__ == "__main__":  # vLLM spawns its engine process
                                 "enforce_eager": True}))
     p = be.tokenizer.apply_chat_template([{"role": "user", "content": sys.argv[2]}],
                                          tokenize=False, add_generation_prompt=True)
-    g = be.generate([p], SamplingConfig(max_new_tokens=24))[0][0]
+    g = be.generate([p], SamplingParams(max_new_tokens=24))[0][0]
     print("RESULT " + json.dumps({"text": g.text, "prompt_tokens": g.prompt_tokens,
                                   "finish_reason": g.finish_reason}))
 """
@@ -62,7 +62,7 @@ def test_vllm_engine_backend_matches_transformers(
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     got = json.loads(lines[-1].removeprefix("RESULT "))
 
-    from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+    from memsifter.llm import BackendSpec, SamplingParams, build_backend
 
     hf = build_backend(
         BackendSpec(kind="transformers", model=str(smollm2_dir), batch_size=1, threads=2)
@@ -70,6 +70,6 @@ def test_vllm_engine_backend_matches_transformers(
     prompt = hf.tokenizer.apply_chat_template(
         [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
     )
-    ref = hf.generate([prompt], SamplingConfig(max_new_tokens=24))[0][0]
+    ref = hf.generate([prompt], SamplingParams(max_new_tokens=24))[0][0]
     assert got["text"] == ref.text and got["finish_reason"] == "stop"
     assert got["prompt_tokens"] == ref.prompt_tokens

@@ -27,7 +27,7 @@ from memsifter.text import analyze
 
 
 @dataclass(frozen=True)
-class SegmentConfig:
+class SegmentParams:
     max_gap: timedelta = timedelta(hours=4)
     topic_threshold: float | None = 0.05
     window: int = 3
@@ -43,7 +43,7 @@ def _bow_cos(a: Counter[str], b: Counter[str]) -> float:
 
 def segment_turns(
     turns: Sequence[Turn],
-    config: SegmentConfig = SegmentConfig(),
+    config: SegmentParams = SegmentParams(),
     *,
     id_prefix: str = "seg",
     conversation_id: str | None = None,

@@ -55,7 +55,7 @@ METRICS: dict[str, Any] = {
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
 RRF_K = 60.0
 
-# (model path, batch_size, threads) -> a backend with ``generate(prompts, SamplingConfig)``.
+# (model path, batch_size, threads) -> a backend with ``generate(prompts, SamplingParams)``.
 BackendFactory = Callable[[str, int, "int | None"], Any]
 
 
@@ -254,9 +254,9 @@ def model_run(
 ) -> RankerRun:
     """Greedy generation on every scored prompt, ``batch_size`` prompts a call; latency per
     question is the call's wall time shared by its prompts."""
-    from memsifter.llm import SamplingConfig
+    from memsifter.llm import SamplingParams
 
-    sampling = SamplingConfig(max_new_tokens=data.spec.completion_tokens, temperature=0.0)
+    sampling = SamplingParams(max_new_tokens=data.spec.completion_tokens, temperature=0.0)
     qs = data.questions
     task = progress.add_task(name, total=len(qs)) if progress is not None else None
     texts: list[str] = []

@@ -177,13 +177,13 @@ def proxy_spec(cfg: RetrievalEvalConfig) -> PromptSpec:
 
 def build_proxy(cfg: RetrievalEvalConfig, spec: PromptSpec | None = None):
     from memsifter import llm
-    from memsifter.ranker.proxy import Proxy, ProxyConfig
+    from memsifter.ranker.proxy import Proxy, ProxyParams
 
     spec = spec or proxy_spec(cfg)  # before the model loads: a refusal costs nothing
     if cfg.backend == "openai" and not cfg.base_url:
         raise MemSifterError("--backend openai needs --base-url http://host:port/v1")
     backend = llm.build_backend(cfg.backend_spec())
-    return Proxy(backend, spec, config=ProxyConfig(batch_size=cfg.proxy_batch_size))
+    return Proxy(backend, spec, config=ProxyParams(batch_size=cfg.proxy_batch_size))
 
 
 def proxy_units(queries: list[Query], spec: PromptSpec) -> list[Query]:

@@ -10,7 +10,7 @@ for tests and local runs without a GPU.
 
 from __future__ import annotations
 
-from memsifter.llm.base import Backend, Generation, SamplingConfig
+from memsifter.llm.base import Backend, Generation, SamplingParams
 from memsifter.llm.errors import CALL_ERRORS, BackendError, is_transient, retry_policy
 from memsifter.llm.spec import BACKENDS, BackendSpec, build_backend
 
@@ -21,7 +21,7 @@ __all__ = [
     "BackendError",
     "BackendSpec",
     "Generation",
-    "SamplingConfig",
+    "SamplingParams",
     "build_backend",
     "is_transient",
     "retry_policy",

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
+class SamplingParams:
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
@@ -46,5 +46,5 @@ class Backend(Protocol):
     def tokenizer(self) -> Any:
         """The model's tokenizer: prompt builders render chat templates and count with it."""
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         """``sampling.n`` generations for each prompt, in prompt order."""

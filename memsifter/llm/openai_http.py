@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying
 
-from memsifter.llm.base import Generation, SamplingConfig
+from memsifter.llm.base import Generation, SamplingParams
 from memsifter.llm.errors import BackendError, retry_policy
 
 
@@ -75,7 +75,7 @@ class OpenAIBackend:
         client: httpx.AsyncClient,
         sem: asyncio.Semaphore,
         prompt: str | Sequence[int],
-        sampling: SamplingConfig,
+        sampling: SamplingParams,
     ) -> list[Generation]:
         body: dict[str, Any] = {
             "model": self.served_model_name,
@@ -119,7 +119,7 @@ class OpenAIBackend:
             ) from e
 
     async def agenerate(
-        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingConfig
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
     ) -> list[list[Generation]]:
         sem = asyncio.Semaphore(self.max_concurrency)
         async with httpx.AsyncClient(
@@ -143,7 +143,7 @@ class OpenAIBackend:
                 raise BackendError(f"{self.base_url}: {type(e).__name__}: {e}") from e
 
     def generate(
-        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingConfig
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
     ) -> list[list[Generation]]:
         try:
             asyncio.get_running_loop()

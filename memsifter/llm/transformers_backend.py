@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from memsifter.llm.base import Generation, SamplingConfig
+from memsifter.llm.base import Generation, SamplingParams
 from memsifter.models import load_causal_lm, load_tokenizer
 
 
@@ -50,7 +50,7 @@ class TransformersBackend:
     def tokenizer(self) -> Any:
         return self._tok
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         import torch
 
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsifter.errors import MemSifterError
-from memsifter.llm.base import Generation, SamplingConfig
+from memsifter.llm.base import Generation, SamplingParams
 from memsifter.models import plain_model_folder
 
 
@@ -52,7 +52,7 @@ class VLLMBackend:
     def tokenizer(self) -> Any:
         return self.llm.get_tokenizer()
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         import time
 
         from vllm import SamplingParams

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memsifter.data.types import Session
-from memsifter.llm import Backend, SamplingConfig
+from memsifter.llm import Backend, SamplingParams
 from memsifter.qa.locomo import LocomoQuestion, build_locomo_messages, locomo_reply
 
 SYSTEM = (
@@ -186,7 +186,7 @@ class Answerer:
 
     def answer_texts(self, prompts: Sequence[str]) -> list[str]:
         gens = self.backend.generate(
-            prompts, SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0)
+            prompts, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
         )
         if self.style == "locomo":
             return [locomo_reply(without_thinking(g[0].text)) for g in gens]

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from memsifter.errors import MemSifterError
-from memsifter.llm import Backend, SamplingConfig
+from memsifter.llm import Backend, SamplingParams
 from memsifter.qa.answerer import chat_template_kwargs
 
 JUDGE_SYSTEM = (
@@ -214,7 +214,7 @@ class LLMJudge:
         if todo:
             gens = self.backend.generate(
                 list(todo.values()),
-                SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0),
+                SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0),
             )
             self.calls += len(todo)
             # Parse everything before caching anything, so one bad reply cannot leave half a

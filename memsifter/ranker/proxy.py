@@ -33,7 +33,7 @@ from typing import Any
 
 from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError
-from memsifter.llm import Backend, Generation, SamplingConfig
+from memsifter.llm import Backend, Generation, SamplingParams
 from memsifter.ranker.parse import ParsedRanking, parse_ranking
 from memsifter.ranker.prompt import BuiltPrompt
 from memsifter.ranker.spec import SPEC_FILE, PromptSpec
@@ -160,7 +160,7 @@ def resolve_spec(
 
 
 @dataclass(frozen=True)
-class ProxyConfig:
+class ProxyParams:
     """How the proxy runs; what it is shown is its :class:`PromptSpec`."""
 
     temperature: float = 0.0
@@ -199,11 +199,11 @@ class Proxy:
         backend: Backend,
         spec: PromptSpec,
         coarse: Any = None,
-        config: ProxyConfig = ProxyConfig(),
+        config: ProxyParams = ProxyParams(),
     ) -> None:
         if not isinstance(spec, PromptSpec):
             raise TypeError(
-                "Proxy(backend, spec, coarse=None, config=ProxyConfig()): spec must be a "
+                "Proxy(backend, spec, coarse=None, config=ProxyParams()): spec must be a "
                 f"PromptSpec (see resolve_spec), got {type(spec).__name__}"
             )
         self.backend = backend
@@ -239,7 +239,7 @@ class Proxy:
 
     def rank_many(self, requests: Sequence[RankRequest]) -> list[ProxyRanking]:
         prompts = [self.builder.build(r.question, r.sessions, r.question_date) for r in requests]
-        sampling = SamplingConfig(
+        sampling = SamplingParams(
             max_new_tokens=self.spec.completion_tokens, temperature=self.config.temperature
         )
         out: list[ProxyRanking] = []

@@ -15,9 +15,9 @@ from memsifter.rewards.columns import (
     sessions_to_column,
 )
 from memsifter.rewards.config import (
-    AnswererConfig,
-    JudgeConfig,
-    RetryConfig,
+    AnswererSettings,
+    JudgeSettings,
+    RetrySettings,
     RewardConfig,
     load_reward_config,
 )
@@ -39,10 +39,10 @@ from memsifter.rewards.trl import RewardFunction, make_reward_function
 
 __all__ = [
     "REWARD_COLUMNS",
-    "AnswererConfig",
+    "AnswererSettings",
     "CompletionReward",
-    "JudgeConfig",
-    "RetryConfig",
+    "JudgeSettings",
+    "RetrySettings",
     "RewardBatch",
     "RewardConfig",
     "RewardError",

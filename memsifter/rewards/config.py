@@ -37,7 +37,7 @@ from memsifter.rewards.shaping import SCHEDULES, ShapingSchedule
 
 
 @dataclass(frozen=True)
-class AnswererConfig:
+class AnswererSettings:
     """The working LLM whose scores s_k define the reward."""
 
     model: str = "smollm2-135m-instruct"
@@ -76,7 +76,7 @@ DEFAULT_JUDGE_MODEL = "Qwen/Qwen3-8B"
 
 
 @dataclass(frozen=True)
-class JudgeConfig:
+class JudgeSettings:
     """The LLM judge for datasets whose task metric is ``judge`` (OpenAI-compatible server).
     ``base_url`` may be left null in a shipped config and given at launch (``memsifter train
     --judge-url``, the judge role of ``scripts/train_multinode.sh``); a run refuses to start
@@ -90,7 +90,7 @@ class JudgeConfig:
 
 
 @dataclass(frozen=True)
-class RetryConfig:
+class RetrySettings:
     """Retries of a whole working-LLM (or judge) batch, on top of the HTTP backend's own
     per-request retries. After the last attempt the error is raised: no reward is invented."""
 
@@ -131,11 +131,11 @@ class RewardConfig:
     )
     default_task_metric: str | None = "f1"  # for a data_source not in task_metrics; null: error
     cache_size: int = 200_000  # answers kept across steps (LRU, keyed by prompt hash)
-    answerer: AnswererConfig = field(default_factory=AnswererConfig)
+    answerer: AnswererSettings = field(default_factory=AnswererSettings)
     # Loads without a URL (the URL usually comes at launch); `memsifter train` refuses to start
     # when a judged data source meets a judge without one (check_scorers).
-    judge: JudgeConfig | None = field(default_factory=lambda: JudgeConfig(DEFAULT_JUDGE_MODEL))
-    retry: RetryConfig = field(default_factory=RetryConfig)
+    judge: JudgeSettings | None = field(default_factory=lambda: JudgeSettings(DEFAULT_JUDGE_MODEL))
+    retry: RetrySettings = field(default_factory=RetrySettings)
 
     def __post_init__(self) -> None:
         if self.max_k < 1:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from memsifter.data.types import Session
-from memsifter.llm import Backend, SamplingConfig
+from memsifter.llm import Backend, SamplingParams
 from memsifter.serving.store.records import Bookmark
 from memsifter.text import analyze
 
@@ -86,7 +86,7 @@ class LLMExtractor:
     def extract(self, pages: Sequence[Session]) -> list[list[tuple[str, float]]]:
         if not pages:
             return []
-        sampling = SamplingConfig(max_new_tokens=16 * self.max_keywords, temperature=0.0)
+        sampling = SamplingParams(max_new_tokens=16 * self.max_keywords, temperature=0.0)
         gens = self.backend.generate([self._prompt(p) for p in pages], sampling)
         out = []
         for gen in gens:

@@ -96,7 +96,7 @@ class ProxySettings:
 
 
 @dataclass(frozen=True)
-class Limits:
+class LimitSettings:
     """Hard input limits; anything over them is a 413/422 naming the field."""
 
     max_body_bytes: int = 2_000_000
@@ -213,7 +213,7 @@ class ServeConfig:
     # proxy: the proxy model re-ranks the fused top candidates (the `proxy:` block).
     ranker: str = "coarse"
     proxy: ProxySettings = field(default_factory=ProxySettings)
-    limits: Limits = field(default_factory=Limits)
+    limits: LimitSettings = field(default_factory=LimitSettings)
     paging: PagingSettings = field(default_factory=PagingSettings)
     bookmarks: BookmarkSettings = field(default_factory=BookmarkSettings)
     facts: FactSettings = field(default_factory=FactSettings)

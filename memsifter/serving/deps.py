@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from memsifter.data.types import Session, Turn
-from memsifter.serving.config import Limits, ServeConfig
+from memsifter.serving.config import LimitSettings, ServeConfig
 from memsifter.serving.errors import ServeError
 from memsifter.serving.logs import tenant_var
 from memsifter.serving.memory import MemoryService, session_from_input
@@ -106,7 +106,7 @@ def to_session(s: SessionIn) -> Session:
     return session_from_input(s.id, [to_turn(t) for t in s.turns], s.date, s.date_text)
 
 
-def check_question(question: str, limits: Limits, field: str = "body.question") -> None:
+def check_question(question: str, limits: LimitSettings, field: str = "body.question") -> None:
     if len(question) > limits.max_question_chars:
         raise ServeError(
             f"question has {len(question)} characters; the limit is {limits.max_question_chars}",
@@ -115,12 +115,12 @@ def check_question(question: str, limits: Limits, field: str = "body.question") 
         )
 
 
-def check_top_k(k: int | None, limits: Limits, field: str) -> None:
+def check_top_k(k: int | None, limits: LimitSettings, field: str) -> None:
     if k is not None and k > limits.max_top_k:
         raise ServeError(f"{k} is over the limit of {limits.max_top_k}", field=field, status=422)
 
 
-def check_turns(turns: Sequence[TurnIn], limits: Limits, field: str, max_turns: int) -> None:
+def check_turns(turns: Sequence[TurnIn], limits: LimitSettings, field: str, max_turns: int) -> None:
     if len(turns) > max_turns:
         raise ServeError(f"{len(turns)} turns; the limit is {max_turns}", field=field, status=413)
     seen: set[str] = set()
@@ -140,7 +140,7 @@ def check_turns(turns: Sequence[TurnIn], limits: Limits, field: str, max_turns: 
 
 
 def check_sessions(
-    sessions: Sequence[SessionIn], limits: Limits, field: str = "body.sessions"
+    sessions: Sequence[SessionIn], limits: LimitSettings, field: str = "body.sessions"
 ) -> None:
     if len(sessions) > limits.max_sessions:
         raise ServeError(

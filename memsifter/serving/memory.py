@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from memsifter.data.segment import SegmentConfig, segment_turns
+from memsifter.data.segment import SegmentParams, segment_turns
 from memsifter.data.tokens import ApproxCounter, HFCounter, TokenCounter
 from memsifter.data.types import Session, Turn
 from memsifter.data.units import page_session
@@ -148,7 +148,7 @@ class MemoryService:
     ) -> list[SessionRecord]:
         # A fresh prefix per call: segment ids restart at 0, and two batches must not collide.
         prefix = prefix or f"t{utcnow():%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
-        config = SegmentConfig(max_gap=max_gap, topic_threshold=topic_threshold)
+        config = SegmentParams(max_gap=max_gap, topic_threshold=topic_threshold)
         sessions = segment_turns(turns, config, id_prefix=prefix)
         try:
             return self.ingest_sessions(who, user, sessions)

@@ -48,7 +48,7 @@ from memsifter.data.tokens import SessionTokenCache, TokenCounter
 from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError, PromptBudgetError
 from memsifter.llm import Backend
-from memsifter.ranker.proxy import Proxy, ProxyConfig
+from memsifter.ranker.proxy import Proxy, ProxyParams
 from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.bookmarks import query_terms
 from memsifter.serving.config import ServeConfig
@@ -328,7 +328,7 @@ class ServiceRanker:
         coarse: CoarseFilter,
         backend: Backend | None = None,
         spec: PromptSpec | None = None,
-        proxy_config: ProxyConfig | None = None,
+        proxy_config: ProxyParams | None = None,
         *,
         proxy_coarse: CoarseFilter | None = None,
         max_candidates: int = 40,
@@ -356,7 +356,7 @@ class ServiceRanker:
             # The proxy's own coarse filter (spec.coarse) cuts and orders its prompt; it is the
             # service's one unless the spec names another.
             prompt_coarse = self.coarse if proxy_coarse is None else LockedCoarse(proxy_coarse)
-            self.proxy = Proxy(backend, spec, prompt_coarse, proxy_config or ProxyConfig())
+            self.proxy = Proxy(backend, spec, prompt_coarse, proxy_config or ProxyParams())
         if self.proxy is not None:
             # The prompt builder's page caches (counts, ids) live as long as the server: bounded.
             self.proxy.builder.session_tokens.max_size = token_cache_pages
@@ -384,7 +384,7 @@ class ServiceRanker:
             build_filter(config.coarse),
             backend,
             spec,
-            ProxyConfig(temperature=p.temperature),
+            ProxyParams(temperature=p.temperature),
             proxy_coarse=build_filter(spec.coarse)
             if spec is not None and spec.coarse != config.coarse
             else None,

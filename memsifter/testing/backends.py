@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memsifter.llm import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingParams
 
 _PIECE = re.compile(r"\s+|\w+|[^\w\s]")
 _SPECIALS = ("<|im_start|>", "<|im_end|>")
@@ -89,7 +89,7 @@ class ScriptedBackend:
     def tokenizer(self) -> Any:
         return self._tok
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         self.calls += 1
         self.prompts.extend(prompts)
         return [

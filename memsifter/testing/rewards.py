@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsifter.data.types import Session, Turn
-from memsifter.llm import Generation, SamplingConfig
+from memsifter.llm import Generation, SamplingParams
 from memsifter.qa.answerer import Answerer
 from memsifter.qa.judge import LLMJudge
 from memsifter.qa.scores import task_score
@@ -50,7 +50,7 @@ class FakeWorkingLLM:
     def tokenizer(self) -> WhitespaceTokenizer:
         return self._tok
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Generation]]:
         assert sampling.greedy
         self.batches.append(len(prompts))
         out = []

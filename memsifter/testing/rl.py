@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memsifter.ranker.spec import PromptSpec
-from memsifter.training.rl_data import RLDataConfig, SourceConfig
+from memsifter.training.rl_data import RLDataConfig, SourceSettings
 
 
 def tiny_locomo_recipe(
@@ -15,7 +15,7 @@ def tiny_locomo_recipe(
     in a 640-token window: small enough for a tiny model's loop to run in seconds."""
     return RLDataConfig(
         sources=[
-            SourceConfig(
+            SourceSettings(
                 name="locomo",
                 path=str(locomo_path),
                 count=count,

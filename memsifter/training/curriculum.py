@@ -62,7 +62,7 @@ _PRIORITY_DIGITS = 9
 
 
 @dataclass(frozen=True)
-class CurriculumConfig:
+class CurriculumSettings:
     """How the train split is sampled down to each source's ``count``."""
 
     strategy: str = "curriculum"  # curriculum (priority by NDCG) | random (seeded, uniform)
@@ -152,7 +152,7 @@ class CurriculumReport:
     bin_edges: list[float]
     sources: list[SourceSelection]
     rankings_file: str | None = None
-    scale: str = "attainable"  # how NDCG was read against the anchor (CurriculumConfig.scale)
+    scale: str = "attainable"  # how NDCG was read against the anchor (CurriculumSettings.scale)
     n_scored_by_rankings: int = 0
     n_scored_by_coarse: int = 0
     n_rankings_ignored: int = 0  # lines for rows outside the pool (e.g. validation)
@@ -318,7 +318,7 @@ def _mean(xs: Sequence[float]) -> float | None:
 def select(
     examples: Sequence[Example],
     counts: Mapping[str, int | None],
-    config: CurriculumConfig = CurriculumConfig(),
+    config: CurriculumSettings = CurriculumSettings(),
     seed: int = 0,
     rankings: Mapping[str, Sequence[int]] | None = None,
     rankings_file: str | None = None,

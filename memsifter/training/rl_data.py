@@ -69,8 +69,8 @@ from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
 from memsifter.ranker.spec import PromptSpec, write_spec
 from memsifter.rewards.columns import reward_columns
 from memsifter.training.curriculum import (
-    CurriculumConfig,
     CurriculumReport,
+    CurriculumSettings,
     Example,
     read_rankings,
     select,
@@ -87,7 +87,7 @@ POOL_FILE = "train_pool.parquet"  # every train row, before the curriculum's sel
 
 
 @dataclass(frozen=True)
-class SourceConfig:
+class SourceSettings:
     """One dataset in the recipe. Conversations are ids or 0-based indexes in file order."""
 
     name: str  # the row's ``source`` and the key of --data overrides; unique in the recipe
@@ -149,10 +149,10 @@ class RLDataConfig:
     completion budget, coarse filter, language, thinking, candidate unit and order), the sources,
     the curriculum."""
 
-    sources: list[SourceConfig] = field(default_factory=list)
+    sources: list[SourceSettings] = field(default_factory=list)
     prompt: PromptSpec = field(default_factory=PromptSpec)
     seed: int = 0  # hash split and curriculum tie-breaks / random sampling
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -269,7 +269,7 @@ def hash_fraction(seed: int, conversation: str) -> float:
 
 
 def split_conversations(
-    dataset: MemoryDataset, source: SourceConfig, seed: int = 0
+    dataset: MemoryDataset, source: SourceSettings, seed: int = 0
 ) -> ConversationSplit:
     """Assign every conversation of ``dataset`` to train, validation or test (module doc)."""
     keys = _conversation_keys(dataset)
@@ -293,7 +293,7 @@ def split_conversations(
         "test": source.test_conversations,
     }
     method = "listed"
-    if all(v is None for v in raw.values()):  # only LoCoMo gets here (see SourceConfig)
+    if all(v is None for v in raw.values()):  # only LoCoMo gets here (see SourceSettings)
         if len(keys) != 10:
             raise DataError(
                 f"source {source.name!r}: the default LoCoMo split (conversations 0-6 train, 7 "
@@ -332,7 +332,7 @@ def split_conversations(
 class SourcePlan:
     """A source loaded and split: what the prompts will be built from."""
 
-    config: SourceConfig
+    config: SourceSettings
     dataset: MemoryDataset
     split: ConversationSplit
     queries: dict[str, list[Query]]  # split -> questions with evidence, in units, file order
@@ -797,7 +797,7 @@ __all__ = [
     "ConversationSplit",
     "RLDataConfig",
     "RLDataResult",
-    "SourceConfig",
+    "SourceSettings",
     "SourcePlan",
     "SourceSummary",
     "build_rl_dataset",

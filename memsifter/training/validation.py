@@ -95,7 +95,7 @@ def generate_completions(
         )
     backend = llm.build_backend((engine or ValidationEngine()).spec(model_path))
     try:
-        sampling = llm.SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
+        sampling = llm.SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
         gens = backend.generate(texts, sampling)
     finally:
         close = getattr(backend, "close", None)
