@@ -21,11 +21,13 @@ from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 from benchlib import machine, machine_line
 
 from memsifter.config import load_config
 from memsifter.data.locations import LONGMEMEVAL_FILES, SHARED_DATA
+from memsifter.evaluation.proxy_eval import paired_bootstrap
 from memsifter.evaluation.retrieval import (
     RetrievalEvalConfig,
     RetrieverResult,
@@ -34,6 +36,7 @@ from memsifter.evaluation.retrieval import (
     run_retrieval_eval,
     slug,
 )
+from memsifter.ir_metrics import per_query, read_trec_qrels, read_trec_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_QUESTIONS = 100  # the seeded sample of LongMemEval-S (seed: the config's)
@@ -100,7 +103,49 @@ def _by_type_table(results: list[RetrieverResult]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _section(split: str, results: list[RetrieverResult], missing: list[str], skip: dict) -> str:
+def _paired_table(folder: Path, results: list[RetrieverResult]) -> str:
+    """Each filter minus BM25 on the same questions: per-question NDCG from the runs' own
+    run.trec and qrels.txt, paired bootstrap 95% CIs (10,000 resamples, seed 0)."""
+    names = [r.retriever for r in results]
+    if "bm25" not in names or len(names) < 2:
+        return ""
+
+    def scores(r: str) -> dict[str, dict[str, float]]:
+        d = folder / slug(r)
+        gold = read_trec_qrels(d / "qrels.txt")
+        return per_query(read_trec_run(d / "run.trec"), gold)
+
+    base = scores("bm25")
+    qids = sorted(base["ndcg@1"])
+    rows = [
+        "| filter − bm25 | n | NDCG@1 diff [95% CI] | NDCG@5 diff [95% CI] |",
+        "|---|---|---|---|",
+    ]
+    for r in names:
+        if r == "bm25":
+            continue
+        other = scores(r)
+        if sorted(other["ndcg@1"]) != qids:
+            raise typer.BadParameter(f"{r} and bm25 ranked different questions under {folder}")
+        ci = paired_bootstrap(
+            {m: np.array([other[m][q] for q in qids]) for m in ("ndcg@1", "ndcg@5")},
+            {m: np.array([base[m][q] for q in qids]) for m in ("ndcg@1", "ndcg@5")},
+        )
+        cells = [
+            f"{ci[m]['mean']:+.3f} [{ci[m]['ci95'][0]:+.3f}, {ci[m]['ci95'][1]:+.3f}]"
+            for m in ("ndcg@1", "ndcg@5")
+        ]
+        rows.append(f"| {r} | {len(qids)} | {cells[0]} | {cells[1]} |")
+    return (
+        "Paired against BM25 on the same questions (ours, gold = `answer_session_ids`; "
+        "per-question values re-scored from each run's `run.trec`/`qrels.txt`, paired bootstrap "
+        "95% CI, 10,000 resamples):\n\n" + "\n".join(rows) + "\n"
+    )
+
+
+def _section(
+    split: str, results: list[RetrieverResult], missing: list[str], skip: dict, folder: Path
+) -> str:
     name, _ = SPLITS[split]
     ctx = results[0].metrics
     info = ctx["longmemeval"]
@@ -131,6 +176,7 @@ def _section(split: str, results: list[RetrieverResult], missing: list[str], ski
         "### Ours (ir-measures, gold = `answer_session_ids`)",
         "",
         render_table(results, "native"),
+        _paired_table(folder, results),
     ]
     for r in missing:
         lines.append(f"- **{r}: not run.** {skip.get(r, 'No results in the output folder.')}")
@@ -185,7 +231,7 @@ def main(
         if not results:
             raise typer.BadParameter(f"no metrics.json under {folder}; run without --reuse")
         threads |= {str(r.metrics.get("omp_num_threads", "unset")) for r in results}
-        sections.append(_section(split, results, missing, reasons))
+        sections.append(_section(split, results, missing, reasons, folder))
     lines = [
         "# LongMemEval retrieval: offline coarse filters, the benchmark's own metrics",
         "",

@@ -66,6 +66,42 @@ def evaluate_rankings(
     return {name: means[m] for name, m in measures.items()}
 
 
+def per_query(
+    rankings: Mapping[str, Sequence[str]],
+    gold: Mapping[str, Sequence[str]],
+    cutoffs: Sequence[int] = DEFAULT_CUTOFFS,
+) -> dict[str, dict[str, float]]:
+    """``{metric: {qid: value}}`` over the queries that have gold, as :func:`evaluate_rankings`
+    averages them (a query with an empty run scores 0): the input of paired comparisons."""
+    measures = _measures(cutoffs)
+    qrels = qrels_from_gold(gold)
+    out: dict[str, dict[str, float]] = {name: dict.fromkeys(qrels, 0.0) for name in measures}
+    if not qrels:
+        return out
+    names = {m: name for name, m in measures.items()}
+    run = rankings_to_run({q: rankings.get(q, ()) for q in qrels})
+    for metric in ir_measures.iter_calc(list(measures.values()), qrels, run):
+        out[names[metric.measure]][metric.query_id] = metric.value
+    return out
+
+
+def read_trec_run(path: str | Path) -> dict[str, tuple[str, ...]]:
+    """A run file :func:`write_trec_run` wrote, back as ``{qid: ids best first}``."""
+    rows: dict[str, list[tuple[int, str]]] = {}
+    for doc in ir_measures.read_trec_run(str(path)):
+        rows.setdefault(doc.query_id, []).append((-doc.score, doc.doc_id))
+    return {q: tuple(d for _, d in sorted(r)) for q, r in rows.items()}
+
+
+def read_trec_qrels(path: str | Path) -> dict[str, tuple[str, ...]]:
+    """A qrels file :func:`write_trec_qrels` wrote, back as ``{qid: relevant ids}``."""
+    gold: dict[str, list[str]] = {}
+    for q in ir_measures.read_trec_qrels(str(path)):
+        if q.relevance > 0:
+            gold.setdefault(q.query_id, []).append(q.doc_id)
+    return {q: tuple(ids) for q, ids in gold.items()}
+
+
 def recall_curve(
     rankings: Mapping[str, Sequence[str]], gold: Mapping[str, Sequence[str]], max_k: int = 20
 ) -> dict[int, float]:

@@ -67,3 +67,27 @@ def test_writers_refuse_ids_that_break_the_format(tmp_path: Path) -> None:
     # Questions without gold are not judged (they are not in the means either).
     write_trec_qrels(tmp_path / "qrels.txt", {"q1": ["d1", "d2"], "q2": []})
     assert (tmp_path / "qrels.txt").read_text() == "q1 0 d1 1\nq1 0 d2 1\n"
+
+
+def test_run_files_read_back_and_per_query_means(tmp_path: Path) -> None:
+    from memsifter.ir_metrics import (
+        evaluate_rankings,
+        per_query,
+        read_trec_qrels,
+        read_trec_run,
+        write_trec_qrels,
+        write_trec_run,
+    )
+
+    rankings = {"q1": ("s3", "s1", "s2"), "q2": ("s2", "s1"), "q3": ()}
+    gold = {"q1": ("s1",), "q2": ("s2", "s9"), "q3": ("s1",), "q4": ()}
+    write_trec_run(tmp_path / "run.trec", rankings, "t")
+    write_trec_qrels(tmp_path / "qrels.txt", gold)
+    assert read_trec_run(tmp_path / "run.trec") == {q: r for q, r in rankings.items() if r}
+    assert read_trec_qrels(tmp_path / "qrels.txt") == {q: g for q, g in gold.items() if g}
+    each = per_query(rankings, gold)
+    assert set(each["ndcg@1"]) == {"q1", "q2", "q3"}  # q4 has no gold: not scoreable
+    assert each["ndcg@1"] == {"q1": 0.0, "q2": 1.0, "q3": 0.0}  # q3 ranked nothing: 0
+    means = evaluate_rankings(rankings, gold)
+    for name, values in each.items():
+        assert abs(sum(values.values()) / len(values) - means[name]) < 1e-12
