@@ -78,7 +78,11 @@ def main(
     if (run / "run_turn.trec").exists():
         runs["turn"] = _read_run(run / "run_turn.trec")
     values: dict[str, list[float]] = defaultdict(list)
+    not_ranked = 0
     for entry in read_json(data):
+        if entry["question_id"] not in runs["session"]:
+            not_ranked += 1  # a sampled run (--sample-questions) ranked only some questions
+            continue
         user_turns = [t for s in entry["haystack_sessions"] for t in s if t["role"] == "user"]
         # run_retrieval.py's filter: no abstention, and some user turn carries the answer.
         if "_abs" in entry["question_id"] or not any(t.get("has_answer") for t in user_turns):
@@ -98,8 +102,8 @@ def main(
     worst = max(diffs, key=diffs.__getitem__)
     n = len(next(iter(values.values())))
     typer.echo(
-        f"{run}: {n} questions, {len(diffs)} metrics, largest |official - ours| "
-        f"{diffs[worst]:.1e} ({worst})"
+        f"{run}: {n} questions ({not_ranked} of the file not in the run), {len(diffs)} metrics, "
+        f"largest |official - ours| {diffs[worst]:.1e} ({worst})"
     )
     if diffs[worst] > tolerance:
         sys.exit(1)
