@@ -141,14 +141,14 @@ def export_gguf(model: str, out: str | Path, outtype: str = "f32") -> Path:
 
 
 def _folder_digest(folder: Path) -> str:
-    """What an export depends on: the model folder's files (names, sizes, times) and the llama.cpp
-    pin (the launcher's bytes), so a retrained model or a new llama.cpp is exported again."""
+    """What an export depends on: the model folder's files (names, sizes, times) and llama.cpp's
+    converter, so a retrained model or another llama.cpp is exported again."""
     h = hashlib.sha256(str(folder.resolve()).encode())
     for f in sorted(folder.iterdir()):
         if f.is_file():
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    h.update(SCRIPT.read_bytes() if SCRIPT.is_file() else b"")
+    h.update(converter().read_bytes() if converter().is_file() else b"")
     return h.hexdigest()[:16]
 
 
