@@ -202,8 +202,11 @@ def test_shipped_proxy_through_llamacpp_agrees_with_transformers(
 ) -> None:
     """The shipped adapter, merged into SmolLM2 and exported to f32 GGUF (once, in the cache),
     ranks LoCoMo-style prompts through llama-server as it does through transformers: the same
-    parse results, and greedy texts identical but for explained near-ties."""
+    prompt tokens, the same parse results, and greedy texts identical but for explained
+    near-ties."""
     _require_llamacpp()
+    import httpx
+
     smollm2_cache: Path = request.getfixturevalue("smollm2_cache")
     monkeypatch.setenv("MEMSIFTER_CACHE", str(smollm2_cache))  # the session's SmolLM2
     from memsifter.data import load_locomo
@@ -224,6 +227,15 @@ def test_shipped_proxy_through_llamacpp_agrees_with_transformers(
     with launch_llamacpp_server(ADAPTER, setup=False, timeout=300) as url:
         http = build_backend(BackendSpec(kind="openai", model=ADAPTER, base_url=url))
         served = [g[0] for g in http.generate([list(p.token_ids) for p in prompts], sampling)]
+        # Its own tokenizer splits the rendered prompts into the ids Hugging Face's gives, so
+        # a prompt sent as text (token_ids: false) is read the same way too.
+        for p in prompts:
+            r = httpx.post(
+                f"{url.removesuffix('/v1')}/tokenize",
+                json={"content": p.text, "add_special": False, "parse_special": True},
+                timeout=60,
+            )
+            assert r.json()["tokens"] == list(p.token_ids)
     local = [g[0] for g in hf.generate([p.text for p in prompts], sampling)]
     assert next((smollm2_cache / "gguf").glob(f"{ADAPTER}-*.f32.gguf")).is_file()
 

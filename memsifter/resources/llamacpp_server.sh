@@ -79,10 +79,20 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# Build once; the stamp (written last) makes a re-run a no-op unless the pin or the flags change.
+# Build once; the stamp (written last) makes --setup-only a no-op unless the pin or the flags
+# change. Serving builds only when there is no binary: a stale one is served, with a warning,
+# rather than rebuilt for many minutes inside a caller's startup timeout.
 stamp="$DIR/.memsifter-llamacpp-setup"
 want="llama-cpp-python==$SDIST_VERSION ${CMAKE_ARGS[*]}"
+stale=0
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -x "$DIR/build/bin/llama-server" ]; then
+  stale=1
+fi
+if [ "$stale" = 1 ] && [ "$setup_only" = 0 ] && [ -x "$DIR/build/bin/llama-server" ]; then
+  echo "warning: $DIR was built with other settings than these; run --setup-only to rebuild" >&2
+  stale=0
+fi
+if [ "$stale" = 1 ]; then
   for tool in cmake c++ tar; do
     command -v "$tool" >/dev/null || { echo "building llama.cpp needs $tool on PATH" >&2; exit 2; }
   done
