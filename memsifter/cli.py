@@ -424,6 +424,34 @@ def export_adapter_cmd(
     )
 
 
+@app.command("export-gguf")
+def export_gguf_cmd(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="model folder, built-in name or LoRA adapter (e.g. memsifter-smollm2-135m-locomo)"
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="the .gguf file to write")],
+    outtype: Annotated[
+        str,
+        typer.Option(
+            help="f32 (the weights the fp32 transformers backend uses) | f16 | bf16 | q8_0"
+        ),
+    ] = "f32",
+) -> None:
+    """Write a model as one GGUF file for llama.cpp (an adapter is merged into its base first),
+    with the converter of the llama.cpp that scripts/llamacpp_server.sh --setup-only built."""
+    from memsifter.llm.llamacpp import export_gguf
+
+    try:
+        path = export_gguf(model, out, outtype)
+    except MemSifterError as e:
+        _fail(e)
+        return
+    typer.echo(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB, {outtype})")
+
+
 @app.command("merge")
 def merge(
     checkpoints: Annotated[

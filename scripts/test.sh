@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Set up the venv with the dev extra, build the vLLM CPU server's own venv (.venv-vllm, for the
-# real-server integration test), and run the whole test suite (slow-marked tests included).
-#   MEMSIFTER_SKIP_VLLM=1   skip building .venv-vllm (its tests then skip instead of failing)
+# Set up the venv with the dev extra, build the vLLM CPU server's own venv (.venv-vllm) and
+# llama.cpp's server (.llamacpp; once, ~20 min on 2 cores) for the real-server integration tests,
+# and run the whole test suite (slow-marked tests included).
+#   MEMSIFTER_SKIP_VLLM=1       skip building .venv-vllm (its tests then skip instead of failing)
+#   MEMSIFTER_SKIP_LLAMACPP=1   skip building .llamacpp (its tests then skip instead of failing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MEMSIFTER_EXTRAS="${MEMSIFTER_EXTRAS:-train,serve,postgres,dev}" bash scripts/setup.sh
 if [ "${MEMSIFTER_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/vllm_cpu_server.sh --setup-only
   export MEMSIFTER_REQUIRE_VLLM=1
+fi
+if [ "${MEMSIFTER_SKIP_LLAMACPP:-0}" != "1" ]; then
+  bash scripts/llamacpp_server.sh --setup-only
+  export MEMSIFTER_REQUIRE_LLAMACPP=1
 fi
 # The recall service suites (store, API, bad input, isolation) also run on PostgreSQL: the one this machine provides
 # (127.0.0.1:5432, trust auth, database test) unless a DSN is given; skipped when none answers.

@@ -342,7 +342,7 @@ def test_shipped_serve_configs_load() -> None:
         (PROXIES_DIR / name / "adapter_config.json").is_file() for name in SHIPPED_PROXIES
     )
     for path in sorted(root.glob("*.yaml")):
-        if path.name == "trained_proxy.yaml" and not shipped:
+        if path.name in ("trained_proxy.yaml", "llamacpp_proxy.yaml") and not shipped:
             # The trained adapter is not in this checkout: the config says so, clearly.
             with pytest.raises(MemSifterError, match="is not in this install"):
                 load_serve_config(path)
@@ -350,6 +350,10 @@ def test_shipped_serve_configs_load() -> None:
         assert load_serve_config(path).paging.low_watermark <= 0.9
     trained = load_serve_config(root / "trained_proxy.yaml")
     assert trained.proxy.model == "memsifter-smollm2-135m-locomo"
+    # The same proxy on llama.cpp: the port scripts/run.sh starts llama-server on.
+    llamacpp = load_serve_config(root / "llamacpp_proxy.yaml")
+    assert llamacpp.proxy.backend == "openai" and llamacpp.proxy.model == trained.proxy.model
+    assert llamacpp.proxy.base_url == "http://127.0.0.1:8012/v1"
 
 
 def test_ranker_names_the_service_without_a_model(tmp_path: Path, caplog) -> None:

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DATA = (
     "memsifter/resources/serve_default.yaml",
     "memsifter/resources/vllm_cpu_server.sh",
+    "memsifter/resources/llamacpp_server.sh",
     "memsifter/serving/migrations/script.py.mako",
     "memsifter/proxies/memsifter-smollm2-135m-locomo/adapter_model.safetensors",
     "memsifter/proxies/memsifter-smollm2-135m-locomo/prompt_spec.json",

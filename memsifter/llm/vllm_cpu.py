@@ -9,29 +9,22 @@ tests and local runs get a real server without a GPU::
     with launch_vllm_cpu_server(resolve_model("smollm2-135m-instruct").path) as base_url:
         httpx.post(f"{base_url}/chat/completions", json={...})
 
-The server runs in its own process group (the script execs vLLM, which forks an engine and a
-worker), so leaving the block ends all of them. A server that dies or does not answer in time
-raises :class:`VllmServerError` with the tail of its log, since the cause (a bad model folder, a
-port in use, an out-of-memory worker) is only ever written there.
+The process handling (its own process group, readiness on ``/v1/models``, the log tail in every
+error) is :func:`memsifter.llm.local_server.run_server`; a server that dies or does not answer
+in time raises :class:`VllmServerError`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from memsifter.errors import MemSifterError
+from memsifter.llm.local_server import free_port, run_server
 from memsifter.resources import VLLM_CPU_SERVER
 
 SCRIPT = VLLM_CPU_SERVER
@@ -65,50 +58,6 @@ def _script_env() -> dict[str, str]:
     """The launcher's environment: this interpreter (to resolve the built-in model) and the venv
     as an absolute path, so the script and :func:`vllm_venv` agree wherever either runs."""
     return {**os.environ, "MEMSIFTER_PYTHON": sys.executable, VENV_ENV: str(vllm_venv())}
-
-
-def free_port() -> int:
-    # Another process could take it before vLLM binds; the caller then gets a clear
-    # "address already in use" in the log tail, which is rare enough not to retry for.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _tail(path: Path, lines: int = 60) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "<no log>"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _served_models(base_url: str) -> list[str] | None:
-    try:
-        with urllib.request.urlopen(f"{base_url}/models", timeout=5) as r:
-            return [m["id"] for m in json.load(r).get("data", [])]
-    except (OSError, ValueError, KeyError):  # URLError is an OSError; refused until it binds
-        return None
-
-
-def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM the whole group (vLLM shuts its engine down on it), SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-        # The leader is gone; an engine or worker it failed to reap may still hold the group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        return
 
 
 def setup_vllm_venv(timeout: float = 1800) -> None:
@@ -165,47 +114,16 @@ def launch_vllm_cpu_server(
     elif not (vllm_venv() / "bin" / "python").exists():
         raise VllmServerError(f"{vllm_venv()} missing: run bash {_script()} --setup-only")
     port = port or free_port()
-    # Otherwise the readiness poll could be answered by whatever already listens there.
-    if _port_in_use(port):
-        raise VllmServerError(f"port {port} is already in use")
-    base_url = f"http://127.0.0.1:{port}/v1"
-
-    own_log = log_path is None
-    if log_path is None:
-        fd, log_name = tempfile.mkstemp(prefix="vllm-cpu-", suffix=".log")
-        os.close(fd)
-        log = Path(log_name)
-    else:
-        log = Path(log_path)
     cmd = ["bash", str(_script()), "--model", str(model), "--port", str(port)]
     cmd += ["--served-model-name", name, *extra_args]
-    with open(log, "wb") as log_file:
-        # A file, not a pipe: nobody reads a pipe while we wait, and vLLM logs enough to fill one.
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=_script_env(),
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise VllmServerError(
-                    f"vLLM CPU server exited with {proc.returncode} before answering "
-                    f"({' '.join(cmd)}); log tail:\n{_tail(log)}"
-                )
-            if name in (_served_models(base_url) or []):
-                break
-            if time.monotonic() > deadline:
-                raise VllmServerError(
-                    f"vLLM CPU server did not answer {base_url}/models within {timeout:.0f} s "
-                    f"({' '.join(cmd)}); log tail:\n{_tail(log)}"
-                )
-            time.sleep(0.5)
+    with run_server(
+        cmd,
+        port=port,
+        served_name=name,
+        timeout=timeout,
+        label="vLLM CPU server",
+        error=VllmServerError,
+        env=_script_env(),
+        log_path=log_path,
+    ) as base_url:
         yield base_url
-    finally:
-        _stop(proc)
-        if own_log:
-            log.unlink(missing_ok=True)

@@ -3,9 +3,10 @@ a source checkout.
 
 Each file has this one home. ``configs/serve/default.yaml`` in the checkout is a symbolic link to
 :data:`SERVE_DEFAULT`, so ``memsifter serve --config configs/serve/default.yaml`` and a bare
-``memsifter serve`` read the same bytes; ``scripts/vllm_cpu_server.sh`` is a thin wrapper that runs
-:data:`VLLM_CPU_SERVER` with the checkout's venvs as defaults. pyproject's ``package-data`` lists
-this folder, and ``tests/test_wheel.py`` installs the built wheel and serves from it.
+``memsifter serve`` read the same bytes; ``scripts/vllm_cpu_server.sh`` and
+``scripts/llamacpp_server.sh`` are thin wrappers that run :data:`VLLM_CPU_SERVER` and
+:data:`LLAMACPP_SERVER` with the checkout's defaults. pyproject's ``package-data`` lists this
+folder, and ``tests/test_wheel.py`` installs the built wheel and serves from it.
 """
 
 from __future__ import annotations
@@ -17,5 +18,7 @@ RESOURCES = Path(__file__).resolve().parent
 SERVE_DEFAULT = RESOURCES / "serve_default.yaml"
 # The vLLM CPU server launcher (memsifter.llm.vllm_cpu.launch_vllm_cpu_server).
 VLLM_CPU_SERVER = RESOURCES / "vllm_cpu_server.sh"
+# The llama.cpp server launcher and builder (memsifter.llm.llamacpp).
+LLAMACPP_SERVER = RESOURCES / "llamacpp_server.sh"
 
-__all__ = ["RESOURCES", "SERVE_DEFAULT", "VLLM_CPU_SERVER"]
+__all__ = ["LLAMACPP_SERVER", "RESOURCES", "SERVE_DEFAULT", "VLLM_CPU_SERVER"]

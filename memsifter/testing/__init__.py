@@ -7,6 +7,6 @@
 ``postgres``: a throwaway PostgreSQL database per test module or benchmark run.
 """
 
-from memsifter.testing.tiny_models import build_tiny_bge_m3, build_tiny_qwen3
+from memsifter.testing.tiny_models import build_tiny_bge_m3, build_tiny_qwen3, build_tiny_smollm2
 
-__all__ = ["build_tiny_bge_m3", "build_tiny_qwen3"]
+__all__ = ["build_tiny_bge_m3", "build_tiny_qwen3", "build_tiny_smollm2"]

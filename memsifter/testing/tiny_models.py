@@ -275,3 +275,58 @@ def build_tiny_qwen3(out_dir: Path, seed: int = 0) -> Path:
         if previous_bars:
             hf_logging.enable_progress_bar()
     return out_dir
+
+
+def build_tiny_smollm2(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny random Llama (SmolLM2's architecture) with SmolLM2's own tokenizer, copied
+    from ``tokenizer_dir`` (the shipped proxy adapter holds one), to ``out_dir``.
+
+    For llama.cpp: its converter recognises a BPE tokenizer only by the hash of how it splits a
+    fixed text, so a tokenizer trained here would be refused, while SmolLM2's is known. 2 layers
+    of width 64, ~3.3M parameters (nearly all the 49,152-token embedding); greedy generation stops
+    at ``<|im_end|>``. Weights are drawn with a wide init so the next-token logits are peaked:
+    two engines' float sums then pick the same greedy token almost always.
+    """
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (Path(tokenizer_dir) / name).is_file():
+            shutil.copyfile(Path(tokenizer_dir) / name, out_dir / name)
+    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    bos_id = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 100_000.0},
+        tie_word_embeddings=True,
+        initializer_range=0.5,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id, do_sample=False
+    )
+    previous_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(out_dir))
+    finally:
+        if previous_bars:
+            hf_logging.enable_progress_bar()
+    return out_dir
