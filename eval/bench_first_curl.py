@@ -5,9 +5,9 @@ adapter (memsifter-smollm2-135m-locomo) ranks, on the transformers backend
 For each engine: start what it needs (llama-server for llama.cpp, through
 memsifter.llm.llamacpp), start `memsifter serve --config ... --seed-sample` as its own process on
 a throwaway SQLite file, and time the curl the service prints (`What is my dog called?`, top 2)
-the first time and then --repeats more times. Committed as serve/bench_first_curl.md.
+the first time and then --repeats more times. Committed as eval/bench_first_curl.md.
 
-    python serve/bench_first_curl.py [--threads 2] [--repeats 9]
+    python eval/bench_first_curl.py [--threads 2] [--repeats 9]
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main(
     load_after = os.getloadavg()
     for row in rows.values():
         typer.echo(row, err=True)
-    cmd = "python serve/bench_first_curl.py"
+    cmd = "python eval/bench_first_curl.py"
     if threads != 2:
         cmd += f" --threads {threads}"
     lines = [

@@ -1,4 +1,4 @@
-"""Proxy benchmarks on this machine (committed as scripts/bench_proxy.md):
+"""Proxy benchmarks on this machine (committed as eval/bench_proxy.md):
 
 1. Engines: the same N LoCoMo proxy prompts (held-out conversations, BM25-budgeted) through the
    transformers backend, a vLLM CPU server (scripts/vllm_cpu_server.sh) and llama.cpp's server
@@ -11,9 +11,9 @@
 2. Quality: the proxy (coarse -> proxy) against the coarse filter alone on the held-out
    conversations: parse rate and NDCG@1/5, served by the first llama.cpp engine (else vLLM).
 
-    python scripts/bench_proxy.py --data ../shared/data/locomo/locomo10.json
-    python scripts/bench_proxy.py --model memsifter-smollm2-135m-locomo \
-        --out scripts/bench_proxy_trained.md
+    python eval/bench_proxy.py --data ../shared/data/locomo/locomo10.json
+    python eval/bench_proxy.py --model memsifter-smollm2-135m-locomo \
+        --out eval/bench_proxy_trained.md
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def main(
     def identical(name: str) -> str:
         return f"{agreement[name].identical}/{len(prompts)}" if name in agreement else "ref"
 
-    cmd = f"python scripts/bench_proxy.py --data {data} --n-prompts {n_prompts}"
+    cmd = f"python eval/bench_proxy.py --data {data} --n-prompts {n_prompts}"
     if model != "smollm2-135m-instruct":
         cmd += f" --model {model}"
     if engines != ENGINES:

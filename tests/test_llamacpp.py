@@ -153,7 +153,7 @@ def test_tiny_model_exported_and_served_agrees_with_transformers(tmp_path: Path)
 
     from memsifter.cli import app
     from memsifter.evaluation.agreement import compare_greedy
-    from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+    from memsifter.llm import BackendSpec, SamplingParams, build_backend
     from memsifter.models import PROXIES_DIR
     from memsifter.testing import build_tiny_smollm2
 
@@ -177,7 +177,7 @@ def test_tiny_model_exported_and_served_agrees_with_transformers(tmp_path: Path)
         for q in questions
     ]
     ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
-    sampling = SamplingConfig(max_new_tokens=24)
+    sampling = SamplingParams(max_new_tokens=24)
     with launch_llamacpp_server(gguf, served_model_name="tiny", setup=False, parallel=2) as url:
         http = build_backend(
             BackendSpec(kind="openai", model=str(model), base_url=url, served_model_name="tiny")
@@ -212,7 +212,7 @@ def test_shipped_proxy_through_llamacpp_agrees_with_transformers(
     from memsifter.data import load_locomo
     from memsifter.evaluation.agreement import compare_greedy
     from memsifter.evaluation.retrieval import proxy_units
-    from memsifter.llm import BackendSpec, SamplingConfig, build_backend
+    from memsifter.llm import BackendSpec, SamplingParams, build_backend
     from memsifter.models import model_spec
     from memsifter.ranker import parse_ranking
 
@@ -223,7 +223,7 @@ def test_shipped_proxy_through_llamacpp_agrees_with_transformers(
     queries = [q for q in load_locomo(locomo_mini_path).queries if q.has_evidence][:4]
     prompts = [builder.build_query(q) for q in proxy_units(queries, spec)]
     assert all(p.token_ids is not None for p in prompts)
-    sampling = SamplingConfig(max_new_tokens=spec.completion_tokens)
+    sampling = SamplingParams(max_new_tokens=spec.completion_tokens)
     with launch_llamacpp_server(ADAPTER, setup=False, timeout=300) as url:
         http = build_backend(BackendSpec(kind="openai", model=ADAPTER, base_url=url))
         served = [g[0] for g in http.generate([list(p.token_ids) for p in prompts], sampling)]
