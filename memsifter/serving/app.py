@@ -45,7 +45,7 @@ from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.ratelimit import RateLimitedError, RateLimiter
 from memsifter.serving.routes import admin, facts, ops, rank, recall, sessions
-from memsifter.serving.store import Store, hash_key
+from memsifter.serving.store import PrincipalCache, Store, hash_key
 
 logger = logging.getLogger("memsifter.serving")
 
@@ -357,7 +357,9 @@ def create_app(
     memory = MemoryService(config, store, ranker, extractor or build_extractor(config, ranker))
     limits = config.limits
     limiter = RateLimiter(limits.rate_per_s, limits.burst) if limits.rate_per_s else None
-    services = Services(config, store, ranker, memory, metrics, limiter)
+    services = Services(
+        config, store, ranker, memory, metrics, limiter, PrincipalCache(config.auth_cache_s)
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -219,6 +219,9 @@ class ServeConfig:
     facts: FactSettings = field(default_factory=FactSettings)
     api_keys: list[ApiKeySettings] = field(default_factory=list)
     admin: AdminSettings = field(default_factory=AdminSettings)
+    # A key that authenticated is trusted for this long without a database lookup. A revoked
+    # key is refused at once by the worker that revoked it, within this by the others. 0: off.
+    auth_cache_s: float = 1.0
     index_cache_users: int = 256  # per-user coarse indexes kept in memory (LRU)
     token_cache_pages: int = 500_000  # pages' proxy-token counts kept in memory (LRU, ~150 B each)
     # BM25 indexes of request-borne haystacks (/v1/rank), LRU, bounded in estimated bytes.
@@ -227,6 +230,8 @@ class ServeConfig:
     sample_key_env: str = "MEMSIFTER_DEMO_KEY"
 
     def __post_init__(self) -> None:
+        if self.auth_cache_s < 0:
+            raise ValueError(f"auth_cache_s must be >= 0, got {self.auth_cache_s}")
         if self.ranker not in RANKERS:
             raise ValueError(f"ranker must be one of {RANKERS}, got {self.ranker!r}")
         if self.bookmarks.extractor == "llm" and self.ranker != "proxy":

@@ -33,9 +33,10 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import overload
 
 import bm25s
 import numpy as np
@@ -160,7 +161,7 @@ class RankOutcome:
     proxy orders, it does not score), the coarse score and the bookmark score. Scores are kept
     as arrays over the candidates: a user with 10K pages is ranked without 10K-entry dicts."""
 
-    ids: tuple[str, ...]
+    ids: Sequence[str]  # a tuple, or an IdOrder over the coarse order
     ranker: str
     think: str | None
     parse: ParseReport
@@ -179,6 +180,42 @@ class RankOutcome:
     def bookmark_score(self, sid: str) -> float | None:
         value = float(self.bookmarks[self.positions[sid]])
         return value if value > 0 else None
+
+
+class IdOrder(Sequence[str]):
+    """Candidate ids best first, read through the ranking's order array: a recall over 10K
+    pages converts only the ids a caller reads (the top k) into a Python sequence."""
+
+    __slots__ = ("_ids", "_order")
+
+    def __init__(self, ids: np.ndarray, order: np.ndarray) -> None:
+        self._ids = ids
+        self._order = order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        if isinstance(i, slice):
+            return tuple(self._ids[self._order[i]].tolist())
+        return str(self._ids[self._order[i]])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids[self._order].tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (IdOrder, tuple, list)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"IdOrder({tuple(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -504,9 +541,7 @@ class ServiceRanker:
         if self.proxy is None:
             timings["total_ms"] = (time.perf_counter() - start) * 1000
             report = ParseReport("not_applicable")
-            return RankOutcome(
-                tuple(ids[order].tolist()), self.name, None, report, timings, **scores
-            )
+            return RankOutcome(IdOrder(ids, order), self.name, None, report, timings, **scores)
 
         # In the caller's (chronological) order, as the RL data hands its haystack to the prompt
         # builder: the builder breaks ties (pages of one date; equal coarse scores) by input

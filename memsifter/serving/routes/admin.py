@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from memsifter.serving.deps import Svc
+from memsifter.serving.deps import Svc, in_thread
 from memsifter.serving.errors import NotFoundError, ServeError
 from memsifter.serving.schemas import (
     USER_ID_PATTERN,
@@ -33,7 +33,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in 
 _bearer = HTTPBearer(auto_error=False, description="The admin key: `Authorization: Bearer KEY`")
 
 
-def admin(
+async def admin(
     svc: Svc, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
     settings = svc.config.admin
@@ -65,6 +65,7 @@ def key_out(info: ApiKeyInfo) -> KeyOut:
 @router.post(
     "/tenants/{tenant_id}/keys", status_code=201, response_model=KeyCreatedOut, responses=ERRORS
 )
+@in_thread
 def create_key(tenant_id: TenantId, body: KeyIn, svc: Svc, _: Admin) -> KeyCreatedOut:
     """A new key for the tenant (created if new). The key is in this response only."""
     info, key = svc.store.create_api_key(tenant_id, agent=body.agent, fact_types=body.fact_types)
@@ -72,6 +73,7 @@ def create_key(tenant_id: TenantId, body: KeyIn, svc: Svc, _: Admin) -> KeyCreat
 
 
 @router.get("/tenants/{tenant_id}/keys", response_model=KeyListOut, responses=ERRORS)
+@in_thread
 def list_keys(tenant_id: TenantId, svc: Svc, _: Admin) -> KeyListOut:
     keys = svc.store.list_api_keys(tenant_id)
     if keys is None:
@@ -80,9 +82,11 @@ def list_keys(tenant_id: TenantId, svc: Svc, _: Admin) -> KeyListOut:
 
 
 @router.delete("/keys/{key_id}", response_model=KeyOut, responses=ERRORS)
+@in_thread
 def revoke_key(key_id: Annotated[int, Path(ge=1, le=KEY_ID_MAX)], svc: Svc, _: Admin) -> KeyOut:
     """Revoke a key: requests with it get 401 from now on. Returns what was revoked."""
     info = svc.store.revoke_api_key(key_id)
+    svc.principals.clear()  # this worker refuses the key from the next request on
     if info is None:
         raise NotFoundError(f"no key with id {key_id}", field="path.key_id")
     return key_out(info)

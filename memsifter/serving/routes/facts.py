@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
-from memsifter.serving.deps import Svc, UserId, Who
+from memsifter.serving.deps import Svc, UserId, Who, in_thread
 from memsifter.serving.errors import NotFoundError, ServeError
 from memsifter.serving.facts import normalize_subject, rank_facts
 from memsifter.serving.routes.rank import ERRORS
@@ -79,6 +79,7 @@ def _visible(svc: Svc, who: Who, user: str, fact_id: str) -> Fact:
 @router.post(
     "/users/{user_id}/facts", response_model=FactAddedOut, status_code=201, responses=FACT_ERRORS
 )
+@in_thread
 def remember(user_id: UserId, body: FactIn, svc: Svc, who: Who) -> FactAddedOut:
     """Remember a fact. A live fact with the same subject is superseded (kept as history,
     never returned again); the response lists those."""
@@ -101,6 +102,7 @@ def remember(user_id: UserId, body: FactIn, svc: Svc, who: Who) -> FactAddedOut:
 
 
 @router.get("/users/{user_id}/facts", response_model=FactListOut, responses=FACT_ERRORS)
+@in_thread
 def what_do_you_remember(user_id: UserId, svc: Svc, who: Who) -> FactListOut:
     """Every live fact this key may see, by importance times time decay."""
     now = utcnow()
@@ -116,6 +118,7 @@ def what_do_you_remember(user_id: UserId, svc: Svc, who: Who) -> FactListOut:
 
 
 @router.get("/users/{user_id}/facts/{fact_id}", response_model=FactOut, responses=FACT_ERRORS)
+@in_thread
 def get_fact(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> FactOut:
     return fact_out(_visible(svc, who, user_id, fact_id))
 
@@ -123,6 +126,7 @@ def get_fact(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> FactOut:
 @router.patch(
     "/users/{user_id}/facts/{fact_id}", response_model=FactAddedOut, responses=FACT_ERRORS
 )
+@in_thread
 def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Who) -> FactAddedOut:
     """Correct a fact: the result is a new version that supersedes it (history is kept)."""
     if not body.model_fields_set:
@@ -149,6 +153,7 @@ def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Wh
 
 
 @router.delete("/users/{user_id}/facts/{fact_id}", response_model=DeletedOut, responses=FACT_ERRORS)
+@in_thread
 def forget(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> DeletedOut:
     """Forget a fact for good: it and the versions it superseded are deleted, not hidden."""
     _visible(svc, who, user_id, fact_id)
@@ -159,6 +164,7 @@ def forget(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> DeletedOut:
 
 
 @router.post("/facts/sweep", response_model=SweepOut, responses=FACT_ERRORS)
+@in_thread
 def sweep(svc: Svc, who: Who) -> SweepOut:
     """Purge this tenant's expired facts now (the service also sweeps on a timer)."""
     deleted = svc.store.sweep_expired(tenant=who.tenant_id)

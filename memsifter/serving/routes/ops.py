@@ -8,7 +8,7 @@ import logging
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from memsifter.serving.deps import Svc
+from memsifter.serving.deps import Svc, in_thread
 from memsifter.serving.schemas import HealthOut
 
 router = APIRouter(tags=["operations"])
@@ -16,11 +16,12 @@ logger = logging.getLogger(__name__)
 
 
 @router.get("/healthz", response_model=HealthOut)
-def healthz(svc: Svc) -> HealthOut:
+async def healthz(svc: Svc) -> HealthOut:
     return HealthOut(status="ok", ranker=svc.ranker.name)
 
 
 @router.get("/readyz", response_model=HealthOut, responses={503: {"model": HealthOut}})
+@in_thread
 def readyz(svc: Svc) -> HealthOut | JSONResponse:
     try:
         svc.store.ping()
@@ -32,5 +33,6 @@ def readyz(svc: Svc) -> HealthOut | JSONResponse:
 
 
 @router.get("/metrics", include_in_schema=False)
+@in_thread
 def metrics(svc: Svc) -> Response:
     return Response(svc.metrics.render(), media_type=svc.metrics.content_type)

@@ -6,7 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from memsifter.serving.deps import Svc, Who, check_question, check_sessions, check_top_k, to_session
+from memsifter.serving.deps import (
+    Svc,
+    Who,
+    check_question,
+    check_sessions,
+    check_top_k,
+    in_thread,
+    to_session,
+)
 from memsifter.serving.logs import request_id_var
 from memsifter.serving.ranking import RankOutcome
 from memsifter.serving.schemas import ErrorResponse, ParseOut, RankedItem, RankIn, RankOut, Timings
@@ -40,6 +48,7 @@ def timings_out(outcome: RankOutcome) -> Timings:
 
 
 @router.post("/rank", response_model=RankOut, responses=ERRORS)
+@in_thread
 def rank(body: RankIn, svc: Svc, who: Who) -> RankOut:
     """Rank ``sessions`` for ``question``: the coarse filter, then the proxy (unless the service
     runs coarse-only, which ``ranker`` then says). Ids come back best first."""

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from memsifter.serving.deps import Svc, UserId, Who, check_question, check_top_k
+from memsifter.serving.deps import Svc, UserId, Who, check_question, check_top_k, in_thread
 from memsifter.serving.errors import ServeError
 from memsifter.serving.logs import request_id_var
 from memsifter.serving.routes.rank import ERRORS, parse_out, timings_out
@@ -30,6 +30,7 @@ RECALL_ERRORS: dict[int | str, dict[str, Any]] = {**ERRORS, 404: ERRORS[400]}
 
 
 @router.post("/recall", response_model=RecallOut, responses=RECALL_ERRORS)
+@in_thread
 def recall(user_id: UserId, body: RecallIn, svc: Svc, who: Who) -> RecallOut:
     """The user's top-k pages for a question: coarse filter fused with keyword bookmarks, then
     the proxy. ``score`` is the fused coarse+bookmark score; ``rank`` is the final order."""
@@ -65,6 +66,7 @@ def recall(user_id: UserId, body: RecallIn, svc: Svc, who: Who) -> RecallOut:
 
 
 @router.post("/context", response_model=ContextOut, responses=RECALL_ERRORS)
+@in_thread
 def context(user_id: UserId, body: ContextIn, svc: Svc, who: Who) -> ContextOut:
     """The working LLM's memory context within ``budget_tokens``: pinned facts, then paged-in
     pages, then recent turns. Lists what was paged in, out, or skipped, and why (see the
@@ -120,6 +122,7 @@ def context(user_id: UserId, body: ContextIn, svc: Svc, who: Who) -> ContextOut:
 
 
 @router.get("/paging", response_model=PagingLogOut, responses=RECALL_ERRORS)
+@in_thread
 def paging_log(
     user_id: UserId, svc: Svc, who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> PagingLogOut:

@@ -16,6 +16,7 @@ from memsifter.serving.deps import (
     Who,
     check_sessions,
     check_turns,
+    in_thread,
     to_session,
     to_turn,
 )
@@ -84,6 +85,7 @@ def page_out(p: StoredPage) -> PageOut:
 
 
 @router.post("/sessions", response_model=IngestOut, status_code=201, responses=ERRORS)
+@in_thread
 def ingest_sessions(user_id: UserId, body: IngestSessionsIn, svc: Svc, who: Who) -> IngestOut:
     """Store sessions: each is cut into pages, bookmarked and indexed. An existing session id
     is a 409 unless ``replace`` is true."""
@@ -94,6 +96,7 @@ def ingest_sessions(user_id: UserId, body: IngestSessionsIn, svc: Svc, who: Who)
 
 
 @router.post("/turns", response_model=IngestOut, status_code=201, responses=ERRORS)
+@in_thread
 def ingest_turns(user_id: UserId, body: IngestTurnsIn, svc: Svc, who: Who) -> IngestOut:
     """Store a raw turn stream, segmented into sessions on time gaps and topic shifts."""
     limits = svc.config.limits
@@ -110,6 +113,7 @@ def ingest_turns(user_id: UserId, body: IngestTurnsIn, svc: Svc, who: Who) -> In
 
 
 @router.get("/sessions", response_model=SessionListOut, responses=ERRORS)
+@in_thread
 def list_sessions(
     user_id: UserId,
     svc: Svc,
@@ -122,6 +126,7 @@ def list_sessions(
 
 
 @router.get("/sessions/{session_id:path}", response_model=SessionOut, responses=ERRORS)
+@in_thread
 def get_session(user_id: UserId, session_id: SessionId, svc: Svc, who: Who) -> SessionOut:
     stored = svc.store.get_session(who.tenant_id, user_id, session_id)
     if stored is None:
@@ -134,6 +139,7 @@ def get_session(user_id: UserId, session_id: SessionId, svc: Svc, who: Who) -> S
 
 
 @router.delete("/sessions/{session_id:path}", response_model=DeletedOut, responses=ERRORS)
+@in_thread
 def delete_session(user_id: UserId, session_id: SessionId, svc: Svc, who: Who) -> DeletedOut:
     if not svc.store.delete_session(who.tenant_id, user_id, session_id):
         raise NotFoundError(f"unknown session {session_id!r}", field="path.session_id")
@@ -141,6 +147,7 @@ def delete_session(user_id: UserId, session_id: SessionId, svc: Svc, who: Who) -
 
 
 @router.delete("", response_model=DeletedOut, responses=ERRORS)
+@in_thread
 def delete_user(user_id: UserId, svc: Svc, who: Who) -> DeletedOut:
     """Forget a user entirely: sessions, pages, bookmarks, facts and paging history."""
     if not svc.store.delete_user(who.tenant_id, user_id):

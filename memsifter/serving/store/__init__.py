@@ -29,7 +29,7 @@ from memsifter.serving.store.engine import (
     retried_write,
 )
 from memsifter.serving.store.facts import FactRepository
-from memsifter.serving.store.keys import KeyRepository, hash_key
+from memsifter.serving.store.keys import KeyRepository, PrincipalCache, hash_key
 from memsifter.serving.store.records import (
     ApiKeyInfo,
     Bookmark,
@@ -95,6 +95,7 @@ __all__ = [
     "PagingEventRow",
     "PagingRepository",
     "Principal",
+    "PrincipalCache",
     "ResidentPageRow",
     "RevokedKeyRow",
     "SessionInfo",
