@@ -30,6 +30,9 @@ from memsifter.serving.store.records import ApiKeyInfo
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 422)}
+# A body that is not UTF-8 or not JSON (400) or over limits.max_body_bytes (413) is refused
+# before the route runs, by the request middleware and the validation handler.
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {**ERRORS, 400: ERRORS[401], 413: ERRORS[401]}
 _bearer = HTTPBearer(auto_error=False, description="The admin key: `Authorization: Bearer KEY`")
 
 
@@ -63,7 +66,10 @@ def key_out(info: ApiKeyInfo) -> KeyOut:
 
 
 @router.post(
-    "/tenants/{tenant_id}/keys", status_code=201, response_model=KeyCreatedOut, responses=ERRORS
+    "/tenants/{tenant_id}/keys",
+    status_code=201,
+    response_model=KeyCreatedOut,
+    responses=BODY_ERRORS,
 )
 @in_thread
 def create_key(tenant_id: TenantId, body: KeyIn, svc: Svc, _: Admin) -> KeyCreatedOut:
