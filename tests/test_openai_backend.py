@@ -126,6 +126,34 @@ def test_raises_after_last_retry_and_on_client_errors() -> None:
         garbage.generate(["p"], SamplingParams())
 
 
+def test_a_lone_prompt_reuses_one_kept_client_and_a_batch_does_not() -> None:
+    """The service sends one prompt per recall from a worker thread: those calls share one
+    client (kept-alive connections) until ``close``; a batch runs on its own event loop."""
+    be = OpenAIBackend(
+        "http://x:1", model="m", transport=httpx.MockTransport(lambda r: _ok(json.loads(r.content)))
+    )
+    assert be.generate(["a"], SamplingParams())[0][0].text == "a|0"
+    kept = be._client
+    assert kept is not None
+    assert be.generate(["b"], SamplingParams())[0][0].text == "b|0" and be._client is kept
+    assert [g[0].text for g in be.generate(["c", "d"], SamplingParams())] == ["c|0", "d|0"]
+    assert be._client is kept
+    be.close()
+    assert be._client is None and kept.is_closed
+    assert be.generate(["e"], SamplingParams())[0][0].text == "e|0"  # a new client after close
+
+
+def test_a_batch_fails_loudly_too() -> None:
+    be = OpenAIBackend(
+        "http://x:1",
+        model="m",
+        max_retries=0,
+        transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")),
+    )
+    with pytest.raises(BackendError, match="HTTP 500 for model 'm': boom"):
+        be.generate(["p", "q"], SamplingParams())
+
+
 def test_build_backend_unknown() -> None:
     from memsifter.errors import UnknownNameError
 

@@ -180,3 +180,23 @@ def test_workers_must_be_positive() -> None:
 
     with pytest.raises(ServeError, match="--workers must be at least 1"):
         serve(None, workers=0)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_idle_connections_outlive_the_clients_keep_alive(
+    workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvicorn closes idle connections after 5 s by default, as long as httpx keeps them: a
+    client could send on a connection the server is closing (a reset, httpx ReadError). The
+    service keeps them ``keep_alive_s`` (75 s), one worker or several."""
+    import uvicorn
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: seen.update(kw))
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"db_url: sqlite:///{tmp_path / 'm.db'}\n")
+    serve(config, workers=workers)
+    assert seen["timeout_keep_alive"] == 75.0
+    config.write_text(f"db_url: sqlite:///{tmp_path / 'm.db'}\nkeep_alive_s: 20\n")
+    serve(config, workers=workers)
+    assert seen["timeout_keep_alive"] == 20.0

@@ -35,6 +35,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from memsifter.llm.openai_http import OpenAIBackend
 from memsifter.serving.bookmarks import KeywordExtractor, LLMExtractor, YakeExtractor
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.deps import Services
@@ -377,6 +378,8 @@ def create_app(
             if thread is not None:
                 await asyncio.to_thread(thread.join, 5)
             store.close()
+            if isinstance(ranker.backend, OpenAIBackend):
+                ranker.backend.close()  # the proxy's kept-alive connections
 
     app = FastAPI(
         title="MemSifter recall service",

@@ -222,6 +222,11 @@ class ServeConfig:
     # A key that authenticated is trusted for this long without a database lookup. A revoked
     # key is refused at once by the worker that revoked it, within this by the others. 0: off.
     auth_cache_s: float = 1.0
+    # An idle kept-alive connection is closed after this. Longer than clients keep theirs
+    # (httpx: 5 s, uvicorn's own default too), so a client never sends on a connection the
+    # server is closing at that moment (a reset: httpx ReadError), and a load balancer in
+    # front (commonly 60 s idle) closes first.
+    keep_alive_s: float = 75.0
     index_cache_users: int = 256  # per-user coarse indexes kept in memory (LRU)
     token_cache_pages: int = 500_000  # pages' proxy-token counts kept in memory (LRU, ~150 B each)
     # BM25 indexes of request-borne haystacks (/v1/rank), LRU, bounded in estimated bytes.
@@ -230,6 +235,8 @@ class ServeConfig:
     sample_key_env: str = "MEMSIFTER_DEMO_KEY"
 
     def __post_init__(self) -> None:
+        if self.keep_alive_s <= 0:
+            raise ValueError(f"keep_alive_s must be > 0, got {self.keep_alive_s}")
         if self.auth_cache_s < 0:
             raise ValueError(f"auth_cache_s must be >= 0, got {self.auth_cache_s}")
         if self.ranker not in RANKERS:

@@ -50,7 +50,11 @@ async def services(request: Request) -> Services:  # async: a def dependency cos
     return request.app.state.services
 
 
-_bearer = HTTPBearer(auto_error=False, description="A tenant API key: `Authorization: Bearer KEY`")
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="TenantKey",
+    description="A tenant API key: `Authorization: Bearer KEY`",
+)
 
 
 async def principal(

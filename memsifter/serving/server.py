@@ -109,7 +109,14 @@ def serve(
         return
     prepared = prepare(config, sample=sample)
     _print_sample(config, prepared, host, port)
-    uvicorn.run(prepared.app, host=host, port=port, log_config=None, log_level=log_level)
+    uvicorn.run(
+        prepared.app,
+        host=host,
+        port=port,
+        log_config=None,
+        log_level=log_level,
+        timeout_keep_alive=config.keep_alive_s,
+    )
 
 
 def _serve_workers(
@@ -148,6 +155,7 @@ def _serve_workers(
             port=port,
             log_config=None,
             log_level=log_level,
+            timeout_keep_alive=config.keep_alive_s,
         )
     finally:
         if own_dir:

@@ -29,11 +29,18 @@ from memsifter.serving.store import hash_key
 from memsifter.serving.store.records import ApiKeyInfo
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 422)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorResponse} for s in (401, 404, 422, 503)
+}
 # A body that is not UTF-8 or not JSON (400) or over limits.max_body_bytes (413) is refused
 # before the route runs, by the request middleware and the validation handler.
 BODY_ERRORS: dict[int | str, dict[str, Any]] = {**ERRORS, 400: ERRORS[401], 413: ERRORS[401]}
-_bearer = HTTPBearer(auto_error=False, description="The admin key: `Authorization: Bearer KEY`")
+# Named apart from the tenant scheme: OpenAPI keys security schemes by name.
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="AdminKey",
+    description="The admin key: `Authorization: Bearer KEY`",
+)
 
 
 async def admin(

@@ -38,7 +38,7 @@ from memsifter.serving.store.records import SessionInfo, SessionRecord, StoredPa
 
 router = APIRouter(prefix="/v1/users/{user_id}", tags=["sessions"])
 ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422)
+    s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 503)
 }
 
 
