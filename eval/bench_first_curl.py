@@ -95,6 +95,10 @@ def first_curls(engine: str, threads: int, repeats: int, tmp: Path) -> dict[str,
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+    if not str(body.get("ranker", "")).startswith("proxy:"):
+        raise RuntimeError(
+            f"{CONFIGS[engine].name} answered with ranker {body.get('ranker')!r}, not the proxy"
+        )
     rest = sorted(times[1:])
     return {
         "ready_s": ready_s,

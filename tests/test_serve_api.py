@@ -352,6 +352,7 @@ def test_shipped_serve_configs_load() -> None:
     assert trained.proxy.model == "memsifter-smollm2-135m-locomo"
     # The same proxy on llama.cpp: the port scripts/run.sh starts llama-server on.
     llamacpp = load_serve_config(root / "llamacpp_proxy.yaml")
+    assert llamacpp.ranker == "proxy" and trained.ranker == "proxy"
     assert llamacpp.proxy.backend == "openai" and llamacpp.proxy.model == trained.proxy.model
     assert llamacpp.proxy.base_url == "http://127.0.0.1:8012/v1"
 
@@ -373,6 +374,11 @@ def test_ranker_names_the_service_without_a_model(tmp_path: Path, caplog) -> Non
         cfg = load_serve_config(unused)
     assert cfg.ranker_name == "coarse-only"
     assert "proxy block is ignored: ranker is coarse" in caplog.text
+    # A proxy block with no ranker at all would be served coarse-only without a word of it.
+    silent = tmp_path / "silent.yaml"
+    silent.write_text("proxy:\n  model: some/model\n")
+    with pytest.raises(MemSifterError, match="proxy block but no ranker.*field=ranker"):
+        load_serve_config(silent)
     llm_keywords = tmp_path / "llm.yaml"
     llm_keywords.write_text("bookmarks:\n  extractor: llm\n")
     with pytest.raises(MemSifterError, match="needs the proxy model"):

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memsifter.config import load_config
+from memsifter.config import load_config, read_yaml
+from memsifter.errors import DataError
 from memsifter.resources import SERVE_DEFAULT
 
 if TYPE_CHECKING:
@@ -279,6 +280,17 @@ class ServeConfig:
 
 def load_serve_config(path: str | Path | None = None) -> ServeConfig:
     """``path`` (default the packaged ``serve_default.yaml``), then environment overrides."""
-    cfg = load_config(ServeConfig, path or DEFAULT_CONFIG)
+    source = Path(path or DEFAULT_CONFIG)
+    raw = read_yaml(source)
+    if isinstance(raw, dict) and "proxy" in raw and "ranker" not in raw:
+        # A proxy block alone would be served coarse-only (ranker defaults to coarse): a config
+        # written to serve a model must say so, or say it keeps the block unused.
+        raise DataError(
+            "the config has a proxy block but no ranker: set `ranker: proxy` to serve that "
+            "model, or `ranker: coarse` to keep the block unused",
+            file=str(source),
+            field="ranker",
+        )
+    cfg = load_config(ServeConfig, source)
     db_url = os.environ.get("MEMSIFTER_SERVE_DB_URL")
     return replace(cfg, db_url=db_url) if db_url else cfg
