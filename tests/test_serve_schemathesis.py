@@ -76,6 +76,7 @@ class Service:
     tenant_key_id: int
     fact_ids: list[str] = field(default_factory=list)
     reached: Counter[str] = field(default_factory=Counter)  # operation label -> 2xx answers
+    statuses: Counter[tuple[str, int]] = field(default_factory=Counter)  # for the failure message
 
     def tenant(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tenant_key}"}
@@ -181,6 +182,7 @@ def test_every_operation_keeps_its_contract(case: Any, service: Service) -> None
     admin_op = case.operation.path.startswith("/v1/admin")
     headers = service.admin() if admin_op else service.tenant()
     response = case.call_and_validate(app=service.app, headers=headers, checks=CHECKS)
+    service.statuses[case.operation.label, response.status_code] += 1
     if not 200 <= response.status_code < 300:
         return
     service.reached[case.operation.label] += 1
@@ -202,4 +204,7 @@ def test_every_operation_was_reached(service: Service) -> None:
     one case with a 2xx, so the contract checks saw each handler's success path."""
     labels = {op.ok().label for op in schema.get_all_operations()}
     assert labels, "the schema lists no operations"
-    assert not labels - set(service.reached), sorted(labels - set(service.reached))
+    missed = sorted(labels - set(service.reached))
+    assert not missed, {
+        op: [(c, n) for (o, c), n in service.statuses.items() if o == op] for op in missed
+    }

@@ -281,6 +281,7 @@ class ServeConfig:
 def load_serve_config(path: str | Path | None = None) -> ServeConfig:
     """``path`` (default the packaged ``serve_default.yaml``), then environment overrides."""
     source = Path(path or DEFAULT_CONFIG)
+    cfg = load_config(ServeConfig, source)
     raw = read_yaml(source)
     if isinstance(raw, dict) and "proxy" in raw and "ranker" not in raw:
         # A proxy block alone would be served coarse-only (ranker defaults to coarse): a config
@@ -291,6 +292,5 @@ def load_serve_config(path: str | Path | None = None) -> ServeConfig:
             file=str(source),
             field="ranker",
         )
-    cfg = load_config(ServeConfig, source)
     db_url = os.environ.get("MEMSIFTER_SERVE_DB_URL")
     return replace(cfg, db_url=db_url) if db_url else cfg

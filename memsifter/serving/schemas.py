@@ -153,7 +153,7 @@ class ErrorResponse(Response):
 
 
 class RankIn(Request):
-    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS)
+    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS, examples=["What is my dog called?"])
     question_date: Text | None = Field(default=None, max_length=64)
     sessions: list[SessionIn] = Field(min_length=1)
     top_k: int | None = Field(default=None, ge=1, le=TOP_K_MAX, strict=True)
@@ -239,7 +239,7 @@ class DeletedOut(Response):
 
 
 class RecallIn(Request):
-    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS)
+    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS, examples=["What is my dog called?"])
     question_date: Text | None = Field(default=None, max_length=64)
     top_k: int = Field(default=5, ge=1, le=TOP_K_MAX, strict=True)
 
