@@ -17,7 +17,7 @@ import pytest
 from memsifter.data.types import Ranking, Session, Turn
 from memsifter.llm.base import Generation, SamplingParams
 from memsifter.llm.openai_http import OpenAIBackend
-from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
+from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder, _turns
 from memsifter.ranker.proxy import Proxy
 from memsifter.ranker.spec import PromptSpec
 
@@ -90,6 +90,29 @@ def test_ids_equal_the_tokenized_text(tokenizer: Any, language: str, ask_think: 
         # Another subset and order: the cached page ids are reused at other positions.
         _exact(builder, builder.build(question, sessions[::3], date))
     assert len(builder.page_ids) >= len(sessions) - 3  # leading-space/empty pages: not cached
+
+
+def test_a_prompt_of_warm_pages_costs_one_tokenizer_call(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Page headers carry a position and a date, so a served user's headers mostly miss the
+    cache: they are encoded with the prefix and suffix in one call, not one call per page."""
+    builder = PromptBuilder(tokenizer, 32768, 256)  # type: ignore[arg-type]
+    # Pages whose turns start cleanly (the others are encoded whole, one call each).
+    sessions = [s for s in _sessions() if _turns(s)[:1].strip() and not _turns(s).startswith("<")]
+    for session in sessions:
+        builder.warm(session)
+    calls: list[int] = []
+    encode = builder._encode
+    monkeypatch.setattr(
+        builder, "_encode", lambda texts, *a: calls.append(len(texts)) or encode(texts, *a)
+    )
+    built = builder._assemble(" where did I go?", sessions, None)
+    _exact(builder, built)
+    assert len(calls) == 1 and calls[0] == 2 + len(sessions)  # prefix, suffix, every header
+    calls.clear()
+    _exact(builder, builder._assemble(" where did I go?", sessions, None))
+    assert calls == [2]  # the headers now hit the cache
 
 
 def test_ids_exact_when_the_coarse_filter_cuts_and_truncates(tokenizer: Any) -> None:

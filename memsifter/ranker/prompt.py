@@ -394,10 +394,15 @@ class PromptBuilder:
     def _header_ids(self, header: str) -> tuple[int, ...]:
         ids = self._headers.get(header)
         if ids is None:
-            ids = self._headers[header] = tuple(self._encode([header])[0])
-            if len(self._headers) > 4096:
-                self._headers.popitem(last=False)
+            ids = tuple(self._encode([header])[0])
+            self._remember_header(header, ids)
         return ids
+
+    def _remember_header(self, header: str, ids: tuple[int, ...]) -> None:
+        self._headers[header] = ids
+        self._headers.move_to_end(header)
+        if len(self._headers) > 4096:
+            self._headers.popitem(last=False)
 
     def _assemble_ids(
         self,
@@ -416,17 +421,25 @@ class PromptBuilder:
             raise _NotSplittable("the chat template does not show the user message verbatim")
         before = self.cut == "before"  # pieces end before a line break's last newline
         texts = [prefix[:-1], suffix[1:]] if before else [prefix, suffix[2:]]
-        ids, suffix_ids = self._encode(texts)
+        headers = [_header(i, session, lang) for i, session in enumerate(ordered)]
+        turns_of = [_turns(session) for session in ordered]
+        keys = ["\n" + h if before else h + "\n" for h in headers]
+        # Headers carry a position and a date, so most miss the cache: encode the misses in the
+        # same call as the prefix and suffix (one tokenizer call per prompt, not one per page).
+        missing = list(dict.fromkeys(k for k in keys if k not in self._headers))
+        encoded = self._encode(texts + missing)
+        ids, suffix_ids = encoded[0], encoded[1]
+        for key, key_ids in zip(missing, encoded[2:], strict=True):
+            self._remember_header(key, tuple(key_ids))
         pieces = [prefix]
         for i, session in enumerate(ordered):
-            header = _header(i, session, lang)
-            turns = _turns(session)
+            header, turns = headers[i], turns_of[i]
             if not turns or turns[0].isspace() or turns.startswith(self._added):
                 # No clean cut between header and turns: one piece for the block.
                 block = header + "\n" + turns + "\n\n"
                 ids.extend(self._encode(["\n" + block[:-1] if before else block])[0])
             else:
-                ids.extend(self._header_ids("\n" + header if before else header + "\n"))
+                ids.extend(self._header_ids(keys[i]))
                 if cache:
                     ids.extend(self.page_ids(session))
                 else:
