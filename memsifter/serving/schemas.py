@@ -268,9 +268,9 @@ class RecallOut(Response):
 
 
 class ContextIn(Request):
-    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS)
+    question: NonBlank = Field(max_length=QUESTION_MAX_CHARS, examples=["What is my dog called?"])
     question_date: Text | None = Field(default=None, max_length=64)
-    budget_tokens: int = Field(ge=16, strict=True)
+    budget_tokens: int = Field(ge=16, strict=True, examples=[2000])
     page_in_k: int | None = Field(default=None, ge=0, le=TOP_K_MAX, strict=True)
     recent_turns: int | None = Field(default=None, ge=0, le=1000, strict=True)
 
