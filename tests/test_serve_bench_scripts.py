@@ -89,6 +89,18 @@ def test_bench_load_tiny(tmp_path: Path) -> None:
     assert "**overhead over the model call**" in md and "Goal: 0 errors" in md
 
 
+def test_bench_request_cpu_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "bench_request_cpu.md"
+    _run("bench_request_cpu.py", "--sessions", "20", "--requests", "5", "--out", str(out))
+    rows = {r["op"]: r for r in _json(out)["rows"]}
+    assert set(rows) == {"recall", "ingest"}
+    for row in rows.values():
+        # /proc counts CPU in 10 ms ticks: 5 requests may read as 0.
+        assert row["requests"] == 5 and row["errors"] == 0 and row["server_cpu_ms"] >= 0
+        assert row["wall_ms"] > 0
+    assert "| request | n | server CPU ms | wall ms | errors |" in out.read_text()
+
+
 def _check_durability(out: Path, db: str) -> None:
     run = _json(out)["runs"][db]
     assert run["lost"] == 0 and run["acked"] >= 200

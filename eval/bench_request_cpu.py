@@ -1,0 +1,144 @@
+"""Server CPU per request of the recall service (committed as eval/bench_request_cpu.md).
+
+Client latency mixes the server's work with the client's and the scheduler's; this reads the
+server process's own CPU time (/proc, user + system) around N sequential requests, so the cost
+of one recall and of one ingest can be compared, and what limits throughput on 2 cores seen.
+One `memsifter serve` (coarse-only, SQLite), one user seeded with --sessions sessions; then N
+recalls on that user (top_k 5) and N ingests of one 4-turn session, spread over 50 other users
+as `bench_load.py`'s load phase does. Linux only.
+
+    python eval/bench_request_cpu.py [--sessions 10000] [--requests 300]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from bench_load import recall_once, seed_user
+from benchlib import (
+    HERE,
+    ProxyOptions,
+    Server,
+    command_line,
+    create_database,
+    free_port,
+    machine,
+    machine_line,
+    make_question,
+    make_session,
+    new_key,
+    session_date,
+    utc_now_text,
+    workspace,
+    write_config,
+)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(server: Server, sessions: int, requests: int) -> dict[str, Any]:
+    rng = random.Random(0)
+    seed_s = await seed_user(server, sessions, 200, rng, 120.0)
+    assert server.proc is not None
+    pid = server.proc.pid
+    out: dict[str, Any] = {"seed_seconds": round(seed_s, 1)}
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0) as client:
+        for _ in range(20):  # warm: the user's index, caches, the threadpool
+            await recall_once(client, server, make_question(rng), 5)
+        c0, t0 = cpu_seconds(pid), time.perf_counter()
+        recalls = [
+            await recall_once(client, server, make_question(rng), 5) for _ in range(requests)
+        ]
+        errors = sum(not s.ok for s in recalls)
+        out["recall"] = (cpu_seconds(pid) - c0, time.perf_counter() - t0, errors)
+        c0, t0 = cpu_seconds(pid), time.perf_counter()
+        errors = 0
+        for i in range(requests):
+            session = make_session(rng, f"cpu-{i}", session_date(i))
+            r = await client.post(
+                f"/v1/users/cpu{i % 50}/sessions",
+                json={"sessions": [session]},
+                headers=server.headers,
+            )
+            errors += r.status_code != 201
+        out["ingest"] = (cpu_seconds(pid) - c0, time.perf_counter() - t0, errors)
+    return out
+
+
+def main(
+    sessions: Annotated[int, typer.Option(help="sessions seeded for the recalled user")] = 10_000,
+    requests: Annotated[int, typer.Option(help="sequential requests of each kind")] = 300,
+    out: Annotated[Path, typer.Option()] = HERE / "bench_request_cpu.md",
+) -> None:
+    info, started = machine(), utc_now_text()
+    with workspace() as ws:
+        db = create_database("sqlite", ws)
+        write_config(ws / "serve.yaml", db.url, ProxyOptions())
+        server = Server(ws / "serve.yaml", free_port(), new_key(), ws / "server.log")
+        server.start()
+        try:
+            got = asyncio.run(measure(server, sessions, requests))
+        finally:
+            server.stop()
+    rows = []
+    for op in ("recall", "ingest"):
+        cpu_s, wall_s, errors = got[op]
+        rows.append(
+            {
+                "op": op,
+                "requests": requests,
+                "server_cpu_ms": round(1000 * cpu_s / requests, 2),
+                "wall_ms": round(1000 * wall_s / requests, 2),
+                "errors": errors,
+            }
+        )
+    result = {
+        "date": started,
+        "command": command_line(),
+        "machine": info,
+        "sessions": sessions,
+        "seed_seconds": got["seed_seconds"],
+        "rows": rows,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    lines = [
+        "# Recall service: server CPU per request",
+        "",
+        f"Date: {started}. Machine: {machine_line(info, run=True)}. Load average at the end: "
+        f"{', '.join(str(x) for x in result['loadavg_end'])}. Client and server share the machine.",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"`memsifter serve`, coarse-only, SQLite, one worker; one user seeded with {sessions} "
+        f"sessions ({got['seed_seconds']} s). Server CPU: the server process's user + system "
+        "time (/proc) over the requests, divided by their number; wall: the client's time per "
+        "request, one at a time. Recall: top_k 5 on the seeded user. Ingest: one 4-turn "
+        "session into one of 50 other users.",
+        "",
+        "| request | n | server CPU ms | wall ms | errors |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {r['op']} | {r['requests']} | {r['server_cpu_ms']} | {r['wall_ms']} | "
+            f"{r['errors']} |"
+            for r in rows
+        ),
+        "",
+    ]
+    out.write_text("\n".join(lines))
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    typer.run(main)
