@@ -423,23 +423,28 @@ class PromptBuilder:
         texts = [prefix[:-1], suffix[1:]] if before else [prefix, suffix[2:]]
         headers = [_header(i, session, lang) for i, session in enumerate(ordered)]
         turns_of = [_turns(session) for session in ordered]
-        keys = ["\n" + h if before else h + "\n" for h in headers]
+        # None: no clean cut between header and turns, the block is one piece.
+        keys = [
+            None
+            if not turns or turns[0].isspace() or turns.startswith(self._added)
+            else ("\n" + header if before else header + "\n")
+            for header, turns in zip(headers, turns_of, strict=True)
+        ]
         # Headers carry a position and a date, so most miss the cache: encode the misses in the
         # same call as the prefix and suffix (one tokenizer call per prompt, not one per page).
-        missing = list(dict.fromkeys(k for k in keys if k not in self._headers))
+        missing = list(dict.fromkeys(k for k in keys if k is not None and k not in self._headers))
         encoded = self._encode(texts + missing)
         ids, suffix_ids = encoded[0], encoded[1]
         for key, key_ids in zip(missing, encoded[2:], strict=True):
             self._remember_header(key, tuple(key_ids))
         pieces = [prefix]
         for i, session in enumerate(ordered):
-            header, turns = headers[i], turns_of[i]
-            if not turns or turns[0].isspace() or turns.startswith(self._added):
-                # No clean cut between header and turns: one piece for the block.
+            header, turns, key = headers[i], turns_of[i], keys[i]
+            if key is None:
                 block = header + "\n" + turns + "\n\n"
                 ids.extend(self._encode(["\n" + block[:-1] if before else block])[0])
             else:
-                ids.extend(self._header_ids(keys[i]))
+                ids.extend(self._header_ids(key))
                 if cache:
                     ids.extend(self.page_ids(session))
                 else:

@@ -1,6 +1,6 @@
 """The recall service's settings: one typed dataclass tree loaded from YAML (by default the
 packaged ``memsifter/resources/serve_default.yaml``, linked as ``configs/serve/default.yaml`` in a
-checkout) through ``memsifter.config.load_config``, so a typo in a key or a wrong type fails at
+checkout) through ``memsifter.config.from_dict``, so a typo in a key or a wrong type fails at
 startup naming the file and the key.
 
 Secrets never live in the YAML: a bootstrap API key is given as the name of an environment
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memsifter.config import load_config, read_yaml
+from memsifter.config import from_dict, read_yaml
 from memsifter.errors import DataError
 from memsifter.resources import SERVE_DEFAULT
 
@@ -281,8 +281,8 @@ class ServeConfig:
 def load_serve_config(path: str | Path | None = None) -> ServeConfig:
     """``path`` (default the packaged ``serve_default.yaml``), then environment overrides."""
     source = Path(path or DEFAULT_CONFIG)
-    cfg = load_config(ServeConfig, source)
     raw = read_yaml(source)
+    cfg = from_dict(ServeConfig, raw, file=str(source))
     if isinstance(raw, dict) and "proxy" in raw and "ranker" not in raw:
         # A proxy block alone would be served coarse-only (ranker defaults to coarse): a config
         # written to serve a model must say so, or say it keeps the block unused.
