@@ -38,9 +38,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import httpx
 import typer
@@ -54,12 +55,15 @@ from benchlib import (
     fmt_ms,
     free_port,
     machine,
+    machine_busy_seconds,
     machine_line,
     make_question,
     make_session,
     new_key,
+    process_tree,
     session_date,
     summarize,
+    tree_cpu_seconds,
     update_runs,
     utc_now_text,
     workspace,
@@ -67,6 +71,7 @@ from benchlib import (
 )
 
 SEEDED_USER = "u10k"
+T = TypeVar("T")
 FULL = {"sessions": 10_000, "clients": 50, "duration": 60.0}
 PROXIES = ("coarse-only", "transformers", "openai", "stub")
 OVERHEAD_GOAL_MS = 10.0
@@ -187,6 +192,34 @@ async def load(
         await asyncio.gather(*(client_loop(c, cl) for c in range(clients)))
     wall = time.perf_counter() - t0
     return samples, wall, max(wall - duration_s, 0.0)
+
+
+def cpu_during(server: Server, run: Callable[[], T]) -> tuple[T, dict[str, float]]:
+    """``run()``'s result and where the CPU went meanwhile: the server's processes, this
+    script (the load generator shares the cores), and the whole machine."""
+    assert server.proc is not None
+    pids = process_tree(server.proc.pid)
+    s0, c0, (b0, t0), w0 = (
+        tree_cpu_seconds(pids),
+        time.process_time(),
+        machine_busy_seconds(),
+        time.perf_counter(),
+    )
+    out = run()
+    s1, c1, (b1, t1), w1 = (
+        tree_cpu_seconds(pids),
+        time.process_time(),
+        machine_busy_seconds(),
+        time.perf_counter(),
+    )
+    cores = (t1 - t0) / (w1 - w0)
+    return out, {
+        "server_processes": len(pids),
+        "server_cpu_s": round(s1 - s0, 2),
+        "client_cpu_s": round(c1 - c0, 2),
+        "machine_busy_cores": round((b1 - b0) / (w1 - w0), 2),
+        "machine_cores": round(cores),
+    }
 
 
 # ---------------------------------------------------------------------------------- reporting
@@ -354,6 +387,18 @@ def _section(r: dict[str, Any]) -> str:
             f"one of {p['proxy_concurrency']} proxy slots) {fmt_ms(w['p50_ms'])}/"
             f"{fmt_ms(w['p95_ms'])}/{fmt_ms(w['p99_ms'])}.",
         ]
+    cpu = r["load"].get("cpu")
+    if cpu:
+        wall, n = r["load"]["wall_s"], r["load"]["requests"]
+        lines += [
+            "",
+            f"CPU over the load phase ({wall:.1f} s): the server ({cpu['server_processes']} "
+            f"process(es)) {cpu['server_cpu_s']:.1f} s = {cpu['server_cpu_s'] / wall:.2f} "
+            f"cores, {1000 * cpu['server_cpu_s'] / max(n, 1):.1f} ms per request; the load "
+            f"generator (this script, same cores) {cpu['client_cpu_s']:.1f} s = "
+            f"{cpu['client_cpu_s'] / wall:.2f} cores; the machine busy "
+            f"{cpu['machine_busy_cores']:.2f} of {cpu['machine_cores']} cores.",
+        ]
     total_errors = r["load"]["errors"]
     met = "met" if total_errors == 0 else "**not met**"
     lines += ["", f"Goal: 0 errors - {total_errors} error(s): {met}.", ""]
@@ -499,17 +544,20 @@ def main(
                 )
                 ranker = httpx.get(f"{server.base_url}/healthz").json()["ranker"]
                 print(f"load: {clients} clients x {duration:.0f} s ...", file=sys.stderr)
-                samples, wall, drain = asyncio.run(
-                    load(
-                        server,
-                        clients=clients,
-                        duration_s=duration,
-                        recall_share=recall_share,
-                        ingest_to=ingest_to,
-                        top_k=top_k,
-                        seed_value=seed,
-                        timeout_s=timeout_s,
-                    )
+                (samples, wall, drain), cpu = cpu_during(
+                    server,
+                    lambda: asyncio.run(
+                        load(
+                            server,
+                            clients=clients,
+                            duration_s=duration,
+                            recall_share=recall_share,
+                            ingest_to=ingest_to,
+                            top_k=top_k,
+                            seed_value=seed,
+                            timeout_s=timeout_s,
+                        )
+                    ),
                 )
                 rss = server.rss_mib()
             finally:
@@ -560,6 +608,7 @@ def main(
             "requests": len(samples),
             "errors": sum(1 for s in samples if not s.ok),
             "endpoints": endpoints,
+            "cpu": cpu,
         },
     }
     write_report(out, result)

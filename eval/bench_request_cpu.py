@@ -28,6 +28,7 @@ from benchlib import (
     ProxyOptions,
     Server,
     command_line,
+    cpu_seconds,
     create_database,
     free_port,
     machine,
@@ -40,11 +41,6 @@ from benchlib import (
     workspace,
     write_config,
 )
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(server: Server, sessions: int, requests: int) -> dict[str, Any]:

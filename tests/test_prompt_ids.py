@@ -95,13 +95,16 @@ def test_ids_equal_the_tokenized_text(tokenizer: Any, language: str, ask_think: 
 def test_a_prompt_of_warm_pages_costs_one_tokenizer_call(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Page headers carry a position and a date, so a served user's headers mostly miss the
-    cache: they are encoded with the prefix and suffix in one call, not one call per page."""
+    """A header's date is cached with its page's piece, its ``[Session i]`` label by position:
+    labels not seen yet are encoded with the prefix and suffix in one call, not one call per
+    page, and once seen a prompt of warm pages costs the frame alone, whatever the pages' dates
+    and positions."""
     builder = PromptBuilder(tokenizer, 32768, 256)  # type: ignore[arg-type]
     # Pages whose turns start cleanly (the others are encoded whole, one call each).
     sessions = [s for s in _sessions() if _turns(s)[:1].strip() and not _turns(s).startswith("<")]
     for session in sessions:
         builder.warm(session)
+    builder._headers.clear()  # the probe at construction saw a few labels
     calls: list[int] = []
     encode = builder._encode
     monkeypatch.setattr(
@@ -109,10 +112,58 @@ def test_a_prompt_of_warm_pages_costs_one_tokenizer_call(
     )
     built = builder._assemble(" where did I go?", sessions, None)
     _exact(builder, built)
-    assert len(calls) == 1 and calls[0] == 2 + len(sessions)  # prefix, suffix, every header
+    assert len(calls) == 1 and calls[0] == 2 + len(sessions)  # prefix, suffix, every label
     calls.clear()
     _exact(builder, builder._assemble(" where did I go?", sessions, None))
-    assert calls == [2]  # the headers now hit the cache
+    assert calls == [2]  # the labels now hit the cache
+    calls.clear()
+    _exact(builder, builder._assemble(" where did I go?", sessions[::-1], None))
+    assert calls == [2]  # other positions for every page: still only the frame
+
+
+def test_a_built_prompt_renders_and_tokenizes_its_frame_once(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build`` budgets with the frame (the prompt without candidates) and assembles from the
+    same frame: the instructions and question are rendered and tokenized once per prompt, and
+    the frame's count is what counting the rendered candidate-less prompt gives."""
+    from memsifter.ranker.prompt import _messages
+
+    builder = PromptBuilder(tokenizer, 32768, 256)  # type: ignore[arg-type]
+    sessions = [s for s in _sessions() if _turns(s)[:1].strip() and not _turns(s).startswith("<")]
+    for session in sessions:
+        builder.warm(session)
+    builder.build(" where did I go?", sessions)  # headers now cached
+    calls: list[int] = []
+    renders: list[int] = []
+    encode, render = builder._encode, builder.render
+    monkeypatch.setattr(
+        builder, "_encode", lambda texts, *a: calls.append(len(texts)) or encode(texts, *a)
+    )
+    monkeypatch.setattr(builder, "render", lambda m: renders.append(1) or render(m))
+    built = builder.build(" where did I go?", sessions)
+    assert calls == [2] and len(renders) == 1  # the frame: prefix and suffix, one render
+    monkeypatch.undo()
+    _exact(builder, built)
+    for question, date in (
+        ("What did I name my dog?", "9 May, 2023"),
+        (" odd  question\n", None),
+        ("我的猫叫什么？", "2023年5月9日"),
+        ("trailing spaces   ", None),
+    ):
+        for n in (1, 7, 12):
+            frame = builder._frame(question, n, date)[0]
+            whole = _messages(question, [], n, date, "en", True)
+            assert frame.n_tokens == builder.counter.count(builder.render(whole))
+
+
+def test_a_question_holding_the_placeholder_is_tokenized_whole(tokenizer: Any) -> None:
+    from memsifter.ranker.prompt import _BLOCKS
+
+    builder = PromptBuilder(tokenizer, 32768, 256)  # type: ignore[arg-type]
+    built = builder.build(f"what is {_BLOCKS}?", _sessions())
+    _exact(builder, built)
+    assert _BLOCKS in built.text
 
 
 def test_ids_exact_when_the_coarse_filter_cuts_and_truncates(tokenizer: Any) -> None:
@@ -152,7 +203,7 @@ def test_the_probe_picks_the_cut_this_tokenizer_keeps(tokenizer: Any, wrong_cut:
     if wrong_cut:
         builder.cut = "before" if builder.cut == "after" else "after"  # type: ignore[assignment]
     sessions = [builder._defang_session(s) for s in _sessions()]
-    ids, text = builder._assemble_ids("What did I name my dog?", sessions, None, cache=False)
+    ids, text, _ = builder._assemble_ids("What did I name my dog?", sessions, None, cache=False)
     assert text == builder.build("What did I name my dog?", _sessions()).text
     whole = tokenizer(text, add_special_tokens=False)["input_ids"]
     if wrong_cut and tokenizer.vocab_size > 1000:  # the tiny vocabulary has too few merges

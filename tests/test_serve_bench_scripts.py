@@ -81,8 +81,12 @@ def test_bench_load_tiny(tmp_path: Path) -> None:
         lat = row["latency_ms"]
         assert lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"] <= lat["max_ms"]
     assert run["load"]["errors"] == 0
+    cpu = run["load"]["cpu"]  # where the cores went during the load phase
+    assert cpu["server_processes"] >= 1 and cpu["server_cpu_s"] > 0 and cpu["client_cpu_s"] > 0
+    assert 0 < cpu["machine_busy_cores"] <= cpu["machine_cores"] + 0.1
 
     md = out.read_text()
+    assert "CPU over the load phase" in md
     assert "full run pending" in md and "SMOKE RUN" in md  # a tiny run must say so
     assert "python eval/bench_load.py" in md and " cores, " in md
     assert "| endpoint | requests | req/s | p50 ms | p95 ms | p99 ms |" in md

@@ -35,31 +35,33 @@ with its date, the question with its date, and the answer format
   the chat template is rendered once with a placeholder where the candidates go, and the prompt
   is cut into pieces that are tokenized on their own and concatenated:
 
-      prefix (template, system, intro) | "[Session i] Date: …" | turns | … | "Question: …"
+      prefix (template, system, intro) | "[Session i]" | " Date: …" + turns | … | "Question: …"
 
-  Every cut sits in a line break followed by text (after the intro, after each header, after
-  each page's turns). Byte-level BPE merges only inside the pieces its pre-tokenizer regex
-  splits the text into, so a cut at a regex boundary changes no id, and where that boundary
-  lies is a property of the regex. Qwen2/3's regex keeps newlines with what precedes them
-  (``.\\n\\n`` is one piece), so the cut goes *after* the line break (``cut == "after"``);
+  Every cut but one sits in a line break followed by text (after the intro, after each page's
+  turns, after an undated label); the other sits between a label's ``]`` and the space that starts
+  its date (the probe below covers it too). Byte-level BPE merges only inside the pieces its
+  pre-tokenizer regex splits the text into, so a cut at a regex boundary changes no id, and where
+  that boundary lies is a property of the regex. Qwen2/3's regex keeps newlines with what precedes
+  them (``.\\n\\n`` is one piece), so the cut goes *after* the line break (``cut == "after"``);
   GPT-2-style regexes (SmolLM2) split a whitespace run before its last character when text
   follows, so the cut goes just *before* the break's last newline (``cut == "before"``). The
-  builder tries both on a probe prompt at construction (punctuation and whitespace at page
-  ends, CJK, emoji, an empty page, a turn starting with a space) and keeps the one that equals
-  tokenizing the whole (``tests/test_prompt_ids.py``: on SmolLM2's tokenizer the other cut
-  changes the ids). The page
-  piece (turns plus its share of the line break) depends on the page alone and is cached by
-  content fingerprint (a history is tokenized once, at ingest in the recall service); a prompt
-  then costs the tokenization of its instructions, headers and question. A page whose turns
-  begin with whitespace or an added token (which may strip its left) is tokenized together
-  with its header. A tokenizer for which neither cut holds on the probe (SentencePiece adds a
-  space at every encode), or that adds special tokens when encoding (a BOS the server would add
-  to text but not to ids), gets ``token_ids = None`` (``token_ids_off`` says why): the
-  rendered text is counted and sent as before.
+  builder tries both on a probe prompt at construction (punctuation and whitespace at page ends,
+  CJK, emoji, an empty page, a turn starting with a space) and keeps the one that equals
+  tokenizing the whole (``tests/test_prompt_ids.py``: on SmolLM2's tokenizer the other cut changes
+  the ids). The page piece (its date, its turns and its share of the line breaks) depends on the
+  page alone and is cached by content fingerprint (a history is tokenized once, at ingest in the
+  recall service); labels are cached by position, so a prompt costs one render and one
+  tokenization of its frame (instructions and question), reused by every assembly with as many
+  candidates. A page whose turns begin with whitespace or an added token (which may strip its
+  left) is tokenized together with its header. A tokenizer for which neither cut holds on the
+  probe (SentencePiece adds a space at every encode), or that adds special tokens when encoding (a
+  BOS the server would add to text but not to ids), gets ``token_ids = None`` (``token_ids_off``
+  says why): the rendered text is counted and sent as before.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -141,10 +143,14 @@ def _text(language: str) -> dict[str, str]:
     return _TEXT[language]
 
 
-def _header(position: int, session: Session, language: str) -> str:
+def _dated(session: Session, language: str) -> str:
+    """The date part of a block's header line (`` Date: …``), or "" for an undated session."""
     date = session.date_text or (session.date.isoformat() if session.date else None)
-    label = f"[Session {position}]"
-    return f"{label} {_text(language)['date']}: {date}" if date else label
+    return f" {_text(language)['date']}: {date}" if date else ""
+
+
+def _header(position: int, session: Session, language: str) -> str:
+    return f"[Session {position}]{_dated(session, language)}"
 
 
 def _turns(session: Session) -> str:
@@ -218,6 +224,24 @@ class BuiltPrompt:
         return tuple(self.candidate_ids[i] for i in ids)
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """The rendered prompt around ``n`` candidate blocks: ``prefix`` (template, system message,
+    intro; it ends with the blank line before the first block) and ``suffix`` (from the question
+    to the generation prompt), as text and as the ids of the pieces the cut makes (see the
+    module doc), so together they are the ids of the prompt without its candidates."""
+
+    n: int
+    prefix: str
+    suffix: str
+    prefix_ids: list[int]
+    suffix_ids: list[int]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prefix_ids) + len(self.suffix_ids)
+
+
 class _WithHeader:
     """Counts a session as its prompt block: ``Session.render()`` plus the ``[Session i]`` label
     and the blank line between blocks, so ``coarse.select`` budgets what the prompt will hold."""
@@ -261,7 +285,7 @@ class PageIds:
                 if self.max_size is not None:
                     self._cache.move_to_end(key)
                 return ids
-        ids = tuple(self._encode([self.piece(_turns(session))])[0])
+        ids = tuple(self._encode([self.piece(session)])[0])
         with self._lock:
             self._cache[key] = ids
             if self.max_size is not None and len(self._cache) > self.max_size:
@@ -329,6 +353,13 @@ class PromptBuilder:
                 specials.add(str(added.content))
         # Longest first so a token that contains another is broken as a whole.
         self._specials = sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
+        # One scan of a page's joined fields finds whether any special-token string occurs at
+        # all (the common answer is no); the separator is in no special token, so no match
+        # spans two fields.
+        self._special_re = (
+            re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
+        )
+        self._field_sep = next(c for c in "\x00\x01\x02\n" if not any(c in t for t in specials))
         # One cache per builder: a long haystack is tokenized once, not once per question.
         self.session_tokens = SessionTokenCache(_WithHeader(self.counter, extra))
         self._added = tuple(
@@ -370,7 +401,7 @@ class PromptBuilder:
         for cut in ("after", "before"):
             self.cut = cut  # type: ignore[assignment]
             try:
-                ids, text = self._assemble_ids(question, probe, "9 May, 2023", cache=False)
+                ids, text, _ = self._assemble_ids(question, probe, "9 May, 2023", cache=False)
             except _NotSplittable as e:
                 return str(e)
             if ids == self._encode([text])[0]:
@@ -381,8 +412,14 @@ class PromptBuilder:
             "or before a line break's last newline)"
         )
 
-    def _page_piece(self, turns: str) -> str:
-        return turns + "\n\n" if self.cut == "after" else "\n" + turns + "\n"
+    def _page_piece(self, session: Session) -> str:
+        """A page's own piece: its header's date (a page keeps its date wherever it is shown,
+        so only the ``[Session i]`` label is left to the prompt), its turns and its share of
+        the line breaks around them."""
+        date, turns = _dated(session, self.language), _turns(session)
+        if self.cut == "after":  # an undated label keeps its newline: "]\n" is one Qwen piece
+            return (date + "\n" if date else "") + turns + "\n\n"
+        return date + "\n" + turns + "\n"
 
     def warm(self, session: Session) -> None:
         """Tokenize a page now (at ingest) so a query finds its count and ids cached."""
@@ -404,16 +441,13 @@ class PromptBuilder:
         if len(self._headers) > 4096:
             self._headers.popitem(last=False)
 
-    def _assemble_ids(
-        self,
-        question: str,
-        ordered: Sequence[Session],
-        question_date: str | None,
-        cache: bool = True,
-    ) -> tuple[list[int], str]:
-        """The prompt of ``ordered`` as token ids and as text, built from cached pieces."""
+    def _frame(
+        self, question: str, n: int, question_date: str | None, extra: Sequence[str] = ()
+    ) -> tuple[_Frame, list[list[int]]]:
+        """The prompt around ``n`` candidate blocks, and the ids of ``extra`` texts tokenized in
+        the same call (a prompt's header misses)."""
         lang = self.language
-        messages = _messages(question, [_BLOCKS], len(ordered), question_date, lang, self.ask_think)
+        messages = _messages(question, [_BLOCKS], n, question_date, lang, self.ask_think)
         prefix, sep, suffix = self.render(messages).partition(_BLOCKS)
         if not (sep and _BLOCKS not in suffix and prefix.endswith("\n\n")):
             raise _NotSplittable("the chat template does not show the user message verbatim")
@@ -421,23 +455,45 @@ class PromptBuilder:
             raise _NotSplittable("the chat template does not show the user message verbatim")
         before = self.cut == "before"  # pieces end before a line break's last newline
         texts = [prefix[:-1], suffix[1:]] if before else [prefix, suffix[2:]]
+        encoded = self._encode(texts + list(extra))
+        return _Frame(n, prefix, suffix[2:], encoded[0], encoded[1]), encoded[2:]
+
+    def _assemble_ids(
+        self,
+        question: str,
+        ordered: Sequence[Session],
+        question_date: str | None,
+        cache: bool = True,
+        frame: _Frame | None = None,
+    ) -> tuple[list[int], str, list[str]]:
+        """The prompt of ``ordered`` as token ids, as text and as its candidate blocks, built
+        from cached pieces; ``frame`` is reused when it was made for as many candidates."""
+        lang = self.language
+        before = self.cut == "before"
         headers = [_header(i, session, lang) for i, session in enumerate(ordered)]
         turns_of = [_turns(session) for session in ordered]
-        # None: no clean cut between header and turns, the block is one piece.
+        # The label part of each header (its date goes with the page's cached piece), or None:
+        # no clean cut between header and turns, the block is one piece.
         keys = [
             None
             if not turns or turns[0].isspace() or turns.startswith(self._added)
-            else ("\n" + header if before else header + "\n")
-            for header, turns in zip(headers, turns_of, strict=True)
+            else "\n" + f"[Session {i}]"
+            if before
+            else f"[Session {i}]" + ("" if _dated(session, lang) else "\n")
+            for i, (session, turns) in enumerate(zip(ordered, turns_of, strict=True))
         ]
-        # Headers carry a position and a date, so most miss the cache: encode the misses in the
-        # same call as the prefix and suffix (one tokenizer call per prompt, not one per page).
+        # A label misses the cache only the first time its position is shown: encode misses in
+        # the same call as the frame when there is none yet (one tokenizer call per prompt).
         missing = list(dict.fromkeys(k for k in keys if k is not None and k not in self._headers))
-        encoded = self._encode(texts + missing)
-        ids, suffix_ids = encoded[0], encoded[1]
-        for key, key_ids in zip(missing, encoded[2:], strict=True):
+        if frame is None or frame.n != len(ordered):
+            frame, encoded = self._frame(question, len(ordered), question_date, missing)
+        else:
+            encoded = self._encode(missing) if missing else []
+        for key, key_ids in zip(missing, encoded, strict=True):
             self._remember_header(key, tuple(key_ids))
-        pieces = [prefix]
+        ids = list(frame.prefix_ids)
+        pieces = [frame.prefix]
+        blocks = []
         for i, session in enumerate(ordered):
             header, turns, key = headers[i], turns_of[i], keys[i]
             if key is None:
@@ -448,11 +504,12 @@ class PromptBuilder:
                 if cache:
                     ids.extend(self.page_ids(session))
                 else:
-                    ids.extend(self._encode([self._page_piece(turns)])[0])
-            pieces += (header, "\n", turns, "\n\n")
-        ids.extend(suffix_ids)
-        pieces.append(suffix[2:])
-        return ids, "".join(pieces)
+                    ids.extend(self._encode([self._page_piece(session)])[0])
+            blocks.append(header + "\n" + turns)
+            pieces += (blocks[-1], "\n\n")
+        ids.extend(frame.suffix_ids)
+        pieces.append(frame.suffix)
+        return ids, "".join(pieces), blocks
 
     def defang(self, text: str) -> str:
         """``text`` with every special-token string of this tokenizer broken (see module doc)."""
@@ -461,8 +518,13 @@ class PromptBuilder:
                 text = text.replace(special, special[0] + "\u200b" + special[1:])
         return text
 
+    def _has_special(self, texts: Sequence[str]) -> bool:
+        return self._special_re is not None and (
+            self._special_re.search(self._field_sep.join(texts)) is not None
+        )
+
     def _defang_session(self, session: Session) -> Session:
-        if not any(sp in t.text or sp in t.speaker for t in session.turns for sp in self._specials):
+        if not self._has_special([f for t in session.turns for f in (t.speaker, t.text)]):
             return session
         turns = tuple(
             replace(t, text=self.defang(t.text), speaker=self.defang(t.speaker))
@@ -492,7 +554,13 @@ class PromptBuilder:
         if len(set(ids)) != len(ids):
             raise ValueError("candidate session ids must be unique")
         budget = self.budget_tokens
-        fixed = self._count_blocks(question, [], len(sessions), question_date)
+        # The prompt without candidates: with ids, the frame every assembly of this many
+        # candidates reuses (rendered and tokenized once per prompt); else counted as text.
+        frame = self._try_frame(question, len(sessions), question_date)
+        if frame is not None:
+            fixed = frame.n_tokens
+        else:
+            fixed = self._count_blocks(question, [], len(sessions), question_date)
         if fixed >= budget:
             raise PromptBudgetError(
                 f"the instructions and question alone take {fixed} tokens, leaving no room for "
@@ -507,9 +575,13 @@ class PromptBuilder:
                 ranked = self.coarse.score(question, sessions)  # type: ignore[union-attr]
                 by_id = {s.id: s for s in sessions}
                 ordered = [by_id[sid] for sid in ranked.ids]
-                built = self._assemble(question, ordered, question_date, ranking=ranked)
+                built = self._assemble(
+                    question, ordered, question_date, ranking=ranked, frame=frame
+                )
             else:
-                built = self._assemble(question, _chronological(sessions, ids), question_date)
+                built = self._assemble(
+                    question, _chronological(sessions, ids), question_date, frame=frame
+                )
             if built.n_tokens <= budget:
                 return built
 
@@ -533,7 +605,7 @@ class PromptBuilder:
                 ordered = [by_id[sid] for sid in selection.ranking.ids if sid in kept]
             else:
                 ordered = _chronological([s for s in sessions if s.id in kept], ids)
-            built = self._assemble(question, ordered, question_date, selection)
+            built = self._assemble(question, ordered, question_date, selection, frame=frame)
             if built.n_tokens <= budget:
                 return built
             session_budget -= built.n_tokens - budget
@@ -541,6 +613,16 @@ class PromptBuilder:
             f"could not fit the prompt into {budget} tokens after {self._MAX_REFITS} attempts "
             f"(last try: {built.n_tokens} tokens)"
         )
+
+    def _try_frame(self, question: str, n: int, question_date: str | None) -> _Frame | None:
+        """The frame when prompts are built as ids; None when they are not, or when this
+        question cannot be cut out of the template (it holds the placeholder itself)."""
+        if self.token_ids_off is not None:
+            return None
+        try:
+            return self._frame(question, n, question_date)[0]
+        except _NotSplittable:
+            return None
 
     def _count_blocks(
         self, question: str, blocks: Sequence[str], n: int, question_date: str | None
@@ -558,12 +640,18 @@ class PromptBuilder:
         truncated_ids: tuple[str, ...] = (),
         dropped_ids: tuple[str, ...] | None = None,
         ranking: Any = None,
+        frame: _Frame | None = None,
     ) -> BuiltPrompt:
         token_ids: list[int] | None = None
+        if blocks is None and self.token_ids_off is None:
+            try:
+                token_ids, text, blocks = self._assemble_ids(
+                    question, ordered, question_date, frame=frame
+                )
+            except _NotSplittable:  # the question holds the placeholder: tokenize the whole
+                pass
         if blocks is None:
             blocks = [_block(i, s, self.language) for i, s in enumerate(ordered)]
-            if self.token_ids_off is None:
-                token_ids, text = self._assemble_ids(question, ordered, question_date)
         messages = _messages(
             question, blocks, len(ordered), question_date, self.language, self.ask_think
         )

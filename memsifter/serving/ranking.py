@@ -574,17 +574,21 @@ class ServiceRanker:
         if self.on_proxy is not None:
             self.on_proxy(proxy_s, report)
         # The proxy ranked (a subset of) the fused top max_candidates; the rest follow in fused
-        # order, without a per-candidate Python loop over a 10K-page user.
-        ranked = list(result.ranking.ids)
-        seen = set(ranked)
-        ranked += [ids[i] for i in shown_positions.tolist() if ids[i] not in seen]
-        ranked += ids[order[self.max_candidates :]].tolist()
+        # order, read lazily like coarse-only's: a 10K-page user's tail is never listed.
+        head = [positions[sid] for sid in result.ranking.ids]
+        seen = set(head)
+        head += [i for i in shown_positions.tolist() if i not in seen]
+        proxy_order = np.concatenate(
+            [np.asarray(head, dtype=order.dtype), order[self.max_candidates :]]
+        )
         timings["proxy_ms"] = proxy_s * 1000
         # proxy_ms also holds prompt building, parsing and the wait for a slot; the model's own
         # share is what the backend timed, so "overhead over the model call" can be measured.
         timings["model_ms"] = result.generation.latency_s * 1000
         timings["total_ms"] = (time.perf_counter() - start) * 1000
-        return RankOutcome(tuple(ranked), self.name, parsed.think, report, timings, **scores)
+        return RankOutcome(
+            IdOrder(ids, proxy_order), self.name, parsed.think, report, timings, **scores
+        )
 
 
 def _bounded(coarse: CoarseFilter, max_bytes: int) -> CoarseFilter:
