@@ -36,7 +36,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, select, text
+from sqlalchemy import Engine, bindparam, create_engine, event, select, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
@@ -112,6 +112,13 @@ _UNIQUE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("uq_facts_fact_id", "facts.fact_id", "path.fact_id"),
 )
 _SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (.+)")
+
+# Every write locks its user's row first: the statement is built once (see ``_read_row``).
+_LOCK_USER = (
+    select(UserRow.version)
+    .where(UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user"))
+    .with_for_update()
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -298,14 +305,17 @@ class Database:
         can remove it between that insert and the ``FOR UPDATE`` (which then finds nothing once
         the delete commits): the insert is tried again. On SQLite ``FOR UPDATE`` renders as
         nothing; the process lock and ``BEGIN IMMEDIATE`` already make this the only writer."""
-        where = (UserRow.tenant_id == tenant, UserRow.user_id == user)
+        who = {"tenant": tenant, "user": user}
+        # An existing user (nearly every write) is locked by the first statement; a missing one
+        # is created, then locked.
+        if s.execute(_LOCK_USER, who).first() is not None:
+            return True
+        if not create:
+            return False
         for _ in range(3):
-            if create:
-                self._ensure_user(s, tenant, user)
-            if s.scalar(select(UserRow.version).where(*where).with_for_update()) is not None:
+            self._ensure_user(s, tenant, user)
+            if s.execute(_LOCK_USER, who).first() is not None:
                 return True
-            if not create:
-                return False
         raise UnavailableError(
             f"user {user!r} was deleted and created again repeatedly while this write waited; "
             "retry",

@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from memsifter.data.types import Session as ChatSession
 from memsifter.data.types import Turn
-from memsifter.serving.errors import ConflictError
+from memsifter.serving.errors import ConflictError, ServeError
 from memsifter.serving.store.engine import Database, integrity_error, retried_write, rowcount
 from memsifter.serving.store.records import (
     IndexedPage,
@@ -49,6 +49,32 @@ _USER_STATE = select(UserRow.epoch, UserRow.version).where(
 )
 
 
+_BUMP_USER = (
+    update(UserRow.__table__)
+    .where(UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user"))
+    .values(version=UserRow.version + 1)
+    .returning(UserRow.version)
+)
+_INSERT_SESSIONS = insert(SessionRow).returning(SessionRow.pk, sort_by_parameter_order=True)
+_INSERT_PAGES = insert(PageRow).returning(PageRow.pk, sort_by_parameter_order=True)
+_INSERT_BOOKMARKS = insert(BookmarkRow)
+
+
+def _session_conflict(e: IntegrityError, ids: Sequence[str]) -> ServeError | None:
+    """The client error a failed insert of sessions ``ids`` stands for (None: a bug), naming
+    the session when it can: one the request itself repeats (the routes refuse those earlier)."""
+    mapped = integrity_error(e)
+    if not isinstance(mapped, ConflictError):
+        return mapped
+    i = next((i for i, sid in enumerate(ids) if sid in ids[:i]), None)
+    if i is None:
+        return mapped
+    return ConflictError(
+        f"session {ids[i]!r} already exists; send replace=true to overwrite it",
+        field=f"sessions[{i}].id",
+    )
+
+
 class SessionRepository(Database):
     """Sessions, pages and bookmarks; users and their versions."""
 
@@ -56,9 +82,7 @@ class SessionRepository(Database):
     def _bump(s: Session, tenant: str, user: str) -> int:
         """The user's next version; the row stays locked (or the SQLite writer held) until the
         transaction ends, so no other writer can take the same one."""
-        where = (UserRow.tenant_id == tenant, UserRow.user_id == user)
-        s.execute(update(UserRow).where(*where).values(version=UserRow.version + 1))
-        return int(s.scalar(select(UserRow.version).where(*where)) or 0)
+        return int(s.execute(_BUMP_USER, {"tenant": tenant, "user": user}).scalar_one())
 
     @retried_write
     def put_sessions(
@@ -94,58 +118,65 @@ class SessionRepository(Database):
                 )
             version = self._bump(s, tenant, user)
             now = utcnow()
-            for i, r in enumerate(records):
-                session = r.session
-                row = SessionRow(
-                    tenant_id=tenant,
-                    user_id=user,
-                    session_id=session.id,
-                    date=to_naive_utc(session.date),
-                    date_text=session.date_text,
-                    turns=[turn_to_json(t) for t in session.turns],
-                    n_turns=len(session.turns),
-                    n_tokens=r.n_tokens,
-                    created_at=now,
-                )
-                s.add(row)
-                try:
-                    s.flush()
-                except IntegrityError as e:  # see integrity_error: the net under the lock
-                    mapped = integrity_error(e)
-                    if mapped is None:
-                        raise
-                    if isinstance(mapped, ConflictError):
-                        mapped = ConflictError(
-                            f"session {session.id!r} already exists; send replace=true to "
-                            "overwrite it",
-                            field=f"sessions[{i}].id",
-                        )
-                    raise mapped from e
-                for p in r.pages:
-                    page = PageRow(
-                        session_pk=row.pk,
-                        tenant_id=tenant,
-                        user_id=user,
-                        page_id=p.page_id,
-                        turn_start=p.turn_start,
-                        turn_end=p.turn_end,
-                        n_tokens=p.n_tokens,
-                        added_version=version,
-                    )
-                    s.add(page)
-                    s.flush()
-                    s.add_all(
-                        BookmarkRow(
-                            page_pk=page.pk,
-                            tenant_id=tenant,
-                            user_id=user,
-                            keyword=b.keyword[:200],
-                            term=term[:100],
-                            weight=b.weight,
-                        )
-                        for b in p.bookmarks
-                        for term in b.terms
-                    )
+            # Core bulk inserts (one statement per table, pks back in order): an ORM flush per
+            # row cost more than the rest of the write.
+            try:
+                session_pks = s.scalars(
+                    _INSERT_SESSIONS,
+                    [
+                        {
+                            "tenant_id": tenant,
+                            "user_id": user,
+                            "session_id": r.session.id,
+                            "date": to_naive_utc(r.session.date),
+                            "date_text": r.session.date_text,
+                            "turns": [turn_to_json(t) for t in r.session.turns],
+                            "n_turns": len(r.session.turns),
+                            "n_tokens": r.n_tokens,
+                            "created_at": now,
+                        }
+                        for r in records
+                    ],
+                ).all()
+            except IntegrityError as e:  # see integrity_error: the net under the lock
+                conflict = _session_conflict(e, ids)
+                if conflict is None:
+                    raise
+                raise conflict from e
+            pages = [(pk, p) for pk, r in zip(session_pks, records, strict=True) for p in r.pages]
+            if not pages:
+                return
+            page_pks = s.scalars(
+                _INSERT_PAGES,
+                [
+                    {
+                        "session_pk": session_pk,
+                        "tenant_id": tenant,
+                        "user_id": user,
+                        "page_id": p.page_id,
+                        "turn_start": p.turn_start,
+                        "turn_end": p.turn_end,
+                        "n_tokens": p.n_tokens,
+                        "added_version": version,
+                    }
+                    for session_pk, p in pages
+                ],
+            ).all()
+            marks = [
+                {
+                    "page_pk": page_pk,
+                    "tenant_id": tenant,
+                    "user_id": user,
+                    "keyword": b.keyword[:200],
+                    "term": term[:100],
+                    "weight": b.weight,
+                }
+                for page_pk, (_, p) in zip(page_pks, pages, strict=True)
+                for b in p.bookmarks
+                for term in b.terms
+            ]
+            if marks:
+                s.execute(_INSERT_BOOKMARKS, marks)
 
     def list_sessions(
         self, tenant: str, user: str, *, limit: int = 100, offset: int = 0
