@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from bench_load import recall_once, seed_user
+from bench_load import http_client, ingest_once, recall_once, seed_user
 from benchlib import (
     HERE,
     ProxyOptions,
@@ -49,7 +48,7 @@ async def measure(server: Server, sessions: int, requests: int) -> dict[str, Any
     assert server.proc is not None
     pid = server.proc.pid
     out: dict[str, Any] = {"seed_seconds": round(seed_s, 1)}
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0) as client:
+    async with http_client(server, 60.0) as client:
         for _ in range(20):  # warm: the user's index, caches, the threadpool
             await recall_once(client, server, make_question(rng), 5)
         c0, t0 = cpu_seconds(pid), time.perf_counter()
@@ -62,12 +61,7 @@ async def measure(server: Server, sessions: int, requests: int) -> dict[str, Any
         errors = 0
         for i in range(requests):
             session = make_session(rng, f"cpu-{i}", session_date(i))
-            r = await client.post(
-                f"/v1/users/cpu{i % 50}/sessions",
-                json={"sessions": [session]},
-                headers=server.headers,
-            )
-            errors += r.status_code != 201
+            errors += (await ingest_once(client, server, f"cpu{i % 50}", session)).status != "201"
         out["ingest"] = (cpu_seconds(pid) - c0, time.perf_counter() - t0, errors)
     return out
 
