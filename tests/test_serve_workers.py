@@ -200,3 +200,41 @@ def test_idle_connections_outlive_the_clients_keep_alive(
     config.write_text(f"db_url: sqlite:///{tmp_path / 'm.db'}\nkeep_alive_s: 20\n")
     serve(config, workers=workers)
     assert seen["timeout_keep_alive"] == 20.0
+
+
+def _hold(lock: object, log: str, rounds: int) -> None:
+    for _ in range(rounds):
+        with lock:  # type: ignore[attr-defined]
+            with open(log, "a") as f:
+                f.write(f"in {os.getpid()}\n")
+            time.sleep(0.003)
+            with open(log, "a") as f:
+                f.write(f"out {os.getpid()}\n")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_sqlite_writers_of_several_processes_take_turns(tmp_path: Path) -> None:
+    """Workers share one SQLite file: its ``WriterLock`` lets one process write at a time (and
+    blocks the others in the kernel rather than in SQLite's sleeping busy handler). The lock
+    object is used in the parent before the fork, so the children also prove that each
+    process takes its own lock rather than the parent's inherited one."""
+    import multiprocessing
+
+    from memsifter.serving.store.engine import WriterLock
+
+    lock = WriterLock(tmp_path / "s.db")
+    log = str(tmp_path / "log")
+    with lock:
+        pass
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_hold, args=(lock, log, 15)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    _hold(lock, log, 15)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    lines = Path(log).read_text().splitlines()
+    assert len(lines) == 2 * 15 * 4
+    for enter, leave in zip(lines[::2], lines[1::2], strict=True):
+        assert enter.startswith("in ") and leave == "out " + enter[3:], lines

@@ -2,12 +2,13 @@
 repository shares, so that each repository module holds only its own queries.
 
 **SQLite.** WAL mode (readers never block the writer or each other), ``busy_timeout``, foreign
-keys on. Writes serialize through one process-wide lock per database file and open with
-``BEGIN IMMEDIATE``: a deferred transaction that reads and then writes can get ``SQLITE_BUSY``
-without the busy handler ever running (another writer committed after its snapshot), which is
-how "database is locked" reaches users of naive setups. Holding the lock for the whole write
-transaction means that cannot happen within a process; across processes ``BEGIN IMMEDIATE``
-waits on ``busy_timeout``. Many processes writing one database is what PostgreSQL is for.
+keys on. Writes serialize through one lock per database file (``WriterLock``: a thread lock,
+and ``flock`` across processes) and open with ``BEGIN IMMEDIATE``: a deferred transaction that
+reads and then writes can get ``SQLITE_BUSY`` without the busy handler ever running (another
+writer committed after its snapshot), which is how "database is locked" reaches users of naive
+setups. Holding the lock for the whole write transaction means that cannot happen; a process
+that opens the database without it (another tool) still meets ``BEGIN IMMEDIATE`` waiting on
+``busy_timeout``. Many machines writing one database is what PostgreSQL is for.
 
 **PostgreSQL.** Every write that changes a user's data first locks that user's row
 (``SELECT … FOR UPDATE``, creating the row with ``INSERT … ON CONFLICT DO NOTHING`` when the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import threading
 import uuid
@@ -35,6 +37,11 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None  # type: ignore[assignment]
 
 from sqlalchemy import Engine, bindparam, create_engine, event, select, text
 from sqlalchemy.engine import Connection, make_url
@@ -62,15 +69,57 @@ def rowcount(result: Any) -> int:
 
 # ------------------------------------------------------------------------------------ SQLite
 
-_SQLITE_LOCKS: dict[str, threading.Lock] = {}
+
+class WriterLock:
+    """Serialises the writers of one SQLite file: this process's threads with a
+    ``threading.Lock``, processes (``serve --workers N``) with ``flock`` on a file beside the
+    database, which blocks in the kernel and wakes the next writer at once. Without it, SQLite's
+    busy handler made a second worker's writers poll with sleeps of up to 100 ms, leaving a
+    core idle under load. Where ``fcntl`` is missing (Windows) the busy handler still
+    serialises processes.
+
+    The file is opened once per process, after a fork too: a descriptor inherited from the
+    parent would be the parent's lock (``flock`` belongs to the open file), not a second one."""
+
+    def __init__(self, database: Path) -> None:
+        self.path = database.with_name(database.name + ".writer-lock")
+        self._threads = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0
+
+    def _file(self) -> int:
+        if self._fd is None or self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._pid = os.getpid()
+        return self._fd
+
+    def __enter__(self) -> WriterLock:
+        self._threads.acquire()
+        if fcntl is not None:
+            try:
+                fcntl.flock(self._file(), fcntl.LOCK_EX)
+            except BaseException:
+                self._threads.release()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if fcntl is not None and self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
+
+_SQLITE_LOCKS: dict[str, WriterLock] = {}
 _SQLITE_LOCKS_GUARD = threading.Lock()
 
 
-def _sqlite_lock(database: str) -> threading.Lock:
+def _sqlite_lock(database: str) -> WriterLock:
     """One lock per database file for the whole process, however many Stores open it."""
-    key = str(Path(database).resolve())
+    path = Path(database).resolve()
     with _SQLITE_LOCKS_GUARD:
-        return _SQLITE_LOCKS.setdefault(key, threading.Lock())
+        return _SQLITE_LOCKS.setdefault(str(path), WriterLock(path))
 
 
 def _sqlite_engine(url: str, begin: str, busy_timeout_s: float) -> Engine:
@@ -223,7 +272,7 @@ class Database:
             self._writer = _sqlite_engine(url, "BEGIN IMMEDIATE", busy_timeout_s)
             self._reader = _sqlite_engine(url, "BEGIN", busy_timeout_s)
             self._engines = (self._writer, self._reader)
-            self._lock: threading.Lock | None = _sqlite_lock(database)
+            self._lock: WriterLock | None = _sqlite_lock(database)
         else:
             self._writer = create_engine(url, pool_pre_ping=True, echo=echo)
             # The same pool; reads see one snapshot for their whole transaction (a read-only
