@@ -182,3 +182,19 @@ def test_recall_reports_the_model_call_apart_from_the_proxy_stage(
         t = r.json()["timings"]
         assert t["model_ms"] == pytest.approx(1.0)
         assert t["proxy_ms"] is not None and t["total_ms"] >= t["proxy_ms"] > 0
+
+
+def test_bench_prompt_tiny(tmp_path: Path, tiny_qwen3: Path) -> None:
+    out = tmp_path / "bench_prompt.md"
+    _run(
+        "bench_prompt.py",
+        *("--model", str(tiny_qwen3), "--pages", "30", "--candidates", "5"),
+        *("--prompts", "5", "--window", "4096", "--completion", "256", "--out", str(out)),
+    )
+    rows = {r["way"]: r for r in _json(out)["rows"]}
+    assert set(rows) == {"token ids", "text"}
+    # The same prompts both ways: built from ids or rendered and counted, equal in length.
+    assert rows["token ids"]["mean_tokens"] == rows["text"]["mean_tokens"] > 0
+    for row in rows.values():
+        assert row["prompts"] == 5 and row["build_ms"]["p50_ms"] > 0
+    assert "| way | prompts | mean tokens |" in out.read_text()

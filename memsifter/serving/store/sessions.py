@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -49,6 +51,30 @@ _USER_STATE = select(UserRow.epoch, UserRow.version).where(
 )
 
 
+_OF_USER = (PageRow.tenant_id == bindparam("tenant"), PageRow.user_id == bindparam("user"))
+# A page joined with its session, with the column names ``_session`` and ``_page`` read.
+_USER_PAGES = (
+    select(
+        SessionRow.pk.label("session_pk"),
+        SessionRow.session_id,
+        SessionRow.date,
+        SessionRow.date_text,
+        SessionRow.turns,
+        PageRow.pk.label("page_pk"),
+        PageRow.page_id,
+        PageRow.turn_start,
+        PageRow.turn_end,
+        PageRow.n_tokens,
+    )
+    .join(PageRow, PageRow.session_pk == SessionRow.pk)
+    .where(*_OF_USER)
+)
+_USER_PAGES_SINCE = _USER_PAGES.where(func.coalesce(PageRow.added_version, 0) > bindparam("since"))
+_USER_PAGE_COUNT = select(func.count()).select_from(PageRow).where(*_OF_USER)
+_USER_PAGE_PKS = select(PageRow.pk).where(*_OF_USER)
+_PAGE_BOOKMARKS = select(
+    BookmarkRow.page_pk, BookmarkRow.keyword, BookmarkRow.term, BookmarkRow.weight
+).where(BookmarkRow.page_pk.in_(bindparam("pks", expanding=True)))
 _BUMP_USER = (
     update(UserRow.__table__)
     .where(UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user"))
@@ -280,60 +306,51 @@ class SessionRepository(Database):
         every page. Otherwise the pages added after version ``since``, and, only when the
         user's page count shows that some of ``known`` (the pks the replica holds) are gone,
         the pks of every page the user has now. None for an unknown user."""
-        with self._read() as s:
-            state = s.execute(
-                select(UserRow.epoch, UserRow.version).where(
-                    UserRow.tenant_id == tenant, UserRow.user_id == user
-                )
-            ).first()
+        who = {"tenant": tenant, "user": user}
+        # Core statements built once, rows read as plain tuples: an ingest catches its replica
+        # up through here, and loading ORM objects cost more than the queries.
+        with self._read_row() as conn:
+            state = conn.execute(_USER_STATE, who).first()
             if state is None:
                 return None
-            where = (PageRow.tenant_id == tenant, PageRow.user_id == user)
-            query = select(SessionRow, PageRow).join(PageRow, PageRow.session_pk == SessionRow.pk)
             if since is None:
-                rows = list(s.execute(query.where(*where)).all())
+                rows = conn.execute(_USER_PAGES, who).all()
             else:
-                newer = func.coalesce(PageRow.added_version, 0) > since
-                rows = list(s.execute(query.where(*where, newer)).all())
+                rows = conn.execute(_USER_PAGES_SINCE, {**who, "since": since}).all()
             live: frozenset[int] | None = None
             if since is not None:
-                count = s.scalar(select(func.count()).select_from(PageRow).where(*where)) or 0
-                if count != len(set(known) | {prow.pk for _, prow in rows}):
-                    live = frozenset(s.scalars(select(PageRow.pk).where(*where)))
+                count = conn.execute(_USER_PAGE_COUNT, who).scalar() or 0
+                if count != len(set(known) | {row.page_pk for row in rows}):
+                    live = frozenset(conn.execute(_USER_PAGE_PKS, who).scalars())
             marks: dict[int, list[tuple[str, str, float]]] = {}
-            pks = [prow.pk for _, prow in rows]
+            pks = [row.page_pk for row in rows]
             for i in range(0, len(pks), 500):
-                for page_pk, keyword, term, weight in s.execute(
-                    select(
-                        BookmarkRow.page_pk,
-                        BookmarkRow.keyword,
-                        BookmarkRow.term,
-                        BookmarkRow.weight,
-                    ).where(BookmarkRow.page_pk.in_(pks[i : i + 500]))
+                for page_pk, keyword, term, weight in conn.execute(
+                    _PAGE_BOOKMARKS, {"pks": pks[i : i + 500]}
                 ):
                     marks.setdefault(page_pk, []).append((keyword, term, float(weight)))
-            sessions: dict[int, ChatSession] = {}
-            pages = []
-            for srow, prow in rows:
-                session = sessions.get(srow.pk)
-                if session is None:
-                    session = sessions[srow.pk] = _session(srow)
-                rows_of_page = marks.get(prow.pk, [])
-                keywords = _rank_keywords((k, w) for k, _, w in rows_of_page)
-                pages.append(
-                    IndexedPage(
-                        pk=prow.pk,
-                        stored=_page(session, prow, keywords),
-                        order=(
-                            srow.date is None,
-                            srow.date or datetime.min,
-                            srow.pk,
-                            prow.turn_start,
-                        ),
-                        bookmark_terms=tuple((t, w) for _, t, w in rows_of_page),
-                    )
+        sessions: dict[int, ChatSession] = {}
+        pages = []
+        for row in rows:
+            session = sessions.get(row.session_pk)
+            if session is None:
+                session = sessions[row.session_pk] = _session(row)
+            rows_of_page = marks.get(row.page_pk, [])
+            keywords = _rank_keywords((k, w) for k, _, w in rows_of_page)
+            pages.append(
+                IndexedPage(
+                    pk=row.page_pk,
+                    stored=_page(session, row, keywords),
+                    order=(
+                        row.date is None,
+                        row.date or datetime.min,
+                        row.session_pk,
+                        row.turn_start,
+                    ),
+                    bookmark_terms=tuple((t, w) for _, t, w in rows_of_page),
                 )
-            return PageDelta(UserState(state.epoch or "", int(state.version)), pages, live=live)
+            )
+        return PageDelta(UserState(state.epoch or "", int(state.version)), pages, live=live)
 
     @staticmethod
     def _keywords(s: Session, page_pks: Sequence[int]) -> dict[int, tuple[str, ...]]:
@@ -372,7 +389,7 @@ class SessionRepository(Database):
         return out
 
 
-def _session(row: SessionRow) -> ChatSession:
+def _session(row: SessionRow | Row[Any]) -> ChatSession:
     return ChatSession(
         id=row.session_id,
         turns=tuple(turn_from_json(t) for t in row.turns),
@@ -381,7 +398,7 @@ def _session(row: SessionRow) -> ChatSession:
     )
 
 
-def _page(session: ChatSession, row: PageRow, keywords: tuple[str, ...]) -> StoredPage:
+def _page(session: ChatSession, row: PageRow | Row[Any], keywords: tuple[str, ...]) -> StoredPage:
     page = ChatSession(
         id=row.page_id,
         turns=session.turns[row.turn_start : row.turn_end],
