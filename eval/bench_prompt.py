@@ -11,7 +11,6 @@ probe gets). Each prompt's build is timed alone, in this one process (no server,
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -23,12 +22,13 @@ from benchlib import (
     HERE,
     command_line,
     machine,
-    machine_line,
     make_question,
     make_session,
+    run_header,
     session_date,
     summarize,
     utc_now_text,
+    write_report_files,
 )
 
 from memsifter.data.types import Session, Turn
@@ -104,11 +104,7 @@ def main(
     lines = [
         "# Building the proxy's prompt",
         "",
-        f"Date: {started}. Machine: {machine_line(info, run=True)}. Load average at the end: "
-        f"{', '.join(str(x) for x in result['loadavg_end'])}.",
-        "",
-        f"Command: `{result['command']}`",
-        "",
+        *run_header(result),
         f"`{model}`'s tokenizer and chat template; one user's {pages} pages (4-turn sessions, "
         f"one an hour, as `bench_load.py` seeds), tokenized at ingest; {prompts} prompts of "
         f"{candidates} pages drawn at random for random questions, window {window} "
@@ -127,9 +123,7 @@ def main(
         "tokenizer that fails the builder's probe.",
         "",
     ]
-    out.write_text("\n".join(lines))
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    print("\n".join(lines))
+    write_report_files(out, lines, result)
 
 
 if __name__ == "__main__":

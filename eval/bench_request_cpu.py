@@ -13,7 +13,6 @@ as `bench_load.py`'s load phase does. Linux only.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import time
@@ -31,14 +30,15 @@ from benchlib import (
     create_database,
     free_port,
     machine,
-    machine_line,
     make_question,
     make_session,
     new_key,
+    run_header,
     session_date,
     utc_now_text,
     workspace,
     write_config,
+    write_report_files,
 )
 
 
@@ -105,11 +105,7 @@ def main(
     lines = [
         "# Recall service: server CPU per request",
         "",
-        f"Date: {started}. Machine: {machine_line(info, run=True)}. Load average at the end: "
-        f"{', '.join(str(x) for x in result['loadavg_end'])}. Client and server share the machine.",
-        "",
-        f"Command: `{result['command']}`",
-        "",
+        *run_header(result, "Client and server share the machine."),
         f"`memsifter serve`, coarse-only, SQLite, one worker; one user seeded with {sessions} "
         f"sessions ({got['seed_seconds']} s). Server CPU: the server process's user + system "
         "time (/proc) over the requests, divided by their number; wall: the client's time per "
@@ -125,9 +121,7 @@ def main(
         ),
         "",
     ]
-    out.write_text("\n".join(lines))
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    print("\n".join(lines))
+    write_report_files(out, lines, result)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,25 @@ def update_runs(json_path: Path, key: str, result: dict[str, Any]) -> dict[str, 
     return runs
 
 
+def run_header(result: dict[str, Any], note: str = "") -> list[str]:
+    """A report's first lines after its title: when, on what, how loaded, by which command."""
+    load = ", ".join(str(x) for x in result["loadavg_end"])
+    return [
+        f"Date: {result['date']}. Machine: {machine_line(result['machine'], run=True)}. Load "
+        f"average at the end: {load}.{' ' + note if note else ''}",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+    ]
+
+
+def write_report_files(out: Path, lines: list[str], result: dict[str, Any]) -> None:
+    """The report as ``out`` (markdown) and its data beside it (``.json``); printed too."""
+    out.write_text("\n".join(lines))
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    print("\n".join(lines))
+
+
 def fmt_ms(x: float | int | None) -> str:
     return "–" if x is None else f"{x:.1f}"
 
