@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from hashlib import sha256
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,6 +58,10 @@ def main(
     out: Annotated[Path, typer.Option(help="report .md (the .json goes next to it)")] = (
         HERE / "bench_prompt.md"
     ),
+    dump: Annotated[
+        Path | None,
+        typer.Option(help="also write each prompt's sha256 (text and ids), to compare commits"),
+    ] = None,
 ) -> None:
     from memsifter.models import load_tokenizer
     from memsifter.ranker.prompt import PromptBuilder
@@ -70,6 +75,7 @@ def main(
         for _ in range(prompts)
     ]
     rows: list[dict[str, Any]] = []
+    digests: list[str] = []
     for way in ("token ids", "text"):
         builder = PromptBuilder(tokenizer, window, completion)
         if way == "text":
@@ -84,6 +90,10 @@ def main(
             built = builder.build(question, shown)
             times.append((time.perf_counter() - t0) * 1000)
             n_tokens.append(built.n_tokens)
+            digests.append(
+                f"{way}\t{sha256(built.text.encode()).hexdigest()}\t"
+                f"{sha256(repr(built.token_ids).encode()).hexdigest()}"
+            )
         rows.append(
             {
                 "way": way,
@@ -124,6 +134,8 @@ def main(
         "",
     ]
     write_report_files(out, lines, result)
+    if dump is not None:
+        dump.write_text("\n".join(digests) + "\n")
 
 
 if __name__ == "__main__":
