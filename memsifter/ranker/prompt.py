@@ -149,8 +149,12 @@ def _dated(session: Session, language: str) -> str:
     return f" {_text(language)['date']}: {date}" if date else ""
 
 
+def _label(position: int) -> str:
+    return f"[Session {position}]"
+
+
 def _header(position: int, session: Session, language: str) -> str:
-    return f"[Session {position}]{_dated(session, language)}"
+    return _label(position) + _dated(session, language)
 
 
 def _turns(session: Session) -> str:
@@ -468,20 +472,19 @@ class PromptBuilder:
     ) -> tuple[list[int], str, list[str]]:
         """The prompt of ``ordered`` as token ids, as text and as its candidate blocks, built
         from cached pieces; ``frame`` is reused when it was made for as many candidates."""
-        lang = self.language
         before = self.cut == "before"
-        headers = [_header(i, session, lang) for i, session in enumerate(ordered)]
+        dates = [_dated(session, self.language) for session in ordered]
+        headers = [_label(i) + date for i, date in enumerate(dates)]
         turns_of = [_turns(session) for session in ordered]
-        # The label part of each header (its date goes with the page's cached piece), or None:
-        # no clean cut between header and turns, the block is one piece.
-        keys = [
-            None
-            if not turns or turns[0].isspace() or turns.startswith(self._added)
-            else "\n" + f"[Session {i}]"
-            if before
-            else f"[Session {i}]" + ("" if _dated(session, lang) else "\n")
-            for i, (session, turns) in enumerate(zip(ordered, turns_of, strict=True))
-        ]
+        # The label part of each header (its date goes with the page's cached piece), or None.
+        keys: list[str | None] = []
+        for i, (date, turns) in enumerate(zip(dates, turns_of, strict=True)):
+            if not turns or turns[0].isspace() or turns.startswith(self._added):
+                keys.append(None)  # no clean cut between header and turns: one piece
+            elif before:
+                keys.append("\n" + _label(i))
+            else:  # an undated label keeps its newline: "]\n" is one Qwen piece
+                keys.append(_label(i) + ("" if date else "\n"))
         # A label misses the cache only the first time its position is shown: encode misses in
         # the same call as the frame when there is none yet (one tokenizer call per prompt).
         missing = list(dict.fromkeys(k for k in keys if k is not None and k not in self._headers))

@@ -162,12 +162,11 @@ _UNIQUE_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 _SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (.+)")
 
-# Every write locks its user's row first: the statement is built once (see ``_read_row``).
-_LOCK_USER = (
-    select(UserRow.version)
-    .where(UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user"))
-    .with_for_update()
-)
+# One user's row, by the ``tenant`` and ``user`` parameters, for statements built once (see
+# ``_read_row``): building a statement costs more than running it.
+USER_KEY = (UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user"))
+# Every write locks its user's row first.
+_LOCK_USER = select(UserRow.version).where(*USER_KEY).with_for_update()
 
 P = ParamSpec("P")
 R = TypeVar("R")

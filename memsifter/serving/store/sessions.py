@@ -21,7 +21,13 @@ from sqlalchemy.orm import Session
 from memsifter.data.types import Session as ChatSession
 from memsifter.data.types import Turn
 from memsifter.serving.errors import ConflictError, ServeError
-from memsifter.serving.store.engine import Database, integrity_error, retried_write, rowcount
+from memsifter.serving.store.engine import (
+    USER_KEY,
+    Database,
+    integrity_error,
+    retried_write,
+    rowcount,
+)
 from memsifter.serving.store.records import (
     IndexedPage,
     PageDelta,
@@ -46,9 +52,7 @@ from memsifter.serving.store.schema import (
 )
 
 # Every recall's version check, built once: building a select costs more than running it.
-_USER_STATE = select(UserRow.epoch, UserRow.version).where(
-    UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user")
-)
+_USER_STATE = select(UserRow.epoch, UserRow.version).where(*USER_KEY)
 
 
 _OF_USER = (PageRow.tenant_id == bindparam("tenant"), PageRow.user_id == bindparam("user"))
@@ -77,7 +81,7 @@ _PAGE_BOOKMARKS = select(
 ).where(BookmarkRow.page_pk.in_(bindparam("pks", expanding=True)))
 _BUMP_USER = (
     update(UserRow.__table__)
-    .where(UserRow.tenant_id == bindparam("tenant"), UserRow.user_id == bindparam("user"))
+    .where(*USER_KEY)
     .values(version=UserRow.version + 1)
     .returning(UserRow.version)
 )
@@ -92,9 +96,15 @@ def _session_conflict(e: IntegrityError, ids: Sequence[str]) -> ServeError | Non
     mapped = integrity_error(e)
     if not isinstance(mapped, ConflictError):
         return mapped
-    i = next((i for i, sid in enumerate(ids) if sid in ids[:i]), None)
-    if i is None:
-        return mapped
+    seen: set[str] = set()
+    for i, sid in enumerate(ids):
+        if sid in seen:
+            return _already_exists(ids, i)
+        seen.add(sid)
+    return mapped
+
+
+def _already_exists(ids: Sequence[str], i: int) -> ConflictError:
     return ConflictError(
         f"session {ids[i]!r} already exists; send replace=true to overwrite it",
         field=f"sessions[{i}].id",
@@ -129,11 +139,7 @@ class SessionRepository(Database):
                 )
             )
             if existing and not replace:
-                i = next(i for i, sid in enumerate(ids) if sid in existing)
-                raise ConflictError(
-                    f"session {ids[i]!r} already exists; send replace=true to overwrite it",
-                    field=f"sessions[{i}].id",
-                )
+                raise _already_exists(ids, next(i for i, sid in enumerate(ids) if sid in existing))
             if existing:
                 s.execute(
                     delete(SessionRow).where(
