@@ -41,47 +41,43 @@ TENANT = "bench"
 
 
 def cpu_seconds(pid: int) -> float:
-    """A process's CPU time so far, user + system, all threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """A process's CPU time so far, user + system, all threads."""
+    import psutil  # the dev extra
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def process_tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants (a multi-worker server's workers), found by parent id:
-    not every kernel has /proc/PID/task/TID/children."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:  # gone meanwhile
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree, frontier = [pid], [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        tree += frontier
-    return tree
+    """``pid`` and its live descendants (a multi-worker server's workers)."""
+    import psutil
+
+    return [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
 
 
 def tree_cpu_seconds(pids: list[int]) -> float:
+    import psutil
+
     total = 0.0
     for pid in pids:
         try:
             total += cpu_seconds(pid)
-        except OSError:
+        except psutil.NoSuchProcess:  # a worker that exited meanwhile
             pass
     return total
 
 
 def machine_busy_seconds() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, every core (/proc/stat):
-    differences over an interval say how saturated the cores were."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    total = sum(values[:8])  # guest time is already inside user and nice
-    tick = os.sysconf("SC_CLK_TCK")
-    return (total - idle) / tick, total / tick
+    """(busy, total) CPU seconds of the whole machine since boot, every core: differences over
+    an interval say how saturated the cores were."""
+    import psutil
+
+    times = psutil.cpu_times()
+    total = sum(times)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    # guest time is already inside user and nice on Linux
+    total -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    return total - idle, total
 
 
 def machine() -> dict[str, Any]:
