@@ -10,7 +10,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from memsifter.config import setting
 from memsifter.config_cli import Flag, config_options
+from memsifter.data.gym import GymConfig
 from memsifter.data.locations import locomo_path
 from memsifter.errors import MemSifterError
 from memsifter.evaluation.config import (
@@ -132,7 +134,7 @@ def eval_proxy(cfg: ProxyEvalConfig) -> None:
 
 @data_app.command("stats")
 def data_stats(
-    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl")] = "locomo",
+    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl | gym")] = "locomo",
     data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
 ) -> None:
     """Load a dataset and print what the loader saw (and repaired)."""
@@ -149,7 +151,7 @@ def data_stats(
 @data_app.command("to-jsonl")
 def data_to_jsonl(
     out: Annotated[Path, typer.Argument(help="output .jsonl")],
-    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl")] = "locomo",
+    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl | gym")] = "locomo",
     data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
 ) -> None:
     """Convert any supported dataset into MemSifter's own JSONL format."""
@@ -160,6 +162,33 @@ def data_to_jsonl(
     except MemSifterError as e:
         _fail(e)
     typer.echo(f"wrote {out}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GymCommand(GymConfig):
+    out: Path = setting(Path("outputs/gym/world"), help="folder for world.json and its card")
+
+
+@data_app.command("gym")
+@config_options(GymCommand, on_error=_fail)
+def data_gym(cfg: GymCommand) -> None:
+    """Generate a memory-gym world (memsifter.data.gym): world.json, its card README.md and
+    stats.json. The same config writes the same bytes."""
+    from memsifter.data.gym import generate_world, world_stats, write_world
+
+    try:
+        world = generate_world(
+            GymConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(GymConfig)})
+        )
+    except MemSifterError as e:
+        _fail(e)
+    path = write_world(world, cfg.out)
+    for split, st in world_stats(world).items():
+        typer.echo(
+            f"{split}: {st['users']} users, {st['questions']} questions {st['by_kind']}, "
+            f"labels disagree on {st['labels_disagree_share']:.1%} of memory questions"
+        )
+    typer.echo(f"wrote {path} (load it with --dataset gym --data {path})")
 
 
 @data_app.command("rl")

@@ -5,13 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from memsifter.data.dataset import LoadReport, MemoryDataset
+from memsifter.data.gym import load_gym
 from memsifter.data.jsonl import dump_jsonl, load_jsonl
 from memsifter.data.locomo import load_locomo
 from memsifter.data.longmemeval import load_longmemeval
 from memsifter.data.types import Page, Query, Ranking, Session, Turn
 from memsifter.errors import UnknownNameError
 
-LOADERS = {"locomo": load_locomo, "longmemeval": load_longmemeval, "jsonl": load_jsonl}
+LOADERS = {
+    "locomo": load_locomo,
+    "longmemeval": load_longmemeval,
+    "jsonl": load_jsonl,
+    "gym": load_gym,  # the memory gym: a generated world.json, its folder, or a GymConfig YAML
+}
 
 
 def load_dataset(name: str, path: str | Path) -> MemoryDataset:
@@ -35,6 +41,7 @@ __all__ = [
     "Turn",
     "dump_jsonl",
     "load_dataset",
+    "load_gym",
     "load_jsonl",
     "load_locomo",
     "load_longmemeval",

@@ -43,6 +43,9 @@ class MemoryDataset:
     queries: list[Query]
     conversations: dict[str, tuple[Session, ...]]
     report: LoadReport
+    # conversation id -> train | validation | test, for a dataset that defines its own split
+    # (the memory gym splits by user); empty when the recipe must say
+    splits: dict[str, str] = field(default_factory=dict)
 
     @property
     def sessions(self) -> dict[str, Session]:
@@ -71,4 +74,5 @@ class MemoryDataset:
             queries=[q for q in self.queries if q.conversation_id in keep],
             conversations={k: v for k, v in self.conversations.items() if k in keep},
             report=self.report,
+            splits={k: v for k, v in self.splits.items() if k in keep},
         )

@@ -17,7 +17,7 @@ from typing import Any
 from memsifter.errors import UnknownNameError
 from memsifter.llm.base import Backend
 
-BACKENDS = ("transformers", "openai", "vllm")
+BACKENDS = ("transformers", "openai", "vllm", "gym")
 
 # The spec fields each kind's constructor takes (beyond the model).
 _FIELDS: dict[str, tuple[str, ...]] = {
@@ -33,6 +33,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
         "retry_wait_s",
     ),
     "vllm": ("dtype",),
+    "gym": (),  # the memory gym's deterministic reader (memsifter.llm.gym)
 }
 
 
@@ -40,7 +41,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
 class BackendSpec:
     """One LLM: the backend kind, the model, and the settings of that kind's client."""
 
-    kind: str  # transformers | openai | vllm
+    kind: str  # transformers | openai | vllm | gym
     model: str  # a hub id, a local folder (a PEFT adapter included) or a built-in offline name
     # openai (any OpenAI-compatible /v1/completions server)
     base_url: str | None = None
@@ -82,6 +83,10 @@ def build_backend(spec: BackendSpec) -> Backend:
         from memsifter.llm.openai_http import OpenAIBackend
 
         return OpenAIBackend(model=spec.model, **kwargs)
+    if spec.kind == "gym":
+        from memsifter.llm.gym import GymBackend
+
+        return GymBackend(spec.model, **kwargs)
     from memsifter.llm.vllm_engine import VLLMBackend
 
     return VLLMBackend(spec.model, **kwargs)

@@ -111,6 +111,9 @@ class RewardConfig:
     tier_max_k: dict[str, int] = field(default_factory=lambda: {"longmemeval": 3})
     retrieval_k: int = DEFAULT_RETRIEVAL_K  # NDCG cutoff of R_ret
     alpha: float = 1.0  # weight of R_ans; 0: a retrieval-only stage (no working-LLM calls)
+    # R_ans = sum_n w_n (s_{F_n} - s_0), the paper's marginal utility; false scores the answers
+    # themselves, sum_n w_n s_{F_n} (an ablation: the memory gym's "outcome_absolute" row).
+    subtract_s0: bool = True
     beta0: float = 0.5  # initial weight of R_ret
     # The warm-up's length, one of the two (the other null): beta reaches 0 at optimiser step
     # decay_steps, or at decay_fraction (in (0, 1]) of the run's total optimiser steps, resolved

@@ -23,17 +23,19 @@ from collections.abc import Mapping
 from memsifter.rewards.tiers import tier_weights
 
 
-def marginal_utility(tier_scores: Mapping[int, float]) -> float:
+def marginal_utility(tier_scores: Mapping[int, float], subtract_s0: bool = True) -> float:
     """R_ans from ``tier_scores``, which maps k to s_k; key 0 is s_0 (no memory).
 
     The tiers are the other keys, in increasing order (normally ``fibonacci_tiers(...)``). The sum
-    runs in that order so the same scores always give the same float."""
+    runs in that order so the same scores always give the same float. ``subtract_s0=False`` is
+    the ablation that scores the answers alone, sum_n w_n s_{F_n}; s_0 is still required (the
+    reward service measures it either way)."""
     if 0 not in tier_scores:
         raise ValueError("tier_scores needs key 0, the score with no memory (s_0)")
     tiers = sorted(k for k in tier_scores if k != 0)
     if not tiers:
         raise ValueError("tier_scores has s_0 but no tier")
-    s0 = tier_scores[0]
+    s0 = tier_scores[0] if subtract_s0 else 0.0
     total = 0.0
     for k, w in zip(tiers, tier_weights(tiers), strict=True):
         total += w * (tier_scores[k] - s0)

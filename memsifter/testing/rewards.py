@@ -122,7 +122,9 @@ def naive_rewards(
                     )
                     for p in predictions
                 ]
-                r_ans = marginal_utility(dict(zip((0, *tiers), scores, strict=True)))
+                r_ans = marginal_utility(
+                    dict(zip((0, *tiers), scores, strict=True)), cfg.subtract_s0
+                )
             gold = req.gold_positions()
             r_ret = retrieval_reward(retrieval_ranking(parsed.ids, n, gold), gold, cfg.retrieval_k)
             group.append(shaping.combine(r_ans, r_ret, step))

@@ -181,7 +181,9 @@ _QWEN3_CHAT_TEMPLATE = (
 _QWEN3_MAX_LENGTH = 32768
 
 
-def _train_qwen_tokenizer(out_dir: Path, vocab_size: int) -> Any:
+def _train_qwen_tokenizer(
+    out_dir: Path, vocab_size: int, corpus: tuple[str, ...] = _CHAT_CORPUS
+) -> Any:
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -205,7 +207,7 @@ def _train_qwen_tokenizer(out_dir: Path, vocab_size: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    raw.train_from_iterator(_CHAT_CORPUS, trainer=trainer)
+    raw.train_from_iterator(corpus, trainer=trainer)
     model = json.loads(raw.to_str())["model"]
     vocab: dict[str, int] = dict(model["vocab"])
     # Ids after the BPE pieces in a fixed order, as in Qwen's own vocab; Qwen2Tokenizer would
@@ -229,11 +231,23 @@ def _train_qwen_tokenizer(out_dir: Path, vocab_size: int) -> Any:
     return tokenizer
 
 
-def build_tiny_qwen3(out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_qwen3(
+    out_dir: Path,
+    seed: int = 0,
+    *,
+    corpus: tuple[str, ...] | None = None,
+    vocab_size: int = 600,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+) -> Path:
     """Write a tiny random Qwen3-shaped causal LM folder to ``out_dir`` and return it.
 
     Loadable by ``AutoModelForCausalLM``/``AutoTokenizer``; ``generate`` stops at ``<|im_end|>``.
-    Its output is gibberish but deterministic for a given ``seed``.
+    Its output is gibberish but deterministic for a given ``seed``. ``corpus`` trains the
+    tokenizer instead of the built-in sentences (the memory gym trains it on its own grammar,
+    so that a word is a token and prompts stay short); the sizes shape the network.
     """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -241,17 +255,19 @@ def build_tiny_qwen3(out_dir: Path, seed: int = 0) -> Path:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_qwen_tokenizer(out_dir, vocab_size=600)
+    tokenizer = _train_qwen_tokenizer(
+        out_dir, vocab_size=vocab_size, corpus=_CHAT_CORPUS if corpus is None else corpus
+    )
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     config = Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         head_dim=32,
         max_position_embeddings=_QWEN3_MAX_LENGTH,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},

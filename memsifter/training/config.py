@@ -22,7 +22,7 @@ from memsifter.config import load_config
 from memsifter.errors import DataError
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
-SFT_TARGETS = ("coarse", "gold")
+SFT_TARGETS = ("coarse", "gold", "random")
 SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
 VALIDATION_BACKENDS = ("transformers", "vllm")
 
@@ -154,7 +154,7 @@ class SFTSettings:
     coarse order or the gold sessions."""
 
     enabled: bool = False
-    target: str = "coarse"  # coarse | gold (gold first, then the coarse order)
+    target: str = "coarse"  # coarse | gold (gold first, then the coarse order) | random
     epochs: float = 1.0
     learning_rate: float = 2e-5
     per_device_train_batch_size: int = 4

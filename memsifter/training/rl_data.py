@@ -83,6 +83,9 @@ if TYPE_CHECKING:
 
     from memsifter.coarse.base import CoarseFilter
 
+# Datasets that split themselves when the recipe lists nothing: LoCoMo by the project's default
+# (data/splits.py), the memory gym by the user split its world records.
+OWN_SPLITS = ("locomo", "gym")
 POOL_FILE = "train_pool.parquet"  # every train row, before the curriculum's selection
 
 
@@ -100,6 +103,9 @@ class SourceSettings:
     # Seeded hash split when no lists are given: the fractions held out for each role.
     validation_fraction: float | None = None
     test_fraction: float | None = None
+    # Keep questions without any gold session (the gym's no-memory questions, where s_0 > 0);
+    # they train nothing under R_ret, and R_ans gives them the same score for every ranking.
+    keep_without_evidence: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -136,7 +142,7 @@ class SourceSettings:
                 f"source {self.name!r}: list test_conversations (the split that is only "
                 "reported, never used to choose)"
             )
-        elif not listed and self.dataset != "locomo":
+        elif not listed and self.dataset not in OWN_SPLITS:
             raise ValueError(
                 f"source {self.name!r}: say how to split it: validation_conversations / "
                 "test_conversations, or validation_fraction / test_fraction"
@@ -213,7 +219,7 @@ class ConversationSplit:
     """Which conversations of one source went where."""
 
     source: str
-    method: str  # listed | hash | locomo-default
+    method: str  # listed | hash | locomo-default | dataset
     train: tuple[str, ...]
     validation: tuple[str, ...]
     test: tuple[str, ...] = ()
@@ -293,7 +299,15 @@ def split_conversations(
         "test": source.test_conversations,
     }
     method = "listed"
-    if all(v is None for v in raw.values()):  # only LoCoMo gets here (see SourceSettings)
+    if all(v is None for v in raw.values()) and dataset.splits:  # the gym (see SourceSettings)
+        where = {k: dataset.splits.get(k, "unused") for k in keys}
+        return ConversationSplit(
+            source=source.name,
+            method="dataset",
+            **{s: tuple(k for k in keys if where[k] == s) for s in ("train", "validation", "test")},
+            unused=tuple(k for k in keys if where[k] == "unused"),
+        )
+    if all(v is None for v in raw.values()):  # LoCoMo (see SourceSettings)
         if len(keys) != 10:
             raise DataError(
                 f"source {source.name!r}: the default LoCoMo split (conversations 0-6 train, 7 "
@@ -336,7 +350,7 @@ class SourcePlan:
     dataset: MemoryDataset
     split: ConversationSplit
     queries: dict[str, list[Query]]  # split -> questions with evidence, in units, file order
-    dropped_no_evidence: dict[str, int]  # split -> questions without any gold session
+    dropped_no_evidence: dict[str, int]  # split -> questions without any gold session, dropped
 
     def counts(self) -> dict[str, dict[str, int | float]]:
         return {
@@ -374,7 +388,7 @@ def plan_sources(cfg: RLDataConfig) -> list[SourcePlan]:
             where = assignment.get(_conversation(q))
             if where is None:
                 continue
-            if q.has_evidence:
+            if q.has_evidence or s.keep_without_evidence:
                 queries[where].append(to_units(q, cfg.prompt.unit, cfg.prompt.turns_per_page))  # type: ignore[arg-type]
             else:
                 dropped[where] += 1
@@ -410,6 +424,13 @@ def build_row(
         "conversation": _conversation(query),
         "coarse_order": list(_coarse_order(built, query, coarse)),
         "gold_positions": gold_positions,
+        # the sessions whose content alone makes the answer right, where the dataset knows them
+        # (the memory gym); empty otherwise. Measured against, never trained on.
+        "useful_positions": [
+            i
+            for i, sid in enumerate(built.candidate_ids)
+            if sid in set(query.meta.get("useful_session_ids", ()))
+        ],
         "gold_in_prompt": len(gold_positions),
         "n_candidates": built.num_candidates,
         "prompt_tokens": built.n_tokens,
@@ -439,6 +460,7 @@ def row_features() -> Features:
             "conversation": string,
             "coarse_order": List(int32),
             "gold_positions": List(int32),
+            "useful_positions": List(int32),
             "gold_in_prompt": int32,
             "n_candidates": int32,
             "prompt_tokens": int32,
@@ -645,6 +667,7 @@ def render_card(result: RLDataResult) -> str:
             "listed": "conversations listed in the recipe",
             "locomo-default": "LoCoMo default: conversations 0-6 train, 7 validation, 8-9 test",
             "hash": f"seeded hash of the conversation id, held-out fractions {s.split.fractions}",
+            "dataset": "the dataset's own split (the memory gym splits by user)",
         }[s.split.method]
         lines += [
             f"- **{s.source}** (`{s.dataset}`, `{s.path}`): {how}.",

@@ -14,6 +14,9 @@ renderer), the target ends with the tokenizer's end of turn, and the loss is on 
 a seeded sample, not the first conversations in file order), for ``epochs`` passes. ``target:
 coarse`` teaches only the coarse filter's order: it is a format lesson, and with curriculum-selected
 rows (the ones the coarse filter ranks worst) it teaches the wrong order, so prefer ``gold``.
+``target: random`` is a format lesson and nothing else: every candidate once, in a permutation
+seeded by the row, so no relevance and no position habit is taught (the memory gym's
+learnability benchmark uses it, so that what the proxy learns of relevance comes from the reward).
 """
 
 from __future__ import annotations
@@ -30,11 +33,17 @@ def sft_target(
     gold_positions: Sequence[int],
     target: str = "coarse",
     think: bool = True,
+    key: str = "",
 ) -> str:
     """The assistant reply for one example: (``<think>`` line +) ``<ranking>`` of every
-    candidate position."""
+    candidate position. ``random`` is a permutation seeded by ``key`` (the row's qid and the
+    run's seed), the same on every run."""
     order = list(coarse_order)
-    if target == "gold":
+    if target == "random":
+        import random
+
+        random.Random(f"sft-target:{key}").shuffle(order)
+    elif target == "gold":
         gold_set = set(gold_positions)
         gold = [p for p in order if p in gold_set]
         order = gold + [p for p in order if p not in gold_set]
@@ -64,7 +73,13 @@ def sft_rows(
             )
         if settings.target == "gold" and not row["gold_positions"]:
             continue
-        target = sft_target(row["coarse_order"], row["gold_positions"], settings.target, think)
+        target = sft_target(
+            row["coarse_order"],
+            row["gold_positions"],
+            settings.target,
+            think,
+            key=f"{seed}:{row.get('qid', '')}",
+        )
         picked.append({"prompt": row["prompt"], "completion": target})
     random.Random(f"sft:{seed}").shuffle(picked)
     if settings.max_examples is not None:

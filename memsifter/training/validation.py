@@ -38,6 +38,10 @@ class ValidationResult:
     ndcg_5: float
     reward: float
     seconds: float
+    # NDCG@1 of the useful session, on the rows that know one (the memory gym); None elsewhere.
+    # Reported to show learning, never a select_metric: the useful session is not a label
+    # the recipe may train or choose on.
+    ndcg_1_useful: float | None = None
 
     def metric(self, name: str) -> float:
         return {"ndcg@1": self.ndcg_1, "ndcg@5": self.ndcg_5, "reward": self.reward}[name]
@@ -159,8 +163,8 @@ def validate(
         trainer_state=_AtEnd(),
         **columns,
     )
-    ndcg1 = ndcg5 = 0.0
-    parsed_n = with_gold = 0
+    ndcg1 = ndcg5 = useful1 = 0.0
+    parsed_n = with_gold = with_useful = 0
     pairs: list[tuple[str, list[int]]] = []
     for row, text in zip(rows, completions, strict=True):
         # The RL data rows carry both (memsifter.training.rl_data.build_row).
@@ -173,6 +177,11 @@ def validate(
             if parsed.ok:
                 ndcg1 += retrieval_reward(parsed.ids, gold, 1)
                 ndcg5 += retrieval_reward(parsed.ids, gold, 5)
+        useful = list(row.get("useful_positions") or ())
+        if useful:
+            with_useful += 1
+            if parsed.ok:
+                useful1 += retrieval_reward(parsed.ids, useful, 1)
         pairs.append((str(row["qid"]), list(parsed.ids)))
     if rankings_out is not None:
         write_rankings(rankings_out, pairs)
@@ -185,6 +194,7 @@ def validate(
         ndcg_5=ndcg5 / max(with_gold, 1),
         reward=sum(rewards) / q,
         seconds=time.perf_counter() - t0,
+        ndcg_1_useful=useful1 / with_useful if with_useful else None,
     )
 
 

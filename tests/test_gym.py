@@ -1,0 +1,191 @@
+"""The memory gym: its world is seeded and exact, its reader is the careful reader the card
+describes, and the reward service scores it through the ordinary answerer seam."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memsifter.data import load_dataset
+from memsifter.data.gym import (
+    LEVELS,
+    UNKNOWN,
+    GymConfig,
+    generate_world,
+    parse_question,
+    parse_statements,
+    to_dataset,
+    world_json,
+    world_stats,
+    write_world,
+)
+from memsifter.errors import DataError
+from memsifter.llm import BackendSpec, SamplingParams, build_backend
+from memsifter.llm.gym import GymBackend
+from memsifter.qa.answerer import Answerer
+from memsifter.qa.scores import task_score
+
+
+def _answerer() -> Answerer:
+    return Answerer(
+        GymBackend(), window_tokens=4096, max_new_tokens=16, memory_order="chronological"
+    )
+
+
+def test_same_config_same_bytes_and_seed_changes_the_world() -> None:
+    a = world_json(generate_world(GymConfig(seed=3, size="ci", level="history")))
+    b = world_json(generate_world(GymConfig(seed=3, size="ci", level="history")))
+    c = world_json(generate_world(GymConfig(seed=4, size="ci", level="history")))
+    assert a == b
+    assert a != c
+
+
+def test_written_world_loads_as_the_generated_one(tmp_path) -> None:
+    world = generate_world(GymConfig(size="ci"))
+    path = write_world(world, tmp_path / "w")
+    assert (tmp_path / "w" / "README.md").read_text().startswith("# Memory gym world")
+    from_file = load_dataset("gym", path)
+    from_folder = load_dataset("gym", tmp_path / "w")
+    direct = to_dataset(world)
+    assert [q.qid for q in from_file.queries] == [q.qid for q in direct.queries]
+    assert [s.render() for s in from_folder.conversations["user0000"]] == [
+        s.render() for s in direct.conversations["user0000"]
+    ]
+    assert from_file.splits == direct.splits
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"level": "hard"}, "level"),
+        ({"size": "huge"}, "size"),
+        ({"seed": -1}, "seed"),
+        ({"users": 2}, "users"),
+        ({"attributes_per_user": 6}, "attributes_per_user"),
+        ({"split": (0.5, 0.5, 0.0)}, "split"),
+        ({"split": (0.5, 0.2, 0.2)}, "split"),
+        ({"users": 4, "split": (0.9, 0.05, 0.05)}, "users"),
+    ],
+)
+def test_bad_configs_are_named_errors(change, field) -> None:
+    with pytest.raises(DataError) as e:
+        generate_world(GymConfig(**{"size": "ci", **change}))
+    assert e.value.field == field
+
+
+def test_yaml_config_with_an_unknown_key_is_refused(tmp_path) -> None:
+    p = tmp_path / "w.yaml"
+    p.write_text("seed: 0\nlevl: stale\n")
+    with pytest.raises(DataError, match="levl"):
+        load_dataset("gym", p)
+
+
+def test_a_file_that_is_not_a_world_is_refused(tmp_path) -> None:
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(DataError, match="not a gym world"):
+        load_dataset("gym", p)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_exactly_one_useful_session_per_memory_question(level) -> None:
+    """The card's promise, checked with the reader itself: alone, the useful session answers
+    right and every other session does not; the whole history answers right; no memory answers
+    only the no-memory questions."""
+    ds = to_dataset(generate_world(GymConfig(size="ci", level=level, none_questions=1)))
+    a = _answerer()
+    for q in ds.queries:
+        hs = list(q.haystack)
+        prompts = [a.render(q.question, [s], q.question_date, times=[0]) for s in hs]
+        prompts.append(a.render(q.question, hs, q.question_date, times=list(range(len(hs)))))
+        prompts.append(a.render(q.question, [], q.question_date, times=[]))
+        outs = a.answer_texts(prompts)
+        right = [s.id for s, o in zip(hs, outs, strict=False) if task_score(o, q.answer, "em")]
+        s_all, s_0 = (task_score(o, q.answer, "em") for o in outs[-2:])
+        assert s_all == 1.0
+        if q.meta["kind"] == "none":
+            assert s_0 == 1.0 and len(right) == len(hs)
+        else:
+            assert s_0 == 0.0
+            assert right == list(q.meta["useful_session_ids"])
+            # labels are the annotator's: the useful session plus what else states the attribute
+            assert set(q.meta["useful_session_ids"]) <= set(q.gold_session_ids)
+
+
+def test_stale_labels_disagree_with_outcome_and_the_card_counts_it() -> None:
+    single = world_stats(generate_world(GymConfig(size="ci", level="single")))
+    stale = world_stats(generate_world(GymConfig(size="ci", level="stale")))
+    assert single["test"]["labels_disagree_share"] == 0.0
+    assert stale["test"]["labels_disagree_share"] == 1.0
+    assert stale["test"]["mean_labels_per_memory_question"] >= 2.0
+
+
+def test_grammar_reads_what_it_writes_and_nothing_else() -> None:
+    (s,) = parse_statements("Hi! I just moved from Paris to Lisbon.")
+    assert (s.attribute, s.kind, s.prev, s.value, s.subject) == (
+        "home",
+        "change",
+        "Paris",
+        "Lisbon",
+        "self",
+    )
+    (o,) = parse_statements("My sister lives in Oslo now.")
+    assert (o.subject, o.value) == ("sister", "Oslo")
+    assert parse_statements("Where do you think people live happiest now?") == []
+    q = parse_question("Where did I live before Lisbon?")
+    assert (q.kind, q.attribute, q.value) == ("earlier", "home", "Lisbon")
+    assert parse_question("What is the meaning of life?") is None
+
+
+def test_careful_reader_ignores_stale_and_other_peoples_values() -> None:
+    backend = GymBackend()
+    a = Answerer(backend, window_tokens=4096, max_new_tokens=16)
+    world = generate_world(GymConfig(size="ci", level="stale"))
+    ds = to_dataset(world)
+    q = next(q for q in ds.queries if q.meta["kind"] == "current")
+    distractors = [s for s in q.haystack if s.id not in q.meta["useful_session_ids"]]
+    (out,) = a.answer_texts([a.render(q.question, distractors, q.question_date)])
+    assert out == UNKNOWN
+    assert backend.reader.stats["unknown_answers"] == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=400))
+def test_reader_never_raises_and_counts_what_it_cannot_read(text) -> None:
+    backend = GymBackend()
+    (gens,) = backend.generate([text], SamplingParams(max_new_tokens=8))
+    assert gens[0].text.startswith("<answer>")
+    stats = backend.reader.stats
+    assert stats["calls"] == 1
+    if gens[0].text == f"<answer>{UNKNOWN}</answer>":
+        assert stats["unknown_answers"] == 1
+
+
+def test_odd_sessions_give_unknown_and_are_counted() -> None:
+    backend = GymBackend()
+    a = Answerer(backend, window_tokens=4096, max_new_tokens=16)
+    from memsifter.data.types import Session, Turn
+
+    undated = Session("x", (Turn("Maya", "I just moved to Lisbon."),))
+    garbled = Session("y", (Turn("Maya", "I just moved to."),), date_text="31 Febuary 2023")
+    outs = a.answer_texts(
+        [
+            a.render("Where do I live now?", [undated]),
+            a.render("Where do I live now?", [garbled]),
+            a.render("Who won the cup?", []),
+        ]
+    )
+    assert outs == [UNKNOWN] * 3
+    assert backend.reader.stats["undated_sessions"] == 2
+    assert backend.reader.stats["unknown_questions"] == 1
+    assert backend.reader.stats["unknown_answers"] == 3
+
+
+def test_the_gym_backend_is_built_from_its_spec_like_any_other() -> None:
+    backend = build_backend(BackendSpec(kind="gym", model="gym-reader"))
+    assert isinstance(backend, GymBackend)
+    with pytest.raises(ValueError, match="gym-reader"):
+        build_backend(BackendSpec(kind="gym", model="Qwen/Qwen3-4B"))
