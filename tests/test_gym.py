@@ -189,3 +189,88 @@ def test_the_gym_backend_is_built_from_its_spec_like_any_other() -> None:
     assert isinstance(backend, GymBackend)
     with pytest.raises(ValueError, match="gym-reader"):
         build_backend(BackendSpec(kind="gym", model="Qwen/Qwen3-4B"))
+
+
+def _requests(level: str = "stale"):
+    from memsifter.rewards.service import RewardRequest
+
+    ds = to_dataset(generate_world(GymConfig(size="ci", level=level, none_questions=1)))
+    for q in ds.queries:
+        hs = list(q.haystack)
+        useful = [i for i, s in enumerate(hs) if s.id in q.meta["useful_session_ids"]]
+        rest = [i for i in range(len(hs)) if i not in useful]
+        ranks = [useful + rest, rest + useful]  # useful first, useful last
+        yield (
+            q,
+            RewardRequest(
+                question=q.question,
+                answer=q.answer,
+                candidates=tuple(hs),
+                completions=tuple(f"<ranking>{', '.join(map(str, r))}</ranking>" for r in ranks),
+                gold_ids=q.gold_session_ids,
+                question_date=q.question_date,
+                category=q.category,
+                data_source=q.source,
+            ),
+        )
+
+
+def test_the_outcome_reward_runs_through_the_unchanged_service_with_the_gym_reader() -> None:
+    from pathlib import Path
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+
+    root = Path(__file__).resolve().parents[1]
+    service = RewardService.from_config(
+        load_reward_config(root / "configs/rewards/gym_outcome.yaml")
+    )
+    absolute = RewardService.from_config(
+        load_reward_config(root / "configs/rewards/gym_outcome_absolute.yaml")
+    )
+    pairs = list(_requests())
+    batch = service.score([r for _, r in pairs])
+    flat = absolute.score([r for _, r in pairs])
+    assert batch.stats.answer_calls > 0 and batch.stats.parse_rate == 1.0
+    for (q, _), group, abs_group in zip(pairs, batch.rewards, flat.rewards, strict=True):
+        first, last = group
+        if q.meta["kind"] == "none":
+            # s_0 = 1: memory adds nothing, whatever the ranking; the absolute score is 1 each
+            assert first.tier_scores[0] == 1.0 and first.r_ans == last.r_ans == 0.0
+            assert abs_group[0].r_ans == pytest.approx(1.0)
+        else:
+            assert first.tier_scores[0] == 0.0 and first.tier_scores[1] == 1.0
+            assert first.r_ans > last.r_ans
+            # with s_0 = 0 the two rewards agree
+            assert abs_group[0].r_ans == pytest.approx(first.r_ans)
+
+
+def test_labels_reward_pays_a_stale_mention_first_as_much_as_the_useful_session() -> None:
+    """The disagreement the gym is built on: R_ret cannot tell the useful session from a stale
+    mention of the same attribute; R_ans can."""
+    from pathlib import Path
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardRequest, RewardService
+
+    root = Path(__file__).resolve().parents[1]
+    labels = RewardService.from_config(load_reward_config(root / "configs/rewards/gym_labels.yaml"))
+    outcome = RewardService.from_config(
+        load_reward_config(root / "configs/rewards/gym_outcome.yaml")
+    )
+    q, req = next((q, r) for q, r in _requests() if q.meta["kind"] == "current")
+    hs = list(q.haystack)
+    useful = next(i for i, s in enumerate(hs) if s.id in q.meta["useful_session_ids"])
+    stale = next(i for i, s in enumerate(hs) if s.id in q.gold_session_ids and i != useful)
+    rest = [i for i in range(len(hs)) if i not in (useful, stale)]
+    ranks = [[useful, stale, *rest], [stale, useful, *rest]]
+    req = RewardRequest(
+        **{
+            **req.__dict__,
+            "completions": tuple(f"<ranking>{', '.join(map(str, r))}</ranking>" for r in ranks),
+        }
+    )
+    ((a, b),) = labels.score([req]).rewards
+    assert a.reward == b.reward > 0
+    ((c, d),) = outcome.score([req]).rewards
+    assert c.reward > d.reward

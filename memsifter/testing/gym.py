@@ -54,17 +54,65 @@ def gym_corpus() -> tuple[str, ...]:
     return tuple(lines)
 
 
+ARCHS = ("gpt2", "qwen3")
+
+
 def build_gym_proxy(
-    out_dir: Path, seed: int = 0, *, hidden_size: int = 128, layers: int = 4, heads: int = 4
+    out_dir: Path,
+    seed: int = 0,
+    *,
+    arch: str = "gpt2",
+    hidden_size: int = 128,
+    layers: int = 2,
+    heads: int = 4,
 ) -> Path:
-    """A tiny random Qwen3 for the gym (``build_tiny_qwen3`` with the gym corpus)."""
-    return build_tiny_qwen3(
-        Path(out_dir),
-        seed,
-        corpus=gym_corpus(),
-        vocab_size=1200,
-        hidden_size=hidden_size,
-        layers=layers,
-        heads=heads,
-        kv_heads=max(1, heads // 2),
+    """A tiny random proxy for the gym, with the gym-trained tokenizer (Qwen's tokenizer class
+    and chat template) either way.
+
+    ``qwen3`` is ``build_tiny_qwen3`` with the gym corpus. ``gpt2`` (the default) has learned
+    absolute position embeddings: ranking means naming a session's position, and a RoPE model
+    must first grow a two-layer circuit that carries a session's id to its content (the
+    induction plateau), which random tiny Qwen3s did not leave in 1,500 supervised steps on two
+    cores, while the GPT-2 shape learns it supervised in a few hundred
+    (``eval/gym_pointer_probe.py``, ``eval/results/gym_pointer_probe.md``)."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    out_dir = Path(out_dir)
+    if arch == "qwen3":
+        return build_tiny_qwen3(
+            out_dir,
+            seed,
+            corpus=gym_corpus(),
+            vocab_size=1200,
+            hidden_size=hidden_size,
+            layers=layers,
+            heads=heads,
+            kv_heads=max(1, heads // 2),
+        )
+    import torch
+    from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
+
+    from memsifter.testing.tiny_models import _train_qwen_tokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = _train_qwen_tokenizer(out_dir, vocab_size=1200, corpus=gym_corpus())
+    pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    eos_id = tok.convert_tokens_to_ids("<|im_end|>")
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=hidden_size,
+        n_layer=layers,
+        n_head=heads,
+        n_positions=4096,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
     )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=False
+    )
+    model.save_pretrained(str(out_dir))
+    return out_dir

@@ -191,10 +191,41 @@ def load_policy(cfg: TrainConfig, model_path: str, cuda: bool) -> tuple[Any, Any
         config.rope_parameters = rope_parameters(cfg, config)
         kwargs["config"] = config
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    positions_from_mask(model)
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return model, tok, lora_config(cfg, model.config.num_hidden_layers)
+
+
+def positions_from_mask(model: Any) -> bool:
+    """Give a policy with absolute position embeddings (GPT-2's ``wpe``; no RoPE in its config)
+    the position ids ``generate`` gives it. transformers' ``generate`` counts positions from the
+    attention mask, so a left-padded prompt starts at 0; TRL's scoring forward passes no
+    position ids, and such a model then counts from the first pad. The completions would be
+    scored (and trained) in other positions than they were sampled in: off-policy by the pad
+    count, which the memory gym found as a collapse. RoPE models see only relative positions,
+    for which the two agree, and are left alone. Returns whether the hook was added."""
+    config = getattr(model, "config", None)
+    if (
+        config is None
+        or getattr(config, "rope_parameters", None)
+        or getattr(config, "rope_theta", None)
+    ):
+        return False
+
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        mask = kwargs.get("attention_mask")
+        cache = kwargs.get("past_key_values")
+        if kwargs.get("position_ids") is not None or mask is None or mask.dim() != 2:
+            return None
+        if cache is not None and getattr(cache, "get_seq_length", lambda: 0)() > 0:
+            return None  # decoding with a cache: generate passes its own positions
+        kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return True
 
 
 def lora_config(cfg: TrainConfig, num_layers: int) -> Any:

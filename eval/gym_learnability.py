@@ -1,0 +1,308 @@
+"""The memory gym's learnability benchmark: does the training stack learn, and do outcome
+rewards beat retrieval labels, on a world built so that they must?
+
+    python eval/gym_learnability.py            # ~1.5 h on 2 cores; rerunning resumes
+    python eval/gym_learnability.py --quick    # the same pipeline on a smaller budget (smoke)
+
+Stages, each resumable (outputs under ``outputs/gym/``):
+
+1. the tiny gym proxy (:func:`memsifter.testing.gym.build_gym_proxy`), random weights;
+2. RL data: ``configs/data/gym_tiny.yaml`` on the world ``configs/gym/bench_world.yaml``,
+   candidates in chronological order (the paper's: ids are dates, so no position habit passes);
+3. cold-start SFT on **random permutations** (``configs/train/gym_sft.yaml``): the format only;
+   every recipe starts from it (the ``start`` row);
+4. each recipe of :data:`RECIPES` with ``memsifter train`` (the project's own trainer, epoch
+   loop, validation, averaging): R_ret only (``labels``), R_ans (``outcome``), R_ans without
+   subtracting s_0 (``outcome_absolute``), and the ablations of the outcome recipe;
+5. every ranker on the **test users** (never used to choose anything): BM25's order, the start
+   model, each trained model, and the oracle (useful session first), scored by
+   :mod:`memsifter.evaluation.gym`; paired-bootstrap 95% CIs of the per-question differences.
+
+Writes ``eval/results/gym_learnability.{md,json}`` and the learning curves
+``eval/results/gym_learnability_curves.png`` (validation NDCG@1 of the useful session by step,
+from each run's own checkpoint validation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WORLD = "configs/gym/bench_world.yaml"
+DATA_RECIPE = "configs/data/gym_tiny.yaml"
+SFT = "configs/train/gym_sft.yaml"
+# row name -> training config; every one starts from the SFT model
+RECIPES: dict[str, str] = {
+    "labels": "configs/train/gym_labels.yaml",
+    "outcome": "configs/train/gym_outcome.yaml",
+    "outcome_absolute": "configs/train/gym_outcome_absolute.yaml",
+    "outcome_no_averaging": "configs/train/gym_outcome_no_averaging.yaml",
+}
+PAIRS = (
+    ("outcome", "start"),
+    ("outcome", "labels"),
+    ("outcome", "bm25"),
+    ("labels", "bm25"),
+    ("outcome", "outcome_absolute"),
+    ("outcome", "outcome_no_averaging"),
+)
+HEADLINE = ("ndcg@1_useful", "answer_acc@1", "answer_acc@3", "parsed")
+
+
+def _outputs(quick: bool) -> Path:
+    return ROOT / ("outputs/gym_quick" if quick else "outputs/gym")
+
+
+def build(out: Path, quick: bool, log: Any = print) -> dict[str, Path]:
+    """Stages 1-3: the proxy, the RL data and the shared SFT start."""
+    import dataclasses
+
+    from memsifter.testing.gym import build_gym_proxy
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+
+    proxy = out / "proxy"
+    if not (proxy / "config.json").is_file():
+        log(f"building the gym proxy in {proxy}")
+        build_gym_proxy(proxy)
+    data = out / "data"
+    if not (data / "prompt_spec.json").is_file():
+        cfg = load_rl_data_config(ROOT / DATA_RECIPE)
+        cfg = dataclasses.replace(
+            cfg,
+            prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
+            sources=[dataclasses.replace(s, path=str(ROOT / WORLD)) for s in cfg.sources],
+        )
+        prepare_rl_data(cfg, data)
+    sft_dir = out / "sft"
+    overrides = _common_overrides(out, sft_dir, quick, model=proxy)
+    start = sft_dir / "sft" / "final"
+    if not (start / "config.json").is_file():
+        run_training(load_train_config(ROOT / SFT, overrides), log=log, until="sft")
+    return {"proxy": proxy, "data": data, "start": start}
+
+
+def _common_overrides(out: Path, run_dir: Path, quick: bool, model: Path) -> list[str]:
+    over = [f"output_dir={run_dir}", f"data={out / 'data'}", f"model.name={model}"]
+    if quick:
+        over += [
+            "epochs.max_steps=12",
+            "epochs.save_steps=6",
+            "epochs.validation_max_questions=16",
+            "sft.max_examples=64",
+        ]
+    return over
+
+
+def train_recipes(out: Path, start: Path, quick: bool, log: Any = print) -> dict[str, Path]:
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    finals: dict[str, Path] = {}
+    for name, config in RECIPES.items():
+        run_dir = out / "train" / name
+        cfg = load_train_config(ROOT / config, _common_overrides(out, run_dir, quick, start))
+        t0 = time.perf_counter()
+        result = run_training(cfg, log=log)
+        finals[name] = Path(result["model"])
+        log(f"{name}: {result['model']} in {time.perf_counter() - t0:.0f} s")
+    return finals
+
+
+def rank_with(model: Path, rows: list[dict[str, Any]], max_new_tokens: int) -> dict[str, Any]:
+    from memsifter.ranker.parse import parse_ranking
+    from memsifter.training.validation import ValidationEngine, generate_completions
+
+    texts = generate_completions(
+        model, rows, max_new_tokens=max_new_tokens, engine=ValidationEngine(batch_size=16)
+    )
+    parsed = [parse_ranking(t, int(r["n_candidates"])) for r, t in zip(rows, texts, strict=True)]
+    return {
+        "rankings": [list(p.ids) for p in parsed],
+        "parsed": [p.ok for p in parsed],
+        "completions": texts,
+    }
+
+
+def learning_curves(out: Path) -> dict[str, list[tuple[int, float]]]:
+    """Validation NDCG@1 (useful session) by global step, from each run's validation files."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for name in RECIPES:
+        points: list[tuple[int, float]] = []
+        offset = 0
+        for edir in sorted((out / "train" / name).glob("epoch-*")):
+            vfile = edir / "validation.json"
+            if not vfile.is_file():
+                continue
+            results = json.loads(vfile.read_text())
+            steps = 0
+            for key, res in results.items():
+                if key.startswith("checkpoint-") and res.get("ndcg_1_useful") is not None:
+                    step = int(key.split("-")[1])
+                    steps = max(steps, step)
+                    points.append((offset + step, res["ndcg_1_useful"]))
+                elif key == "start" and res.get("ndcg_1_useful") is not None and not points:
+                    points.append((offset, res["ndcg_1_useful"]))
+            offset += steps
+        curves[name] = sorted(points)
+    return curves
+
+
+def plot_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, pts in curves.items():
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("validation NDCG@1 (useful session)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small budget, outputs/gym_quick")
+    ap.add_argument("--results", default=str(ROOT / "eval/results"), help="report folder")
+    args = ap.parse_args()
+
+    from datasets import load_dataset
+
+    from memsifter.data.gym import load_world, world_stats
+    from memsifter.evaluation.gym import means, score_rankings
+    from memsifter.evaluation.proxy_eval import paired_bootstrap
+    from memsifter.machine import machine_facts, machine_line
+    from memsifter.ranker.spec import read_spec
+
+    t0 = time.perf_counter()
+    out = _outputs(args.quick)
+    built = build(out, args.quick)
+    finals = train_recipes(out, built["start"], args.quick)
+    spec = read_spec(built["data"])
+    test = [
+        r
+        for r in load_dataset(
+            "parquet", data_files=str(built["data"] / "test.parquet"), split="train"
+        )
+    ]
+    memory = [r for r in test if r["useful_positions"]]
+    no_memory = [r for r in test if not r["useful_positions"]]
+
+    runs: dict[str, dict[str, Any]] = {
+        "bm25": {"rankings": [list(r["coarse_order"]) for r in memory]},
+        "start": rank_with(built["start"], memory, spec.completion_tokens),
+    }
+    for name, path in finals.items():
+        runs[name] = rank_with(path, memory, spec.completion_tokens)
+    runs["oracle"] = {
+        "rankings": [
+            list(r["useful_positions"])
+            + [i for i in range(r["n_candidates"]) if i not in r["useful_positions"]]
+            for r in memory
+        ]
+    }
+    values = {
+        n: score_rankings(memory, run["rankings"], run.get("parsed")) for n, run in runs.items()
+    }
+    rankers = {n: means(v) for n, v in values.items()}
+    pairs = {
+        f"{a}-{b}": paired_bootstrap(values[a], values[b])
+        for a, b in PAIRS
+        if a in values and b in values
+    }
+    none_s0 = (
+        float(np.mean(score_rankings(no_memory, [[] for _ in no_memory])["s_0"]))
+        if no_memory
+        else None
+    )
+    curves = learning_curves(out)
+    world = load_world(ROOT / WORLD)
+    result = {
+        "split": "test",
+        "n_questions": len(memory),
+        "n_no_memory_questions": len(no_memory),
+        "no_memory_s_0": none_s0,
+        "world": {**world.config.to_dict(), "stats": world_stats(world)},
+        "quick": args.quick,
+        "rankers": rankers,
+        "paired_ci95": {p: {m: v["ci95"] for m, v in d.items()} for p, d in pairs.items()},
+        "paired_mean": {p: {m: v["mean"] for m, v in d.items()} for p, d in pairs.items()},
+        "curves": curves,
+        "recipes": RECIPES,
+        "machine": machine_line(machine_facts(), run=True),
+        "seconds": round(time.perf_counter() - t0),
+    }
+    res = Path(args.results)
+    res.mkdir(parents=True, exist_ok=True)
+    stem = "gym_learnability_quick" if args.quick else "gym_learnability"
+    (res / f"{stem}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    plot_curves(curves, res / f"{stem}_curves.png")
+    (res / f"{stem}.md").write_text(render(result, stem))
+    print(render(result, stem))
+
+
+def _f(x: Any) -> str:
+    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.3f}"
+
+
+def render(r: dict[str, Any], stem: str) -> str:
+    cols = [
+        "ndcg@1_useful",
+        "answer_acc@1",
+        "answer_acc@2",
+        "answer_acc@3",
+        "answer_acc@5",
+        "parsed",
+    ]
+    lines = [
+        "# Memory gym: learnability (test users)",
+        "",
+        f"`python eval/gym_learnability.py{' --quick' if r['quick'] else ''}` "
+        f"({r['seconds']} s; {r['machine']}). World `{WORLD}` (seed {r['world']['seed']}, level "
+        f"`{r['world']['level']}`, size `{r['world']['size']}`); split **test**, "
+        f"n = {r['n_questions']} memory questions (plus {r['n_no_memory_questions']} no-memory "
+        f"questions, s_0 = {_f(r['no_memory_s_0'])}, the same for every ranker).",
+        "",
+        "| ranker | " + " | ".join(cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    for name, m in r["rankers"].items():
+        lines.append(f"| {name} | " + " | ".join(_f(m.get(c)) for c in cols) + " |")
+    lines += [
+        "",
+        "Paired bootstrap 95% CIs of per-question differences (10,000 resamples):",
+        "",
+        "| pair | " + " | ".join(HEADLINE[:3]) + " |",
+        "|---|---|---|---|",
+    ]
+    for pair, ci in r["paired_ci95"].items():
+        mean = r["paired_mean"][pair]
+        cells = [
+            f"{_f(mean.get(m))} [{_f(ci[m][0])}, {_f(ci[m][1])}]" if ci.get(m) else "-"
+            for m in HEADLINE[:3]
+        ]
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    lines += ["", f"Learning curves: `{stem}_curves.png`.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
