@@ -274,3 +274,29 @@ def test_labels_reward_pays_a_stale_mention_first_as_much_as_the_useful_session(
     assert a.reward == b.reward > 0
     ((c, d),) = outcome.score([req]).rewards
     assert c.reward > d.reward
+
+
+def test_cli_writes_the_same_world_twice_and_names_bad_values(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from memsifter.cli import app
+
+    runner = CliRunner()
+    for name in ("a", "b"):
+        res = runner.invoke(app, ["data", "gym", "--size", "ci", "--out", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+    assert (tmp_path / "a/world.json").read_bytes() == (tmp_path / "b/world.json").read_bytes()
+    res = runner.invoke(app, ["data", "gym", "--level", "hard", "--out", str(tmp_path / "c")])
+    assert res.exit_code == 2 and "unknown gym level 'hard'" in res.output
+    assert not (tmp_path / "c").exists()
+
+
+def test_rl_data_uses_the_worlds_user_split(tmp_path) -> None:
+    from memsifter.training.rl_data import SourceSettings, split_conversations
+
+    world = generate_world(GymConfig(size="ci"))
+    ds = to_dataset(world)
+    split = split_conversations(ds, SourceSettings(name="gym", dataset="gym", path="w.json"))
+    assert split.method == "dataset"
+    for name in ("train", "validation", "test"):
+        assert list(split.of(name)) == [u["id"] for u in world.users if u["split"] == name]

@@ -155,6 +155,9 @@ class SFTSettings:
 
     enabled: bool = False
     target: str = "coarse"  # coarse | gold (gold first, then the coarse order) | random
+    # How many ids a target names (its first ones); None: every candidate. A short ranking is a
+    # short completion: GRPO's advantage then falls on the ids that the top tiers score.
+    target_ids: int | None = None
     epochs: float = 1.0
     learning_rate: float = 2e-5
     per_device_train_batch_size: int = 4
@@ -164,6 +167,8 @@ class SFTSettings:
     def __post_init__(self) -> None:
         if self.target not in SFT_TARGETS:
             raise ValueError(f"sft.target must be one of {SFT_TARGETS}, got {self.target!r}")
+        if self.target_ids is not None and self.target_ids < 1:
+            raise ValueError(f"sft.target_ids must be >= 1 or null, got {self.target_ids}")
 
 
 @dataclass

@@ -34,10 +34,11 @@ def sft_target(
     target: str = "coarse",
     think: bool = True,
     key: str = "",
+    ids: int | None = None,
 ) -> str:
     """The assistant reply for one example: (``<think>`` line +) ``<ranking>`` of every
     candidate position. ``random`` is a permutation seeded by ``key`` (the row's qid and the
-    run's seed), the same on every run."""
+    run's seed), the same on every run; ``ids`` keeps only the first ``ids`` of it."""
     order = list(coarse_order)
     if target == "random":
         import random
@@ -49,6 +50,8 @@ def sft_target(
         order = gold + [p for p in order if p not in gold_set]
     if not order:
         raise ValueError("an SFT target needs at least one candidate")
+    if ids is not None:
+        order = order[:ids]
     ranking = f"<ranking>{', '.join(map(str, order))}</ranking>"
     if not think:
         return ranking
@@ -79,6 +82,7 @@ def sft_rows(
             settings.target,
             think,
             key=f"{seed}:{row.get('qid', '')}",
+            ids=settings.target_ids,
         )
         picked.append({"prompt": row["prompt"], "completion": target})
     random.Random(f"sft:{seed}").shuffle(picked)
