@@ -104,12 +104,15 @@ def _common_overrides(out: Path, run_dir: Path, quick: bool, model: Path) -> lis
     return over
 
 
-def train_recipes(out: Path, start: Path, quick: bool, log: Any = print) -> dict[str, Path]:
+def train_recipes(
+    out: Path, start: Path, quick: bool, names: list[str], log: Any = print
+) -> dict[str, Path]:
     from memsifter.training.config import load_train_config
     from memsifter.training.loop import run_training
 
     finals: dict[str, Path] = {}
-    for name, config in RECIPES.items():
+    for name in names:
+        config = RECIPES[name]
         run_dir = out / "train" / name
         cfg = load_train_config(ROOT / config, _common_overrides(out, run_dir, quick, start))
         t0 = time.perf_counter()
@@ -138,6 +141,8 @@ def learning_curves(out: Path) -> dict[str, list[tuple[int, float]]]:
     """Validation NDCG@1 (useful session) by global step, from each run's validation files."""
     curves: dict[str, list[tuple[int, float]]] = {}
     for name in RECIPES:
+        if not (out / "train" / name).is_dir():
+            continue
         points: list[tuple[int, float]] = []
         offset = 0
         for edir in sorted((out / "train" / name).glob("epoch-*")):
@@ -182,7 +187,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small budget, outputs/gym_quick")
     ap.add_argument("--results", default=str(ROOT / "eval/results"), help="report folder")
+    ap.add_argument(
+        "--recipe",
+        action="append",
+        choices=list(RECIPES),
+        help="train and report only these recipes (repeatable; default: all)",
+    )
     args = ap.parse_args()
+    names = args.recipe or list(RECIPES)
 
     from datasets import load_dataset
 
@@ -195,7 +207,7 @@ def main() -> None:
     t0 = time.perf_counter()
     out = _outputs(args.quick)
     built = build(out, args.quick)
-    finals = train_recipes(out, built["start"], args.quick)
+    finals = train_recipes(out, built["start"], args.quick, names)
     spec = read_spec(built["data"])
     test = [
         r
@@ -246,13 +258,15 @@ def main() -> None:
         "paired_ci95": {p: {m: v["ci95"] for m, v in d.items()} for p, d in pairs.items()},
         "paired_mean": {p: {m: v["mean"] for m, v in d.items()} for p, d in pairs.items()},
         "curves": curves,
-        "recipes": RECIPES,
+        "recipes": {n: RECIPES[n] for n in names},
         "machine": machine_line(machine_facts(), run=True),
         "seconds": round(time.perf_counter() - t0),
     }
     res = Path(args.results)
     res.mkdir(parents=True, exist_ok=True)
     stem = "gym_learnability_quick" if args.quick else "gym_learnability"
+    if args.recipe:
+        stem += "_" + "_".join(names)
     (res / f"{stem}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     plot_curves(curves, res / f"{stem}_curves.png")
     (res / f"{stem}.md").write_text(render(result, stem))

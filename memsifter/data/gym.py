@@ -565,8 +565,11 @@ def _user(
         if cfg.level == "single":
             history = history[:1]
         facts[attr.name] = {"history": history, "older": older}
-        slots = sorted(rng.random() for _ in range(len(history)))
         start = 0 if cfg.level == "stale" else 1  # stale: the first value is never stated
+        # One uniform time per *stated* update, sorted; stale has a single change, so its time
+        # is uniform and the useful session's position carries no habit a ranker could learn.
+        stated = sorted(rng.random() for _ in range(len(history) - (cfg.level == "stale")))
+        slots = [0.0] * (cfg.level == "stale") + stated
         if cfg.level != "stale":
             events.append(
                 _Event(
