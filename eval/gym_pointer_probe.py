@@ -140,7 +140,8 @@ def main() -> None:
     lines = [
         "# Memory gym: can a tiny proxy learn to point? (supervised probe)",
         "",
-        f"`python eval/gym_pointer_probe.py --steps {args.steps}` ({result['machine']}). "
+        f"`python eval/gym_pointer_probe.py{''.join(f' --arch {a}' for a in args.arch or [])} "
+        f"--steps {args.steps}` ({result['machine']}). "
         f"Cross-entropy on the first ranking id = the useful session, batch {args.batch_size}, "
         f"AdamW lr {args.lr}, world `{WORLD}` (5 candidates, chance 0.2); validation users, "
         "n = 200 memory questions. Accuracy of the first id by step:",

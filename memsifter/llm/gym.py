@@ -16,7 +16,7 @@ grammar (:func:`memsifter.data.gym.parse_statements`), and answers as a careful 
 It never raises on odd input: a prompt it cannot read, a question outside the grammar or a
 session without a readable date gives ``unknown`` (or skips the session), and each is counted in
 :attr:`GymReader.stats`. It is a pure function of the prompt text, so the reward service's
-sharing and caching are exact for it, at tens of thousands of prompts a second.
+sharing and caching are exact for it; it costs a regex pass per prompt.
 
 Its tokenizer counts words and punctuation (the answerer's window is measured in those) and
 renders a plain chat template, so :meth:`Answerer.render` works unchanged.

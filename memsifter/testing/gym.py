@@ -73,8 +73,9 @@ def build_gym_proxy(
     Ranking means naming a session's *position*, so the network must carry a session's id to
     its content before it can point at it. Supervised on the useful session, two layers of
     width 128 leave chance after ~150 steps of 16 prompts (``eval/gym_pointer_probe.py``,
-    ``eval/results/gym_pointer_probe.md``); four layers, or nine candidates, stayed at chance
-    for the 400-1,500 steps tried on two cores."""
+    ``eval/results/gym_pointer_probe.md``). Deeper models and the nine-candidate world stayed
+    at chance in this session's uncommitted exploratory runs: rerun the probe before relying
+    on either."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     out_dir = Path(out_dir)
