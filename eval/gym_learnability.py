@@ -62,20 +62,12 @@ def _outputs(quick: bool) -> Path:
     return ROOT / ("outputs/gym_quick" if quick else "outputs/gym")
 
 
-def build(out: Path, quick: bool, log: Any = print) -> dict[str, Path]:
-    """Stages 1-3: the proxy, the RL data and the shared SFT start."""
+def build_data(proxy: Path, data: Path) -> Path:
+    """The benchmark's RL data (``DATA_RECIPE`` on ``WORLD``) rendered for ``proxy``."""
     import dataclasses
 
-    from memsifter.testing.gym import build_gym_proxy
-    from memsifter.training.config import load_train_config
-    from memsifter.training.loop import run_training
     from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
 
-    proxy = out / "proxy"
-    if not (proxy / "config.json").is_file():
-        log(f"building the gym proxy in {proxy}")
-        build_gym_proxy(proxy)
-    data = out / "data"
     if not (data / "prompt_spec.json").is_file():
         cfg = load_rl_data_config(ROOT / DATA_RECIPE)
         cfg = dataclasses.replace(
@@ -84,6 +76,21 @@ def build(out: Path, quick: bool, log: Any = print) -> dict[str, Path]:
             sources=[dataclasses.replace(s, path=str(ROOT / WORLD)) for s in cfg.sources],
         )
         prepare_rl_data(cfg, data)
+    return data
+
+
+def build(out: Path, quick: bool, log: Any = print) -> dict[str, Path]:
+    """Stages 1-3: the proxy, the RL data and the shared SFT start."""
+
+    from memsifter.testing.gym import build_gym_proxy
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    proxy = out / "proxy"
+    if not (proxy / "config.json").is_file():
+        log(f"building the gym proxy in {proxy}")
+        build_gym_proxy(proxy)
+    data = build_data(proxy, out / "data")
     sft_dir = out / "sft"
     overrides = _common_overrides(out, sft_dir, quick, model=proxy)
     start = sft_dir / "sft" / "final"

@@ -16,7 +16,6 @@ Writes ``eval/results/gym_pointer_probe.{md,json}``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys
@@ -26,8 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-WORLD = "configs/gym/bench_world.yaml"
-DATA_RECIPE = "configs/data/gym_tiny.yaml"
+from gym_learnability import WORLD  # noqa: E402  (eval/ is this script's sys.path[0])
 
 
 def batch(tok: Any, prompts: list[str], suffix: list[int]) -> tuple[Any, Any, Any]:
@@ -46,21 +44,13 @@ def batch(tok: Any, prompts: list[str], suffix: list[int]) -> tuple[Any, Any, An
 def probe(arch: str, steps: int, lr: float, batch_size: int, out: Path) -> list[dict[str, Any]]:
     import torch
     from datasets import load_dataset
+    from gym_learnability import build_data
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memsifter.testing.gym import build_gym_proxy
-    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
 
     proxy = build_gym_proxy(out / f"proxy-{arch}", arch=arch)
-    data = out / "data"
-    if not (data / "prompt_spec.json").is_file():
-        cfg = load_rl_data_config(ROOT / DATA_RECIPE)
-        cfg = dataclasses.replace(
-            cfg,
-            prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
-            sources=[dataclasses.replace(s, path=str(ROOT / WORLD)) for s in cfg.sources],
-        )
-        prepare_rl_data(cfg, data)
+    data = build_data(proxy, out / "data")
     split = {
         s: list(load_dataset("parquet", data_files=str(data / f"{s}.parquet"), split="train"))
         for s in ("train_pool", "validation")
