@@ -415,6 +415,7 @@ def build_row(
     built = builder.build_query(query)
     gold = set(query.gold_session_ids)
     gold_positions = [i for i, sid in enumerate(built.candidate_ids) if sid in gold]
+    useful = set(query.meta.get("useful_session_ids", ()))
     return {
         "prompt": built.text,
         "prompt_messages": [{"role": m["role"], "content": m["content"]} for m in built.messages],
@@ -426,11 +427,7 @@ def build_row(
         "gold_positions": gold_positions,
         # the sessions whose content alone makes the answer right, where the dataset knows them
         # (the memory gym); empty otherwise. Measured against, never trained on.
-        "useful_positions": [
-            i
-            for i, sid in enumerate(built.candidate_ids)
-            if sid in set(query.meta.get("useful_session_ids", ()))
-        ],
+        "useful_positions": [i for i, sid in enumerate(built.candidate_ids) if sid in useful],
         "gold_in_prompt": len(gold_positions),
         "n_candidates": built.num_candidates,
         "prompt_tokens": built.n_tokens,
