@@ -300,3 +300,53 @@ def test_rl_data_uses_the_worlds_user_split(tmp_path) -> None:
     assert split.method == "dataset"
     for name in ("train", "validation", "test"):
         assert list(split.of(name)) == [u["id"] for u in world.users if u["split"] == name]
+
+
+def test_s0_shifts_a_whole_group_so_group_advantages_ignore_it() -> None:
+    """Marginal utility against the absolute score, explained: s_0 is one number per prompt, so
+    subtracting it moves every completion of a GRPO group by the same amount, and the group's
+    advantages (r - mean) / std, TRL's ``scale_rewards: group``, are unchanged. The two recipes
+    differ only where rewards are compared across prompts (``scale_rewards: batch``, curriculum
+    scores, reward-based checkpoint selection's absolute level)."""
+    import torch
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardRequest, RewardService
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    marginal = RewardService.from_config(
+        load_reward_config(root / "configs/rewards/gym_outcome.yaml")
+    )
+    absolute = RewardService.from_config(
+        load_reward_config(root / "configs/rewards/gym_outcome_absolute.yaml")
+    )
+    reqs = []
+    for _, req in _requests():
+        n = len(req.candidates)
+        # every one-id ranking: the group a one-id policy samples from
+        comps = tuple(f"<ranking>{i}</ranking>" for i in range(n))
+        reqs.append(RewardRequest(**{**req.__dict__, "completions": comps}))
+    shifted = 0
+    for m, a in zip(marginal.score(reqs).rewards, absolute.score(reqs).rewards, strict=True):
+        rm = torch.tensor([c.reward for c in m])
+        ra = torch.tensor([c.reward for c in a])
+        s0 = m[0].tier_scores[0]
+        assert torch.allclose(ra - rm, torch.full_like(rm, s0))
+        shifted += s0 > 0
+        if rm.std() > 0:
+            adv_m = (rm - rm.mean()) / rm.std()
+            adv_a = (ra - ra.mean()) / ra.std()
+            assert torch.allclose(adv_m, adv_a, atol=1e-6)
+    assert shifted > 0  # the no-memory questions: s_0 = 1, where the two rewards differ
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_recency_puts_the_useful_update_last_and_the_default_does_not(level) -> None:
+    def last_share(recency: bool) -> float:
+        ds = to_dataset(generate_world(GymConfig(size="ci", level=level, recency=recency)))
+        memory = [q for q in ds.queries if q.meta["kind"] == "current"]
+        last = [q.haystack[-1].id in q.meta["useful_session_ids"] for q in memory]
+        return sum(last) / len(last)
+
+    assert last_share(True) == 1.0
+    assert last_share(False) < 0.6

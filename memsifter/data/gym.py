@@ -403,6 +403,11 @@ class GymConfig:
     )
     earlier_questions: bool = setting(True, help='ask "before X" questions (stale, history)')
     long_sessions: bool = setting(False, help="four turns a session instead of two")
+    recency: bool = setting(
+        False,
+        help="each attribute's latest update comes after every other session: a world where "
+        "the position alone is the answer (CI's learning test); by default it is uniform",
+    )
     split: tuple[float, float, float] = setting(
         (0.6, 0.2, 0.2), help="train, validation, test fractions of the users"
     )
@@ -570,6 +575,8 @@ def _user(
         # is uniform and the useful session's position carries no habit a ranker could learn.
         stated = sorted(rng.random() for _ in range(len(history) - (cfg.level == "stale")))
         slots = [0.0] * (cfg.level == "stale") + stated
+        if cfg.recency:  # after every uniform time, attributes in the order they were drawn
+            slots[-1] = 1.0 + len(facts) / 100
         if cfg.level != "stale":
             events.append(
                 _Event(
