@@ -1,7 +1,7 @@
 """The memory gym's learnability benchmark: does the training stack learn, and do outcome
 rewards beat retrieval labels, on a world built so that they must?
 
-    python eval/gym_learnability.py            # ~1.5 h on 2 cores; rerunning resumes
+    python eval/gym_learnability.py            # ~2 h on 2 cores; rerunning resumes
     python eval/gym_learnability.py --quick    # the same pipeline on a smaller budget (smoke)
 
 Stages, each resumable (outputs under ``outputs/gym/``):
@@ -13,7 +13,9 @@ Stages, each resumable (outputs under ``outputs/gym/``):
    every recipe starts from it (the ``start`` row);
 4. each recipe of :data:`RECIPES` with ``memsifter train`` (the project's own trainer, epoch
    loop, validation, averaging): R_ret only (``labels``), R_ans (``outcome``), R_ans without
-   subtracting s_0 (``outcome_absolute``), and the ablations of the outcome recipe;
+   subtracting s_0 (``outcome_absolute``), R_ans on the curriculum's selection
+   (``outcome_curriculum``); ``outcome_no_averaging`` is read from the outcome run
+   (:data:`DERIVED`);
 5. every ranker on the **test users** (never used to choose anything): BM25's order, the start
    model, each trained model, and the oracle (useful session first), scored by
    :mod:`memsifter.evaluation.gym`; paired-bootstrap 95% CIs of the per-question differences.
@@ -45,8 +47,14 @@ RECIPES: dict[str, str] = {
     "labels": "configs/train/gym_labels.yaml",
     "outcome": "configs/train/gym_outcome.yaml",
     "outcome_absolute": "configs/train/gym_outcome_absolute.yaml",
-    "outcome_no_averaging": "configs/train/gym_outcome_no_averaging.yaml",
+    "outcome_curriculum": "configs/train/gym_outcome.yaml",
 }
+# recipes whose train split is another data recipe's selection (validation and test are the same)
+RECIPE_DATA: dict[str, str] = {"outcome_curriculum": "configs/data/gym_tiny_curriculum.yaml"}
+# Rows read from another recipe's run. With one epoch, averaging changes only the final model:
+# the trajectory (same seed, data, reward) is the outcome run's, so "no averaging" is that run's
+# best checkpoint by the same select_metric, where the recipe ships the average of its top_k.
+DERIVED: dict[str, str] = {"outcome_no_averaging": "outcome"}
 PAIRS = (
     ("outcome", "start"),
     ("outcome", "labels"),
@@ -54,6 +62,7 @@ PAIRS = (
     ("labels", "bm25"),
     ("outcome", "outcome_absolute"),
     ("outcome", "outcome_no_averaging"),
+    ("outcome_curriculum", "outcome"),
 )
 HEADLINE = ("ndcg@1_useful", "answer_acc@1", "answer_acc@3", "parsed")
 
@@ -62,14 +71,14 @@ def _outputs(quick: bool) -> Path:
     return ROOT / ("outputs/gym_quick" if quick else "outputs/gym")
 
 
-def build_data(proxy: Path, data: Path) -> Path:
-    """The benchmark's RL data (``DATA_RECIPE`` on ``WORLD``) rendered for ``proxy``."""
+def build_data(proxy: Path, data: Path, recipe: str = DATA_RECIPE) -> Path:
+    """The benchmark's RL data (``recipe`` on ``WORLD``) rendered for ``proxy``."""
     import dataclasses
 
     from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
 
     if not (data / "prompt_spec.json").is_file():
-        cfg = load_rl_data_config(ROOT / DATA_RECIPE)
+        cfg = load_rl_data_config(ROOT / recipe)
         cfg = dataclasses.replace(
             cfg,
             prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
@@ -99,8 +108,15 @@ def build(out: Path, quick: bool, log: Any = print) -> dict[str, Path]:
     return {"proxy": proxy, "data": data, "start": start}
 
 
-def _common_overrides(out: Path, run_dir: Path, quick: bool, model: Path) -> list[str]:
-    over = [f"output_dir={run_dir}", f"data={out / 'data'}", f"model.name={model}"]
+def _data_dir(out: Path, name: str | None = None) -> Path:
+    return out / ("data" if name not in RECIPE_DATA else f"data_{name}")
+
+
+def _common_overrides(
+    out: Path, run_dir: Path, quick: bool, model: Path, data: Path | None = None
+) -> list[str]:
+    data = out / "data" if data is None else data
+    over = [f"output_dir={run_dir}", f"data={data}", f"model.name={model}"]
     if quick:
         over += [
             "epochs.max_steps=12",
@@ -121,12 +137,34 @@ def train_recipes(
     for name in names:
         config = RECIPES[name]
         run_dir = out / "train" / name
-        cfg = load_train_config(ROOT / config, _common_overrides(out, run_dir, quick, start))
+        data = _data_dir(out, name)
+        if name in RECIPE_DATA:
+            build_data(out / "proxy", data, RECIPE_DATA[name])
+        over = _common_overrides(out, run_dir, quick, start, data)
+        cfg = load_train_config(ROOT / config, over)
         t0 = time.perf_counter()
         result = run_training(cfg, log=log)
         finals[name] = Path(result["model"])
         log(f"{name}: {result['model']} in {time.perf_counter() - t0:.0f} s")
     return finals
+
+
+def best_checkpoint(run_dir: Path, config: str, start: Path) -> Path:
+    """The run's best single checkpoint by its recipe's select_metric (or the start model, when
+    the recipe keeps a start that validates higher): what ``top_k: 1`` would have shipped."""
+    from memsifter.training.config import load_train_config
+
+    cfg = load_train_config(ROOT / config)
+    metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
+    results = json.loads((run_dir / "epoch-0" / "validation.json").read_text())
+    ranked = sorted(
+        (n for n in results if n.startswith("checkpoint-")),
+        key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
+    )
+    best = ranked[0]
+    if cfg.epochs.keep_start_if_better and results["start"][metric] > results[best][metric]:
+        return start
+    return run_dir / "epoch-0" / best
 
 
 def rank_with(model: Path, rows: list[dict[str, Any]], max_new_tokens: int) -> dict[str, Any]:
@@ -197,11 +235,11 @@ def main() -> None:
     ap.add_argument(
         "--recipe",
         action="append",
-        choices=list(RECIPES),
+        choices=list(RECIPES) + list(DERIVED),
         help="train and report only these recipes (repeatable; default: all)",
     )
     args = ap.parse_args()
-    names = args.recipe or list(RECIPES)
+    names = args.recipe or [*RECIPES, *DERIVED]
 
     from datasets import load_dataset
 
@@ -214,7 +252,14 @@ def main() -> None:
     t0 = time.perf_counter()
     out = _outputs(args.quick)
     built = build(out, args.quick)
-    finals = train_recipes(out, built["start"], args.quick, names)
+    trained = [n for n in names if n in RECIPES]
+    trained += [DERIVED[n] for n in names if n in DERIVED and DERIVED[n] not in trained]
+    finals = train_recipes(out, built["start"], args.quick, trained)
+    for name in names:
+        if name in DERIVED:
+            finals[name] = best_checkpoint(
+                out / "train" / DERIVED[name], RECIPES[DERIVED[name]], built["start"]
+            )
     spec = read_spec(built["data"])
     test = [
         r
@@ -321,6 +366,13 @@ def render(r: dict[str, Any], stem: str) -> str:
             for m in HEADLINE[:3]
         ]
         lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    derived = [n for n in r["rankers"] if n in DERIVED]
+    if derived:
+        lines += [""] + [
+            f"`{n}` is the `{DERIVED[n]}` run's best single checkpoint by its select_metric "
+            "(what `top_k: 1` ships; with one epoch the trajectory is the same run's)."
+            for n in derived
+        ]
     lines += ["", f"Learning curves: `{stem}_curves.png`.", ""]
     return "\n".join(lines)
 

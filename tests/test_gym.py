@@ -341,12 +341,27 @@ def test_s0_shifts_a_whole_group_so_group_advantages_ignore_it() -> None:
 
 
 @pytest.mark.parametrize("level", LEVELS)
-def test_recency_puts_the_useful_update_last_and_the_default_does_not(level) -> None:
-    def last_share(recency: bool) -> float:
-        ds = to_dataset(generate_world(GymConfig(size="ci", level=level, recency=recency)))
-        memory = [q for q in ds.queries if q.meta["kind"] == "current"]
-        last = [q.haystack[-1].id in q.meta["useful_session_ids"] for q in memory]
-        return sum(last) / len(last)
+def test_useful_at_places_the_useful_update_and_uniform_has_no_habit(level) -> None:
+    def shares(useful_at: str) -> tuple[float, float]:
+        cfg = GymConfig(size="ci", level=level, useful_at=useful_at)
+        memory = [q for q in to_dataset(generate_world(cfg)).queries if q.meta["kind"] == "current"]
+        useful = [
+            next(i for i, s in enumerate(q.haystack) if s.id in q.meta["useful_session_ids"])
+            for q in memory
+        ]
+        n = [len(q.haystack) for q in memory]
+        last = sum(u == k - 1 for u, k in zip(useful, n, strict=True)) / len(memory)
+        # early: the useful update precedes every session that is not an update
+        early = sum(
+            all(s.id in q.gold_session_ids for s in q.haystack[:u])
+            and q.haystack[u].id in q.meta["useful_session_ids"]
+            for q, u in zip(memory, useful, strict=True)
+        )
+        return last, early / len(memory)
 
-    assert last_share(True) == 1.0
-    assert last_share(False) < 0.6
+    assert shares("late")[0] == 1.0
+    assert shares("uniform")[0] < 0.6
+    if level == "single":
+        assert shares("early") == (0.0, 1.0)
+    with pytest.raises(DataError, match="useful_at"):
+        GymConfig(useful_at="middle").resolved()

@@ -50,6 +50,7 @@ from memsifter.errors import DataError
 SOURCE = "gym"
 LEVELS: tuple[str, ...] = ("single", "stale", "history")
 QUESTION_KINDS: tuple[str, ...] = ("current", "earlier", "none")
+USEFUL_AT: tuple[str, ...] = ("uniform", "early", "late")
 UNKNOWN = "unknown"  # the reader's answer when nothing it sees fits the question
 ASSISTANT = "Assistant"
 DATE_FORMAT = "%d %B %Y"  # "08 May 2023": one spelling, parsed back by the reader
@@ -403,10 +404,11 @@ class GymConfig:
     )
     earlier_questions: bool = setting(True, help='ask "before X" questions (stale, history)')
     long_sessions: bool = setting(False, help="four turns a session instead of two")
-    recency: bool = setting(
-        False,
-        help="each attribute's latest update comes after every other session: a world where "
-        "the position alone is the answer (CI's learning test); by default it is uniform",
+    useful_at: str = setting(
+        "uniform",
+        help="where the user's updates fall: uniform (no position habit pays), early (before "
+        "every other session) or late (each latest update after them); early and late are "
+        "worlds where a position is the answer, for CI's learning test",
     )
     split: tuple[float, float, float] = setting(
         (0.6, 0.2, 0.2), help="train, validation, test fractions of the users"
@@ -417,6 +419,11 @@ class GymConfig:
         if self.level not in LEVELS:
             raise DataError(
                 f"unknown gym level {self.level!r}; choose one of {LEVELS}", field="level"
+            )
+        if self.useful_at not in USEFUL_AT:
+            raise DataError(
+                f"unknown useful_at {self.useful_at!r}; choose one of {USEFUL_AT}",
+                field="useful_at",
             )
         if self.size not in SIZES:
             raise DataError(
@@ -575,8 +582,11 @@ def _user(
         # is uniform and the useful session's position carries no habit a ranker could learn.
         stated = sorted(rng.random() for _ in range(len(history) - (cfg.level == "stale")))
         slots = [0.0] * (cfg.level == "stale") + stated
-        if cfg.recency:  # after every uniform time, attributes in the order they were drawn
-            slots[-1] = 1.0 + len(facts) / 100
+        band = len(facts) / 100  # attributes keep the order they were drawn in
+        if cfg.useful_at == "late":
+            slots[-1] = 1.0 + band
+        elif cfg.useful_at == "early":  # every update before the other events, order kept
+            slots = [x / 1000 - 1.0 + band for x in slots]
         if cfg.level != "stale":
             events.append(
                 _Event(
