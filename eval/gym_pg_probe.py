@@ -1,0 +1,213 @@
+"""Does the outcome reward's policy gradient find the useful session, stripped of everything
+but the id? A probe of the RL signal, between the supervised pointer probe and the recipes.
+
+    python eval/gym_pg_probe.py                       # the committed grid, ~12 min on 2 cores
+    python eval/gym_pg_probe.py --mode exact --seed 2 --steps 200
+
+The policy is the benchmark's SFT start (``eval/gym_learnability.py`` builds it), read at one
+position: the prompt followed by ``<ranking>``, its logits over the candidate ids. Every id's
+reward is R_ans of the one-id ranking ``<ranking>i</ranking>`` from the reward service
+(``configs/rewards/gym_outcome.yaml``: the gym's working LLM, tiers, s_0), exactly what GRPO
+pays that completion. Two estimators of the gradient of the expected reward:
+
+* ``sample``: GRPO's, G ids sampled per prompt, advantages normalised within the group;
+* ``exact``: the expectation itself, sum_i p_i R_i (no sampling noise at all).
+
+``--kl`` adds beta * KL(p || p_start) over the ids. 16 memory prompts of the train users a step,
+AdamW, gradients clipped at 1. Reports validation accuracy of the greedy id (n = 200 memory
+questions of the validation users) and the policy's entropy over the ids, every 25 steps.
+Writes ``eval/results/gym_pg_probe.{md,json}`` (the grid) or prints one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (mode, seed, kl, steps): the runs behind docs/gym.md's finding on entropy collapse
+GRID: tuple[tuple[str, int, float, int], ...] = (
+    ("sample", 0, 0.0, 300),
+    ("sample", 1, 0.0, 150),
+    ("sample", 2, 0.0, 150),
+    ("exact", 2, 0.0, 200),
+    ("sample", 2, 0.1, 300),
+)
+
+
+def probe(mode: str, seed: int, kl: float, steps: int, lr: float, batch: int, group: int) -> Any:
+    import torch
+    from datasets import load_dataset
+    from gym_learnability import _outputs, build
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+    from memsifter.rewards.trl import make_reward_function
+
+    built = build(_outputs(False), False)
+    split = {
+        s: [
+            r
+            for r in load_dataset(
+                "parquet", data_files=str(built["data"] / f"{s}.parquet"), split="train"
+            )
+            if r["useful_positions"]
+        ]
+        for s in ("train", "validation")
+    }
+    train, val = split["train"], split["validation"][:200]
+    fn = make_reward_function(
+        RewardService.from_config(load_reward_config(ROOT / "configs/rewards/gym_outcome.yaml"))
+    )
+    fn.set_total_steps(steps)
+    columns = [c for c in train[0] if c != "prompt"]
+    cache: dict[str, list[float]] = {}
+
+    def id_rewards(row: dict[str, Any]) -> list[float]:
+        if row["qid"] not in cache:
+            comps = [f"<ranking>{i}</ranking>" for i in range(row["n_candidates"])]
+            cols = {c: [row[c]] * len(comps) for c in columns}
+            cache[row["qid"]] = fn([row["prompt"]] * len(comps), comps, **cols)
+        return cache[row["qid"]]
+
+    tok = AutoTokenizer.from_pretrained(built["start"])
+    model = AutoModelForCausalLM.from_pretrained(built["start"])
+    ref = copy.deepcopy(model).eval()
+    head = tok("<ranking>", add_special_tokens=False)["input_ids"]
+    n = max(r["n_candidates"] for r in train)
+    ids = [tok(str(i), add_special_tokens=False)["input_ids"] for i in range(n)]
+    if any(len(t) != 1 for t in ids):
+        raise ValueError("the probe needs single-token candidate ids")
+    label = [t[0] for t in ids]
+
+    def id_logits(m: Any, rows: list[dict[str, Any]]) -> Any:
+        enc = [tok(r["prompt"], add_special_tokens=False)["input_ids"] + head for r in rows]
+        width = max(map(len, enc))
+        x = torch.full((len(enc), width), tok.pad_token_id)
+        mask = torch.zeros_like(x)
+        for i, e in enumerate(enc):  # left padding, positions from the mask (as generate)
+            x[i, width - len(e) :] = torch.tensor(e)
+            mask[i, width - len(e) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        return m(input_ids=x, attention_mask=mask, position_ids=pos).logits[:, -1, label]
+
+    def accuracy() -> float:
+        model.eval()
+        hit = 0
+        with torch.no_grad():
+            for i in range(0, len(val), 50):
+                rows = val[i : i + 50]
+                best = id_logits(model, rows).argmax(-1).tolist()
+                hit += sum(b == r["useful_positions"][0] for b, r in zip(best, rows, strict=True))
+        model.train()
+        return hit / len(val)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    curve = [{"step": 0, "val_acc": accuracy(), "entropy": None}]
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        rows = rng.sample(train, batch)
+        rewards = torch.tensor([id_rewards(r) for r in rows])
+        logp = torch.log_softmax(id_logits(model, rows), -1)
+        if mode == "exact":
+            loss = -(logp.exp() * rewards).sum(-1).mean()
+        else:
+            drawn = torch.multinomial(logp.exp().detach(), group, replacement=True)
+            r = rewards.gather(1, drawn)
+            adv = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+            loss = -(adv * logp.gather(1, drawn)).mean()
+        if kl:
+            with torch.no_grad():
+                logp_ref = torch.log_softmax(id_logits(ref, rows), -1)
+            loss = loss + kl * (logp.exp() * (logp - logp_ref)).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0:
+            entropy = float(-(logp.exp() * logp).sum(-1).mean().detach())
+            curve.append({"step": step, "val_acc": accuracy(), "entropy": round(entropy, 3)})
+            print(mode, seed, kl, curve[-1], f"{time.perf_counter() - t0:.0f} s", flush=True)
+    return curve
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("sample", "exact"), help="one run instead of the grid")
+    ap.add_argument("--seed", type=int, default=0, help="prompt order and sampling seed")
+    ap.add_argument("--kl", type=float, default=0.0, help="beta of KL(p || p_start)")
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=16, help="prompts a step")
+    ap.add_argument("--group", type=int, default=8, help="ids sampled a prompt (sample mode)")
+    args = ap.parse_args()
+
+    import torch
+
+    from memsifter.machine import machine_facts, machine_line
+
+    torch.set_num_threads(2)
+    if args.mode:
+        probe(args.mode, args.seed, args.kl, args.steps, args.lr, args.batch, args.group)
+        return
+    t0 = time.perf_counter()
+    runs = [
+        {
+            "mode": mode,
+            "seed": seed,
+            "kl": kl,
+            "curve": probe(mode, seed, kl, steps, args.lr, args.batch, args.group),
+        }
+        for mode, seed, kl, steps in GRID
+    ]
+    result = {
+        "split": "validation",
+        "n_questions": 200,
+        "lr": args.lr,
+        "batch": args.batch,
+        "group": args.group,
+        "runs": runs,
+        "machine": machine_line(machine_facts(), run=True),
+        "seconds": round(time.perf_counter() - t0),
+    }
+    out = ROOT / "eval/results"
+    (out / "gym_pg_probe.json").write_text(json.dumps(result, indent=1) + "\n")
+    steps = sorted({p["step"] for r in runs for p in r["curve"]})
+    names = [f"{r['mode']} seed {r['seed']}" + (f" kl {r['kl']}" if r["kl"] else "") for r in runs]
+    lines = [
+        "# Memory gym: the outcome reward's policy gradient on the id alone (probe)",
+        "",
+        f"`python eval/gym_pg_probe.py` ({result['seconds']} s; {result['machine']}). The "
+        "benchmark's SFT start read at the id after `<ranking>`; R_ans of each one-id ranking "
+        f"from `configs/rewards/gym_outcome.yaml`; {args.batch} train prompts a step, "
+        f"{args.group} ids sampled a prompt (`sample`) or the exact expectation (`exact`), "
+        f"AdamW lr {args.lr}, clip 1. Validation users, n = 200 memory questions; chance "
+        "0.2. Cells: greedy-id accuracy / entropy of the ids (nats; uniform = 1.609).",
+        "",
+        "| step | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
+    for s in steps:
+        cells = []
+        for r in runs:
+            p = next((p for p in r["curve"] if p["step"] == s), None)
+            ent = "" if p is None or p["entropy"] is None else f" / {p['entropy']:.2f}"
+            cells.append("" if p is None else f"{p['val_acc']:.2f}{ent}")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    (out / "gym_pg_probe.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
