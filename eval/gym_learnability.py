@@ -153,15 +153,12 @@ def best_checkpoint(run_dir: Path, config: str, start: Path) -> Path:
     """The run's best single checkpoint by its recipe's select_metric (or the start model, when
     the recipe keeps a start that validates higher): what ``top_k: 1`` would have shipped."""
     from memsifter.training.config import load_train_config
+    from memsifter.training.loop import rank_checkpoints
 
     cfg = load_train_config(ROOT / config)
     metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
     results = json.loads((run_dir / "epoch-0" / "validation.json").read_text())
-    ranked = sorted(
-        (n for n in results if n.startswith("checkpoint-")),
-        key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
-    )
-    best = ranked[0]
+    best = rank_checkpoints(results, metric)[0]
     if cfg.epochs.keep_start_if_better and results["start"][metric] > results[best][metric]:
         return start
     return run_dir / "epoch-0" / best

@@ -47,6 +47,7 @@ def probe(mode: str, seed: int, kl: float, steps: int, lr: float, batch: int, gr
     import torch
     from datasets import load_dataset
     from gym_learnability import _outputs, build
+    from gym_pointer_probe import batch as batch_ids
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memsifter.rewards import load_reward_config
@@ -90,14 +91,7 @@ def probe(mode: str, seed: int, kl: float, steps: int, lr: float, batch: int, gr
     label = [t[0] for t in ids]
 
     def id_logits(m: Any, rows: list[dict[str, Any]]) -> Any:
-        enc = [tok(r["prompt"], add_special_tokens=False)["input_ids"] + head for r in rows]
-        width = max(map(len, enc))
-        x = torch.full((len(enc), width), tok.pad_token_id)
-        mask = torch.zeros_like(x)
-        for i, e in enumerate(enc):  # left padding, positions from the mask (as generate)
-            x[i, width - len(e) :] = torch.tensor(e)
-            mask[i, width - len(e) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        x, mask, pos = batch_ids(tok, [r["prompt"] for r in rows], head)
         return m(input_ids=x, attention_mask=mask, position_ids=pos).logits[:, -1, label]
 
     def accuracy() -> float:

@@ -308,12 +308,14 @@ def test_s0_shifts_a_whole_group_so_group_advantages_ignore_it() -> None:
     advantages (r - mean) / std, TRL's ``scale_rewards: group``, are unchanged. The two recipes
     differ only where rewards are compared across prompts (``scale_rewards: batch``, curriculum
     scores, reward-based checkpoint selection's absolute level)."""
+    from pathlib import Path
+
     import torch
 
     from memsifter.rewards import load_reward_config
     from memsifter.rewards.service import RewardRequest, RewardService
 
-    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1]
     marginal = RewardService.from_config(
         load_reward_config(root / "configs/rewards/gym_outcome.yaml")
     )

@@ -131,6 +131,15 @@ def spec_callback(spec: Any) -> Any:
     return _WriteSpec()
 
 
+def rank_checkpoints(results: dict[str, Any], metric: str) -> list[str]:
+    """An epoch's checkpoint names in ``results`` (its ``validation.json``), best first by
+    ``metric``; a tie goes to the later step."""
+    return sorted(
+        (n for n in results if n.startswith("checkpoint-")),
+        key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
+    )
+
+
 def keep_or_advance(results: dict[str, Any], metric: str, start: str, averaged: str) -> str:
     """The next epoch's start: the average, unless the start model scored strictly higher on
     validation (a tie advances: the paper's loop carries the average forward)."""
@@ -476,11 +485,7 @@ def _validate_and_average(
 
     # -- average the top-k checkpoints: the next epoch's start -------------------------------
     metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
-    ranked = sorted(
-        (n for n in results if n.startswith("checkpoint-")),
-        key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
-    )
-    top = ranked[: cfg.epochs.top_k]
+    top = rank_checkpoints(results, metric)[: cfg.epochs.top_k]
     if not top:
         raise RuntimeError(f"epoch {epoch} produced no checkpoints to average in {edir}")
     averaged = edir / "averaged"
