@@ -1,17 +1,20 @@
 """The memory gym's learnability benchmark: does the training stack learn, and do outcome
 rewards beat retrieval labels, on a world built so that they must?
 
-    python eval/gym_learnability.py            # ~2 h on 2 cores; rerunning resumes
+    python eval/gym_learnability.py            # ~10 min on 2 cores; rerunning resumes
     python eval/gym_learnability.py --quick    # the same pipeline on a smaller budget (smoke)
 
 Stages, each resumable (outputs under ``outputs/gym/``):
 
 1. the tiny gym proxy (:func:`memsifter.testing.gym.build_gym_proxy`), random weights;
-2. RL data: ``configs/data/gym_tiny.yaml`` on the world ``configs/gym/bench_world.yaml``,
-   candidates in chronological order (the paper's: ids are dates, so no position habit passes);
-3. cold-start SFT on **random permutations** (``configs/train/gym_sft.yaml``): the format only;
-   every recipe starts from it (the ``start`` row);
-4. each recipe of :data:`RECIPES` with ``memsifter train`` (the project's own trainer, epoch
+2. RL data: ``configs/data/gym_first_token.yaml`` on the world ``configs/gym/bench_world.yaml``,
+   candidates in chronological order (the paper's: ids are dates, so no position habit passes),
+   read by the first-token ranking head (the prompt ends at ``<ranking>``; the logits over the
+   labels are the ranking);
+3. every recipe starts from the untrained proxy (the ``start`` row): the head has no format to
+   learn, so no SFT, and whatever the model ranks by comes from the reward;
+4. each recipe of :data:`RECIPES` with ``memsifter train`` (the project's own trainer: the
+   first-token head's Plackett–Luce GRPO, :mod:`memsifter.training.pl_grpo`; the epoch
    loop, validation, averaging): R_ret only (``labels``), R_ans (``outcome``), R_ans without
    subtracting s_0 (``outcome_absolute``), R_ans on the curriculum's selection
    (``outcome_curriculum``); ``outcome_no_averaging`` is read from the outcome run
@@ -40,17 +43,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 WORLD = "configs/gym/bench_world.yaml"
-DATA_RECIPE = "configs/data/gym_tiny.yaml"
-SFT = "configs/train/gym_sft.yaml"
-# row name -> training config; every one starts from the SFT model
+DATA_RECIPE = "configs/data/gym_first_token.yaml"
+# row name -> training config; every one starts from the untrained proxy
 RECIPES: dict[str, str] = {
-    "labels": "configs/train/gym_labels.yaml",
-    "outcome": "configs/train/gym_outcome.yaml",
-    "outcome_absolute": "configs/train/gym_outcome_absolute.yaml",
-    "outcome_curriculum": "configs/train/gym_outcome.yaml",
+    "labels": "configs/train/gym_pl_labels.yaml",
+    "outcome": "configs/train/gym_pl_outcome.yaml",
+    "outcome_absolute": "configs/train/gym_pl_outcome_absolute.yaml",
+    "outcome_curriculum": "configs/train/gym_pl_outcome.yaml",
 }
 # recipes whose train split is another data recipe's selection (validation and test are the same)
-RECIPE_DATA: dict[str, str] = {"outcome_curriculum": "configs/data/gym_tiny_curriculum.yaml"}
+RECIPE_DATA: dict[str, str] = {"outcome_curriculum": "configs/data/gym_first_token_curriculum.yaml"}
 # Rows read from another recipe's run. With one epoch, averaging changes only the final model:
 # the trajectory (same seed, data, reward) is the outcome run's, so "no averaging" is that run's
 # best checkpoint by the same select_metric, where the recipe ships the average of its top_k.
@@ -88,24 +90,16 @@ def build_data(proxy: Path, data: Path, recipe: str = DATA_RECIPE) -> Path:
     return data
 
 
-def build(out: Path, quick: bool, log: Any = print) -> dict[str, Path]:
-    """Stages 1-3: the proxy, the RL data and the shared SFT start."""
-
+def build(out: Path, recipe: str = DATA_RECIPE, log: Any = print) -> dict[str, Path]:
+    """Stages 1-3: the proxy (also every recipe's start) and the RL data (``recipe``)."""
     from memsifter.testing.gym import build_gym_proxy
-    from memsifter.training.config import load_train_config
-    from memsifter.training.loop import run_training
 
     proxy = out / "proxy"
     if not (proxy / "config.json").is_file():
         log(f"building the gym proxy in {proxy}")
         build_gym_proxy(proxy)
-    data = build_data(proxy, out / "data")
-    sft_dir = out / "sft"
-    overrides = _common_overrides(out, sft_dir, quick, model=proxy)
-    start = sft_dir / "sft" / "final"
-    if not (start / "config.json").is_file():
-        run_training(load_train_config(ROOT / SFT, overrides), log=log, until="sft")
-    return {"proxy": proxy, "data": data, "start": start}
+    name = "data" if recipe == DATA_RECIPE else f"data_{Path(recipe).stem}"
+    return {"proxy": proxy, "data": build_data(proxy, out / name, recipe), "start": proxy}
 
 
 def _data_dir(out: Path, name: str | None = None) -> Path:
@@ -122,7 +116,6 @@ def _common_overrides(
             "epochs.max_steps=12",
             "epochs.save_steps=6",
             "epochs.validation_max_questions=16",
-            "sft.max_examples=64",
         ]
     return over
 
@@ -164,12 +157,13 @@ def best_checkpoint(run_dir: Path, config: str, start: Path) -> Path:
     return run_dir / "epoch-0" / best
 
 
-def rank_with(model: Path, rows: list[dict[str, Any]], max_new_tokens: int) -> dict[str, Any]:
+def rank_with(model: Path, rows: list[dict[str, Any]], spec: Any) -> dict[str, Any]:
     from memsifter.ranker.parse import parse_ranking
     from memsifter.training.validation import ValidationEngine, generate_completions
 
+    engine = ValidationEngine(batch_size=16, ranking_head=spec.ranking_head)
     texts = generate_completions(
-        model, rows, max_new_tokens=max_new_tokens, engine=ValidationEngine(batch_size=16)
+        model, rows, max_new_tokens=max(spec.completion_tokens, 1), engine=engine
     )
     parsed = [parse_ranking(t, int(r["n_candidates"])) for r, t in zip(rows, texts, strict=True)]
     return {
@@ -248,7 +242,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     out = _outputs(args.quick)
-    built = build(out, args.quick)
+    built = build(out)
     trained = [n for n in names if n in RECIPES]
     trained += [DERIVED[n] for n in names if n in DERIVED and DERIVED[n] not in trained]
     finals = train_recipes(out, built["start"], args.quick, trained)
@@ -269,10 +263,10 @@ def main() -> None:
 
     runs: dict[str, dict[str, Any]] = {
         "bm25": {"rankings": [list(r["coarse_order"]) for r in memory]},
-        "start": rank_with(built["start"], memory, spec.completion_tokens),
+        "start": rank_with(built["start"], memory, spec),
     }
     for name, path in finals.items():
-        runs[name] = rank_with(path, memory, spec.completion_tokens)
+        runs[name] = rank_with(path, memory, spec)
     runs["oracle"] = {
         "rankings": [
             list(r["useful_positions"])
@@ -307,7 +301,12 @@ def main() -> None:
         "paired_ci95": {p: {m: v["ci95"] for m, v in d.items()} for p, d in pairs.items()},
         "paired_mean": {p: {m: v["mean"] for m, v in d.items()} for p, d in pairs.items()},
         "curves": curves,
-        "recipes": {n: RECIPES[n] for n in names},
+        "recipes": {
+            n: RECIPES[n] + (f" on {RECIPE_DATA[n]}" if n in RECIPE_DATA else "")
+            if n in RECIPES
+            else f"the {DERIVED[n]} run's best checkpoint"
+            for n in names
+        },
         "machine": machine_line(machine_facts(), run=True),
         "seconds": round(time.perf_counter() - t0),
     }
@@ -343,6 +342,13 @@ def render(r: dict[str, Any], stem: str) -> str:
         f"`{r['world']['level']}`, size `{r['world']['size']}`); split **test**, "
         f"n = {r['n_questions']} memory questions (plus {r['n_no_memory_questions']} no-memory "
         f"questions, s_0 = {_f(r['no_memory_s_0'])}, the same for every ranker).",
+        "",
+        "Candidates in chronological order; rankings read by the first-token head "
+        f"(`{DATA_RECIPE}`). `start` is the untrained proxy every recipe starts from; each "
+        "trained row is `memsifter train` on its config (the head's Plackett-Luce GRPO, "
+        "`memsifter.training.pl_grpo`): "
+        + "; ".join(f"`{n}`: {c}" for n, c in r["recipes"].items())
+        + ". `oracle`: the useful session first.",
         "",
         "| ranker | " + " | ".join(cols) + " |",
         "|---" * (len(cols) + 1) + "|",

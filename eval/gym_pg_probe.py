@@ -2,21 +2,28 @@
 but the id? A probe of the RL signal, between the supervised pointer probe and the recipes.
 
     python eval/gym_pg_probe.py                       # the committed grid, ~12 min on 2 cores
-    python eval/gym_pg_probe.py --mode exact --seed 2 --steps 200
+    python eval/gym_pg_probe.py --mode exact --scale mean --start proxy --seed 2 --steps 200
 
-The policy is the benchmark's SFT start (``eval/gym_learnability.py`` builds it), read at one
-position: the prompt followed by ``<ranking>``, its logits over the candidate ids. Every id's
-reward is R_ans of the one-id ranking ``<ranking>i</ranking>`` from the reward service
-(``configs/rewards/gym_outcome.yaml``: the gym's working LLM, tiers, s_0), exactly what GRPO
-pays that completion. Two estimators of the gradient of the expected reward:
+The policy is the tiny gym proxy read at one position: the benchmark's world rendered as the
+generate-mode prompt (``configs/data/gym_tiny.yaml``) followed by ``<ranking>``, its logits over
+the candidate ids. It starts either untrained (``--start proxy``) or from the format-only SFT
+start (``--start sft``: random one-id rankings, ``configs/train/gym_sft.yaml``), the start the
+generate-mode recipes use. Every id's reward is R_ans of the one-id ranking
+``<ranking>i</ranking>`` from the reward service (``configs/rewards/gym_outcome.yaml``: the
+gym's working LLM, tiers, s_0), exactly what GRPO pays that completion. Estimators:
 
-* ``sample``: GRPO's, G ids sampled per prompt, advantages normalised within the group;
-* ``exact``: the expectation itself, sum_i p_i R_i (no sampling noise at all).
+* ``sample``: GRPO's, G ids sampled per prompt, advantages from the group;
+* ``exact``: the expectation itself, sum_i p_i R_i (no sampling noise at all);
+* ``pl``: the first-token head's, G whole rankings drawn by Gumbel top-k, scored as rankings,
+  loss -A log PL(ranking) (what :mod:`memsifter.training.pl_grpo` trains).
 
-``--kl`` adds beta * KL(p || p_start) over the ids. 16 memory prompts of the train users a step,
-AdamW, gradients clipped at 1. Reports validation accuracy of the greedy id (n = 200 memory
-questions of the validation users) and the policy's entropy over the ids, every 25 steps.
-Writes ``eval/results/gym_pg_probe.{md,json}`` (the grid) or prints one run.
+``--scale``: ``group`` divides the advantage by the group's std (GRPO), ``mean`` by the group's
+mean reward (with ``exact``: the gradient of log E[R], which on one-hot rewards is the
+cross-entropy on the useful id), ``none`` by nothing. ``--kl`` adds beta * KL(p || p_start)
+over the ids. 16 memory prompts of the train users a step, AdamW lr 1e-3, gradients clipped at
+1. Reports validation accuracy of the greedy id (n = 200 memory questions of the validation
+users) and the policy's entropy over the ids, every 25 steps. Writes
+``eval/results/gym_pg_probe.{md,json}`` (the grid) or prints one run.
 """
 
 from __future__ import annotations
@@ -33,28 +40,62 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (mode, seed, kl, steps): the runs behind docs/gym.md's finding on entropy collapse
-GRID: tuple[tuple[str, int, float, int], ...] = (
-    ("sample", 0, 0.0, 300),
-    ("sample", 1, 0.0, 150),
-    ("sample", 2, 0.0, 150),
-    ("exact", 2, 0.0, 200),
-    ("sample", 2, 0.1, 300),
+# (mode, scale, start, seed, kl, steps): the runs behind docs/gym.md's findings 8 and 9
+GRID: tuple[tuple[str, str, str, int, float, int], ...] = (
+    ("sample", "group", "sft", 2, 0.0, 200),
+    ("exact", "mean", "sft", 2, 0.0, 300),
+    ("exact", "mean", "proxy", 2, 0.0, 300),
+    ("sample", "group", "proxy", 2, 0.0, 300),
+    ("sample", "mean", "proxy", 2, 0.0, 300),
+    ("pl", "group", "proxy", 2, 0.0, 300),
 )
 
 
-def probe(mode: str, seed: int, kl: float, steps: int, lr: float, batch: int, group: int) -> Any:
+# The generate-mode prompt (the probe appends <ranking> itself) and its format-only SFT start.
+GENERATE_DATA = "configs/data/gym_tiny.yaml"
+SFT = "configs/train/gym_sft.yaml"
+
+
+def sft_start(built: dict[str, Path]) -> Path:
+    """SFT on random one-id rankings (``configs/train/gym_sft.yaml``): the format, no relevance."""
+    from gym_learnability import _outputs
+
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    out = _outputs(False) / "probe_sft"
+    final = out / "sft" / "final"
+    if not (final / "config.json").is_file():
+        over = [f"output_dir={out}", f"data={built['data']}", f"model.name={built['proxy']}"]
+        run_training(load_train_config(ROOT / SFT, over), until="sft")
+    return final
+
+
+def probe(
+    mode: str,
+    seed: int,
+    kl: float,
+    steps: int,
+    lr: float,
+    batch: int,
+    group: int,
+    scale: str,
+    start: str = "sft",
+) -> Any:
     import torch
     from datasets import load_dataset
     from gym_learnability import _outputs, build
     from gym_pointer_probe import batch as batch_ids
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from memsifter.ranker.first_token import gumbel_topk, pl_log_prob, ranking_text
     from memsifter.rewards import load_reward_config
     from memsifter.rewards.service import RewardService
     from memsifter.rewards.trl import make_reward_function
 
-    built = build(_outputs(False), False)
+    built = build(_outputs(False), GENERATE_DATA)
+    if start == "sft":
+        built["start"] = sft_start(built)
     split = {
         s: [
             r
@@ -90,6 +131,17 @@ def probe(mode: str, seed: int, kl: float, steps: int, lr: float, batch: int, gr
         raise ValueError("the probe needs single-token candidate ids")
     label = [t[0] for t in ids]
 
+    ranked: dict[tuple[str, tuple[int, ...]], float] = {}
+
+    def pl_rewards(row: dict[str, Any], orders: list[list[int]]) -> list[float]:
+        todo = [o for o in orders if (row["qid"], tuple(o)) not in ranked]
+        if todo:
+            comps = [ranking_text(o) for o in todo]
+            cols = {c: [row[c]] * len(comps) for c in columns}
+            for o, r in zip(todo, fn([row["prompt"]] * len(comps), comps, **cols), strict=True):
+                ranked[row["qid"], tuple(o)] = r
+        return [ranked[row["qid"], tuple(o)] for o in orders]
+
     def id_logits(m: Any, rows: list[dict[str, Any]]) -> Any:
         x, mask, pos = batch_ids(tok, [r["prompt"] for r in rows], head)
         return m(input_ids=x, attention_mask=mask, position_ids=pos).logits[:, -1, label]
@@ -112,14 +164,34 @@ def probe(mode: str, seed: int, kl: float, steps: int, lr: float, batch: int, gr
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
         rows = rng.sample(train, batch)
-        rewards = torch.tensor([id_rewards(r) for r in rows])
-        logp = torch.log_softmax(id_logits(model, rows), -1)
-        if mode == "exact":
+        if mode != "pl":
+            rewards = torch.tensor([id_rewards(r) for r in rows])
+            logp = torch.log_softmax(id_logits(model, rows), -1)
+        if mode == "pl":
+            logits = id_logits(model, rows)
+            logp = torch.log_softmax(logits, -1)
+            drawn = gumbel_topk(logits, group)
+            r = torch.tensor(
+                [pl_rewards(row, d.tolist()) for row, d in zip(rows, drawn, strict=True)]
+            )
+            adv = r - r.mean(1, keepdim=True)
+            if scale == "group":
+                adv = adv / (r.std(1, keepdim=True) + 1e-4)
+            elif scale == "mean":
+                adv = adv / r.mean(1, keepdim=True).clamp_min(1e-4)
+            loss = -(adv * pl_log_prob(logits, drawn)).mean()
+        elif mode == "exact" and scale == "mean":
+            loss = -torch.log((logp.exp() * rewards).sum(-1).clamp_min(1e-6)).mean()
+        elif mode == "exact":
             loss = -(logp.exp() * rewards).sum(-1).mean()
         else:
             drawn = torch.multinomial(logp.exp().detach(), group, replacement=True)
             r = rewards.gather(1, drawn)
-            adv = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+            adv = r - r.mean(1, keepdim=True)
+            if scale == "group":
+                adv = adv / (r.std(1, keepdim=True) + 1e-4)
+            elif scale == "mean":
+                adv = adv / r.mean(1, keepdim=True).clamp_min(1e-4)
             loss = -(adv * logp.gather(1, drawn)).mean()
         if kl:
             with torch.no_grad():
@@ -132,19 +204,31 @@ def probe(mode: str, seed: int, kl: float, steps: int, lr: float, batch: int, gr
         if step % 25 == 0:
             entropy = float(-(logp.exp() * logp).sum(-1).mean().detach())
             curve.append({"step": step, "val_acc": accuracy(), "entropy": round(entropy, 3)})
-            print(mode, seed, kl, curve[-1], f"{time.perf_counter() - t0:.0f} s", flush=True)
+            print(mode, scale, seed, kl, curve[-1], f"{time.perf_counter() - t0:.0f} s", flush=True)
     return curve
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("sample", "exact"), help="one run instead of the grid")
+    ap.add_argument("--mode", choices=("sample", "exact", "pl"), help="one run instead of the grid")
     ap.add_argument("--seed", type=int, default=0, help="prompt order and sampling seed")
     ap.add_argument("--kl", type=float, default=0.0, help="beta of KL(p || p_start)")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=16, help="prompts a step")
     ap.add_argument("--group", type=int, default=8, help="ids sampled a prompt (sample mode)")
+    ap.add_argument(
+        "--scale",
+        choices=("group", "mean", "none"),
+        default="group",
+        help="advantage scale: GRPO's group std, the group mean (log E[R]), or none",
+    )
+    ap.add_argument(
+        "--start",
+        choices=("sft", "proxy"),
+        default="sft",
+        help="the SFT start (format only) or the untrained proxy",
+    )
     args = ap.parse_args()
 
     import torch
@@ -153,17 +237,29 @@ def main() -> None:
 
     torch.set_num_threads(2)
     if args.mode:
-        probe(args.mode, args.seed, args.kl, args.steps, args.lr, args.batch, args.group)
+        probe(
+            args.mode,
+            args.seed,
+            args.kl,
+            args.steps,
+            args.lr,
+            args.batch,
+            args.group,
+            args.scale,
+            args.start,
+        )
         return
     t0 = time.perf_counter()
     runs = [
         {
             "mode": mode,
+            "scale": scale,
+            "start": start,
             "seed": seed,
             "kl": kl,
-            "curve": probe(mode, seed, kl, steps, args.lr, args.batch, args.group),
+            "curve": probe(mode, seed, kl, steps, args.lr, args.batch, args.group, scale, start),
         }
-        for mode, seed, kl, steps in GRID
+        for mode, scale, start, seed, kl, steps in GRID
     ]
     result = {
         "split": "validation",
@@ -178,16 +274,22 @@ def main() -> None:
     out = ROOT / "eval/results"
     (out / "gym_pg_probe.json").write_text(json.dumps(result, indent=1) + "\n")
     steps = sorted({p["step"] for r in runs for p in r["curve"]})
-    names = [f"{r['mode']} seed {r['seed']}" + (f" kl {r['kl']}" if r["kl"] else "") for r in runs]
+    names = [
+        f"{r['mode']}/{r['scale']} from {r['start']}" + (f" kl {r['kl']}" if r["kl"] else "")
+        for r in runs
+    ]
     lines = [
         "# Memory gym: the outcome reward's policy gradient on the id alone (probe)",
         "",
         f"`python eval/gym_pg_probe.py` ({result['seconds']} s; {result['machine']}). The "
-        "benchmark's SFT start read at the id after `<ranking>`; R_ans of each one-id ranking "
-        f"from `configs/rewards/gym_outcome.yaml`; {args.batch} train prompts a step, "
-        f"{args.group} ids sampled a prompt (`sample`) or the exact expectation (`exact`), "
+        "tiny gym proxy on the benchmark's world, read at the id after `<ranking>`, from the "
+        "format-only SFT start (`sft`) or untrained (`proxy`); R_ans of each ranking from "
+        f"`configs/rewards/gym_outcome.yaml`; {args.batch} train prompts a step, "
+        f"{args.group} ids (`sample`) or rankings (`pl`) sampled a prompt, or the exact "
+        "expectation (`exact`); advantage scale `group` (GRPO's std) or `mean` (log E[R]); "
         f"AdamW lr {args.lr}, clip 1. Validation users, n = 200 memory questions; chance "
-        "0.2. Cells: greedy-id accuracy / entropy of the ids (nats; uniform = 1.609).",
+        "0.2. Cells: greedy-id accuracy / entropy of the ids (nats; uniform = 1.609). The "
+        "docstring and docs/gym.md (findings 8-10) say what each column shows.",
         "",
         "| step | " + " | ".join(names) + " |",
         "|---" * (len(names) + 1) + "|",

@@ -50,7 +50,7 @@ def probe(arch: str, steps: int, lr: float, batch_size: int, out: Path) -> list[
     from memsifter.testing.gym import build_gym_proxy
 
     proxy = build_gym_proxy(out / f"proxy-{arch}", arch=arch)
-    data = build_data(proxy, out / "data")
+    data = build_data(proxy, out / "data", "configs/data/gym_tiny.yaml")  # generate-mode prompt
     split = {
         s: list(load_dataset("parquet", data_files=str(data / f"{s}.parquet"), split="train"))
         for s in ("train_pool", "validation")

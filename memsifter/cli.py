@@ -317,7 +317,7 @@ def data_rank(
             rows,
             out,
             max_new_tokens=max_new_tokens,
-            engine=ValidationEngine(threads=threads),
+            engine=ValidationEngine(threads=threads, ranking_head=cfg.prompt.ranking_head),
         )
         console.print(f"wrote {len(rows)} rankings to {path} (parse rate {parse_rate:.2f})")
     except (MemSifterError, ValueError, FileNotFoundError) as e:

@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from memsifter.data.tokens import HFCounter, SessionTokenCache
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import PromptBudgetError
-from memsifter.ranker.parse import ParsedRanking
+from memsifter.ranker.parse import RANKING_OPEN, ParsedRanking
 
 if TYPE_CHECKING:  # importing memsifter.coarse would pull bm25s into every backend import
     from memsifter.coarse.base import CoarseFilter, Selection
@@ -325,8 +325,13 @@ class PromptBuilder:
         ask_think: bool = True,
         order: Literal["chronological", "coarse"] = "chronological",
         chat_template_kwargs: dict[str, Any] | None = None,
+        ranking_head: str = "generate",
     ) -> None:
         _text(language)
+        if ranking_head not in ("generate", "first_token"):
+            raise ValueError(f"ranking_head must be generate or first_token, got {ranking_head!r}")
+        if ranking_head == "first_token" and ask_think:
+            raise ValueError("ranking_head='first_token' needs ask_think=False")
         if order not in ("chronological", "coarse"):
             raise ValueError(f"order must be chronological or coarse, got {order!r}")
         if order == "coarse" and coarse is None:
@@ -345,6 +350,8 @@ class PromptBuilder:
         self.ask_think = ask_think
         self.order = order
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.ranking_head = ranking_head
+        self._labels: int | None = None  # single-token labels (first_token), probed once
         template = getattr(tokenizer, "chat_template", None) or ""
         self.native_thinking = "enable_thinking" in template if thinking is None else thinking
         self.counter = HFCounter.from_tokenizer(tokenizer)
@@ -539,14 +546,40 @@ class PromptBuilder:
         kwargs = dict(self.chat_template_kwargs)
         if self.native_thinking:
             kwargs["enable_thinking"] = self.ask_think
-        return self.tokenizer.apply_chat_template(
+        text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **kwargs
         )
+        # The first-token head reads the ranking at the position after the opening tag.
+        return text + RANKING_OPEN if self.ranking_head == "first_token" else text
 
     def build_query(self, query: Query) -> BuiltPrompt:
         return self.build(query.question, query.haystack, query.question_date)
 
     def build(
+        self, question: str, sessions: Sequence[Session], question_date: str | None = None
+    ) -> BuiltPrompt:
+        if self.ranking_head != "first_token":
+            return self._build(question, sessions, question_date)
+        from memsifter.ranker.first_token import label_capacity, label_token_ids
+
+        if self._labels is None:
+            self._labels = label_capacity(self.tokenizer)
+        if len(sessions) > self._labels:
+            # More candidates than single-token labels: the coarse filter keeps the best it can
+            # label (in their given order, so the spec's order rule still applies).
+            if self.coarse is None:
+                raise PromptBudgetError(
+                    f"{len(sessions)} candidates but this tokenizer has {self._labels} "
+                    "single-token labels for ranking_head: first_token; pass a coarse filter "
+                    "to choose which to keep"
+                )
+            keep = set(self.coarse.score(question, list(sessions)).ids[: self._labels])
+            sessions = [s for s in sessions if s.id in keep]
+        built = self._build(question, sessions, question_date)
+        label_token_ids(self.tokenizer, built.num_candidates)  # refuses a split label
+        return built
+
+    def _build(
         self, question: str, sessions: Sequence[Session], question_date: str | None = None
     ) -> BuiltPrompt:
         sessions = [self._defang_session(s) for s in sessions]

@@ -206,6 +206,14 @@ class Proxy:
                 "Proxy(backend, spec, coarse=None, config=ProxyParams()): spec must be a "
                 f"PromptSpec (see resolve_spec), got {type(spec).__name__}"
             )
+        if spec.ranking_head != "generate":
+            # A generation backend would continue the ranking the prompt opened and the parser
+            # would read the wrong text: refuse, rather than serve a silently different model.
+            raise PromptSpecError(
+                f"this model's prompt spec has ranking_head: {spec.ranking_head}; the proxy "
+                "serves ranking_head: generate only (the first-token head ranks in training, "
+                "validation and eval/gym_learnability.py; see docs/ranking_head.md)"
+            )
         self.backend = backend
         self.spec = spec
         self.config = config

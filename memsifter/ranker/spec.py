@@ -19,6 +19,12 @@ best first, as a prior for the proxy to correct. It is our CPU-scale option: a 1
 trained for minutes on 2 cores cannot learn relevance from scratch, but it can learn when to
 move a candidate ahead of the coarse filter's choice. Whichever is used is part of the spec and
 is served the same way.
+
+**Ranking head.** ``generate`` (the paper's form): the proxy writes
+``<think>…</think><ranking>…</ranking>`` and the parser reads it. ``first_token``: the prompt
+ends right after ``<ranking>``, and the logits at that one position over the candidates' labels
+are the ranking (:mod:`memsifter.ranker.first_token`): one prefill, no decode, nothing to parse.
+Thinking is off in that mode (``ask_think: false``), and every label must be one token.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
 SPEC_FILE = "prompt_spec.json"
 CandidateOrder = Literal["chronological", "coarse"]
 CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
+RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class PromptSpec:
     turns_per_page: int = 4  # with unit: page
     coarse: str = "bm25"  # the coarse filter that cuts (and with order: coarse, orders)
     order: str = "chronological"  # chronological | coarse
+    ranking_head: str = "generate"  # generate | first_token (see the module doc)
     # Extra chat-template arguments; Qwen3's enable_thinking is derived from ask_think.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -73,6 +81,15 @@ class PromptSpec:
             raise ValueError(f"turns_per_page must be >= 1, got {self.turns_per_page}")
         if self.order not in CANDIDATE_ORDERS:
             raise ValueError(f"order must be one of {CANDIDATE_ORDERS}, got {self.order!r}")
+        if self.ranking_head not in RANKING_HEADS:
+            raise ValueError(
+                f"ranking_head must be one of {RANKING_HEADS}, got {self.ranking_head!r}"
+            )
+        if self.ranking_head == "first_token" and self.ask_think:
+            raise ValueError(
+                "ranking_head: first_token reads the ranking at the position right after "
+                "<ranking>, so there is no reasoning before it: set ask_think: false"
+            )
         if "enable_thinking" in self.chat_template_kwargs:
             raise ValueError(
                 "chat_template_kwargs.enable_thinking is derived from ask_think; set ask_think"
@@ -99,6 +116,7 @@ class PromptSpec:
             ask_think=self.ask_think,
             order=self.order,  # type: ignore[arg-type]
             chat_template_kwargs=self.chat_template_kwargs,
+            ranking_head=self.ranking_head,
         )
 
     def to_dict(self) -> dict[str, Any]:

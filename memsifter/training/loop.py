@@ -173,7 +173,7 @@ def rescore_curriculum(
             pool = load_rl_dataset(data, pool=True)["train"]
             log(f"curriculum: ranking {len(pool)} train prompts with {model_path}")
             partial = cdir / "rankings.partial.jsonl"
-            target = _merged_for_eval(Path(model_path), cdir / "merged-for-eval")
+            target = merged_for_eval(Path(model_path), cdir / "merged-for-eval")
             _, parse_rate = rank_rows(
                 target, pool, partial, max_new_tokens=max_new_tokens, engine=engine
             )
@@ -200,7 +200,7 @@ def read_selection(path: Path) -> Any:
     return Dataset(pq.read_table(path))  # not from_parquet: that writes to the HF cache
 
 
-def _merged_for_eval(ckpt: Path, scratch: Path) -> Path:
+def merged_for_eval(ckpt: Path, scratch: Path) -> Path:
     """A folder transformers can load: LoRA checkpoints are merged into their base first."""
     if not (ckpt / "adapter_config.json").exists():
         return ckpt
@@ -275,13 +275,23 @@ def run_training(
     train, val = load_rl_data(cfg.data)
     rcfg.check_scorers(data_sources(cfg.data), where=str(cfg.reward))
     spec = read_spec(cfg.data)
-    if cfg.grpo.max_completion_length > spec.completion_tokens:
+    head = spec.ranking_head == "first_token"  # nothing is generated: no completion budget
+    if not head and cfg.grpo.max_completion_length > spec.completion_tokens:
         raise DataError(
             f"grpo.max_completion_length ({cfg.grpo.max_completion_length}) exceeds the prompt "
             f"spec's completion budget ({spec.completion_tokens}): prompts were cut to leave "
             "only that much room in the window",
             field="grpo.max_completion_length",
         )
+    if head:
+        from memsifter.training.pl_grpo import check_settings
+
+        check_settings(cfg)  # before any stage runs: SFT, LoRA, vLLM mean nothing here
+        if procs.distributed:
+            raise DataError(
+                "ranking_head: first_token trains in one process (its trainer has no "
+                "distributed path yet); launch it without accelerate/torchrun"
+            )
     if cfg.epochs.validation_max_questions is not None:
         # A seeded sample across the held-out conversations, not the first file's questions.
         n = min(len(val), cfg.epochs.validation_max_questions)
@@ -352,8 +362,8 @@ def run_training(
             selected = procs.run_on_main(
                 partial(
                     rescore_curriculum, cfg.data, model_path, edir / "curriculum",
-                    max_new_tokens=val_tokens, engine=ValidationEngine.from_config(cfg),
-                    log=log,
+                    max_new_tokens=val_tokens,
+                    engine=ValidationEngine.from_config(cfg, spec.ranking_head), log=log,
                 ),
                 "the curriculum's re-score",
             )  # fmt: skip
@@ -371,11 +381,19 @@ def run_training(
             reward_fn.step_offset = sum(
                 (state.done(f"epoch-{i}") or {}).get("steps", 0) for i in range(epoch)
             )
-            trainer = build_trainer(
-                cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
-                vllm_server_host=vllm_server_host, callbacks=[spec_callback(spec)],
-                step_offset=reward_fn.step_offset,
-            )  # fmt: skip
+            if head:
+                from memsifter.training.pl_grpo import PLGRPOTrainer
+
+                trainer = PLGRPOTrainer(
+                    cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
+                    on_save=[partial(write_spec, spec)], log=log,
+                )  # fmt: skip
+            else:
+                trainer = build_trainer(
+                    cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
+                    vllm_server_host=vllm_server_host, callbacks=[spec_callback(spec)],
+                    step_offset=reward_fn.step_offset,
+                )  # fmt: skip
             trainer.train(resume_from_checkpoint=resume)
             step = trainer.state.global_step
             last = edir / f"checkpoint-{step}"
@@ -467,14 +485,14 @@ def _validate_and_average(
     for name in names:
         if name in results:
             continue
-        target = _merged_for_eval(paths[name], edir / "merged-for-eval")
+        target = merged_for_eval(paths[name], edir / "merged-for-eval")
         r = validate(
             target,
             val,
             reward_fn,
             max_new_tokens=val_tokens,
             rankings_out=edir / "rankings" / f"{name}.jsonl",
-            engine=ValidationEngine.from_config(cfg),
+            engine=ValidationEngine.from_config(cfg, spec.ranking_head),
         )
         results[name] = result_dict(r)
         log(
@@ -499,7 +517,7 @@ def _validate_and_average(
         r = validate(
             averaged, val, reward_fn, max_new_tokens=val_tokens,
             rankings_out=edir / "rankings" / "averaged.jsonl",
-            engine=ValidationEngine.from_config(cfg),
+            engine=ValidationEngine.from_config(cfg, spec.ranking_head),
         )  # fmt: skip
         results["averaged"] = result_dict(r)
         results_path.write_text(json.dumps(results, indent=2), encoding="utf-8")

@@ -57,13 +57,22 @@ class ValidationEngine:
     engine_args: Mapping[str, Any] = field(default_factory=dict)  # vllm.LLM arguments
     batch_size: int = 8  # transformers
     threads: int | None = None  # transformers on CPU
+    # The PromptSpec's ranking head: ``first_token`` ranks by one forward pass (transformers),
+    # whatever the backend, and writes the ranking as the completion ``generate`` would.
+    ranking_head: str = "generate"
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig) -> ValidationEngine:
+    def from_config(cls, cfg: TrainConfig, ranking_head: str = "generate") -> ValidationEngine:
+        """``ranking_head`` is the run's data's (``read_spec(cfg.data).ranking_head``)."""
         args = dict(cfg.epochs.validation_engine_args)
         if cfg.epochs.validation_backend == "vllm" and cfg.model.context_tokens is not None:
             args.setdefault("max_model_len", cfg.model.context_tokens)
-        return cls(backend=cfg.epochs.validation_backend, engine_args=args, threads=cfg.threads)
+        return cls(
+            backend=cfg.epochs.validation_backend,
+            engine_args=args,
+            threads=cfg.threads,
+            ranking_head=ranking_head,
+        )
 
     def spec(self, model_path: str | Path) -> BackendSpec:
         from memsifter.llm import BackendSpec
@@ -97,7 +106,10 @@ def generate_completions(
             "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data with "
             "`memsifter data rl`"
         )
-    backend = llm.build_backend((engine or ValidationEngine()).spec(model_path))
+    engine = engine or ValidationEngine()
+    if engine.ranking_head == "first_token":
+        return _head_completions(model_path, rows, engine)
+    backend = llm.build_backend(engine.spec(model_path))
     try:
         sampling = llm.SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
         gens = backend.generate(texts, sampling)
@@ -106,6 +118,26 @@ def generate_completions(
         if close is not None:
             close()
     return [g[0].text for g in gens]
+
+
+def _head_completions(model_path: str | Path, rows: Any, engine: ValidationEngine) -> list[str]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.ranker.first_token import rank_prompts, ranking_text
+
+    if engine.threads:
+        torch.set_num_threads(engine.threads)
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    model = AutoModelForCausalLM.from_pretrained(str(model_path))
+    orders = rank_prompts(
+        model,
+        tok,
+        [r["prompt"] for r in rows],
+        [int(r["n_candidates"]) for r in rows],
+        batch_size=engine.batch_size,
+    )
+    return [ranking_text(o) for o in orders]
 
 
 def rank_rows(

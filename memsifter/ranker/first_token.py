@@ -1,0 +1,163 @@
+"""The first-token ranking head: a ranking read from one position's logits, and its
+Plackett–Luce policy.
+
+The prompt ends right after ``<ranking>``; the logits at that one position, restricted to the
+candidates' labels (``0``, ``1``, …, each a single token of the tokenizer), are the candidates'
+scores. Sorting them is the greedy ranking (FIRST's single-token decoding); as a policy they
+define a Plackett–Luce distribution over permutations, sampled without replacement by Gumbel
+top-k. Training (the PL-GRPO trainer), validation and serving all read the head from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from memsifter.errors import MemSifterError
+
+
+class RankingHeadError(MemSifterError, ValueError):
+    """A tokenizer whose candidate labels are not single tokens, or a bad head request."""
+
+
+def label_token_ids(tokenizer: Any, n: int) -> list[int]:
+    """The token id of each candidate label ``0`` … ``n-1``, as it follows ``<ranking>``.
+    Refuses a tokenizer that splits a label: the head scores one position, one token a label."""
+    if n < 1:
+        raise RankingHeadError(f"the ranking head needs at least one candidate, got {n}")
+    ids: list[int] = []
+    for i in range(n):
+        toks = tokenizer(str(i), add_special_tokens=False)["input_ids"]
+        if len(toks) != 1:
+            raise RankingHeadError(
+                f"ranking_head: first_token needs every candidate label to be one token; the "
+                f"tokenizer splits {str(i)!r} into {len(toks)} tokens ({toks}); lower the "
+                "candidate count or use ranking_head: generate"
+            )
+        ids.append(toks[0])
+    if len(set(ids)) != n:
+        raise RankingHeadError("ranking_head: first_token: two candidate labels share a token")
+    return ids
+
+
+def label_capacity(tokenizer: Any, limit: int = 100) -> int:
+    """How many candidates the head can label on this tokenizer: the labels ``0``, ``1``, …
+    that are single tokens, counted up to the first that is not (Qwen3 and SmolLM2 split
+    numbers into digits: 10)."""
+    n = 0
+    while n < limit and len(tokenizer(str(n), add_special_tokens=False)["input_ids"]) == 1:
+        n += 1
+    return n
+
+
+def gumbel_topk(
+    scores: Any, samples: int, k: int | None = None, temperature: float = 1.0, generator: Any = None
+) -> Any:
+    """``samples`` rankings (of length ``k``, default all) per row of ``scores`` ``[B, n]``,
+    drawn without replacement from the Plackett–Luce policy ``softmax(scores / temperature)``:
+    the top-k of Gumbel-perturbed scores is an exact PL sample. Returns ``[B, samples, k]``
+    long. ``-inf`` scores (padding candidates) are never drawn before real ones."""
+    import torch
+
+    if temperature <= 0:
+        raise RankingHeadError(f"temperature must be > 0, got {temperature}")
+    b, n = scores.shape
+    k = n if k is None else min(k, n)
+    u = torch.rand((b, samples, n), generator=generator, dtype=torch.float32)
+    gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+    z = scores.detach().float().unsqueeze(1) / temperature + gumbel.to(scores.device)
+    return z.topk(k, dim=-1).indices
+
+
+def pl_log_prob(scores: Any, rankings: Any, temperature: float = 1.0) -> Any:
+    """log PL(σ) of each ranking ``[B, G, k]`` under ``softmax(scores / temperature)`` ``[B, n]``:
+    sum over places of (the chosen score − logsumexp of the scores not yet placed). A prefix
+    ranking (k < n) is the probability of that top-k. Differentiable in ``scores``."""
+    import torch
+
+    # Padding (-inf) becomes a finite floor: a padded place then adds a constant, never a NaN
+    # (-inf - -inf) to the value or its gradient.
+    s = (scores / temperature).clamp_min(-1e4).unsqueeze(1).expand(-1, rankings.shape[1], -1)
+    chosen = s.gather(-1, rankings)  # [B, G, k]
+    # Remaining mass at each place: all scores minus those placed before it.
+    placed = torch.zeros_like(s, dtype=torch.bool)
+    out = []
+    for j in range(rankings.shape[-1]):
+        masked = s.masked_fill(placed, float("-inf"))
+        out.append(chosen[..., j] - torch.logsumexp(masked, dim=-1))
+        placed = placed.scatter(-1, rankings[..., j : j + 1], True)
+    return torch.stack(out, -1).sum(-1)
+
+
+def ranking_text(order: Sequence[int]) -> str:
+    """The completion a ranking stands for, exactly what ``generate`` mode would write: the
+    reward service and the parser read it unchanged."""
+    return f"<ranking>{', '.join(str(int(i)) for i in order)}</ranking>"
+
+
+def head_scores(
+    model: Any, tokenizer: Any, prompts: Sequence[str], n_candidates: Sequence[int]
+) -> Any:
+    """The head's scores ``[B, max n]`` for rendered prompts that end with ``<ranking>``: the
+    last position's logits at each candidate's label, ``-inf`` past a row's own count.
+    Left-padded, with positions counted from the mask (as ``generate`` counts them), so a
+    prompt scores the same alone or in a batch. Differentiable (the trainer's forward)."""
+    import torch
+
+    if len(prompts) != len(n_candidates):
+        raise RankingHeadError(f"{len(prompts)} prompts for {len(n_candidates)} candidate counts")
+    bad = [i for i, p in enumerate(prompts) if not str(p).rstrip().endswith("<ranking>")]
+    if bad:
+        raise RankingHeadError(
+            f"prompt {bad[0]} does not end with <ranking>: it was not rendered with "
+            "ranking_head: first_token (rebuild the data with that prompt spec)"
+        )
+    width_n = max(n_candidates)
+    labels = torch.tensor(label_token_ids(tokenizer, width_n))
+    enc = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    width = max(map(len, enc))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(enc), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(enc), width), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, width - len(e) :] = torch.tensor(e)
+        mask[i, width - len(e) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=pos.to(device),
+        logits_to_keep=1,
+    )
+    scores = out.logits[:, -1, :].float()[:, labels.to(device)]
+    real = (
+        torch.arange(width_n, device=device)[None, :]
+        < torch.tensor(list(n_candidates), device=device)[:, None]
+    )
+    return scores.masked_fill(~real, float("-inf"))
+
+
+def rank_prompts(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    n_candidates: Sequence[int],
+    batch_size: int = 8,
+) -> list[list[int]]:
+    """Greedy rankings (scores sorted, best first) of rendered prompts: one forward pass each."""
+    import torch
+
+    orders: list[list[int]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for i in range(0, len(prompts), batch_size):
+                ns = list(n_candidates[i : i + batch_size])
+                scores = head_scores(model, tokenizer, prompts[i : i + batch_size], ns)
+                for row, n in zip(scores.argsort(-1, descending=True).tolist(), ns, strict=True):
+                    orders.append(row[:n])
+    finally:
+        model.train(was_training)
+    return orders

@@ -1,0 +1,288 @@
+"""The first-token ranking head: the prompt it needs, exact Plackett–Luce sampling and
+log-probabilities, batch-invariant scores, and the PL-GRPO trainer's contract (advantages,
+refused settings, an exact resume)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from memsifter.errors import DataError  # noqa: E402
+from memsifter.ranker.first_token import (  # noqa: E402
+    RankingHeadError,
+    gumbel_topk,
+    head_scores,
+    label_token_ids,
+    pl_log_prob,
+    rank_prompts,
+    ranking_text,
+)
+from memsifter.ranker.spec import PromptSpec  # noqa: E402
+
+
+def _pl_prob(scores: list[float], order: tuple[int, ...]) -> float:
+    left, p = list(range(len(scores))), 1.0
+    for i in order:
+        z = sum(math.exp(scores[j]) for j in left)
+        p *= math.exp(scores[i]) / z
+        left.remove(i)
+    return p
+
+
+def test_pl_log_prob_is_the_plackett_luce_probability_and_sums_to_one() -> None:
+    scores = [0.3, -1.2, 2.0, 0.0]
+    perms = list(itertools.permutations(range(4)))
+    logp = pl_log_prob(torch.tensor([scores]), torch.tensor([perms]))[0]
+    assert torch.allclose(logp.exp(), torch.tensor([_pl_prob(scores, p) for p in perms]), atol=1e-6)
+    assert float(logp.exp().sum()) == pytest.approx(1.0, abs=1e-5)
+    # A top-2 prefix is the probability of that top 2.
+    top2 = pl_log_prob(torch.tensor([scores]), torch.tensor([[[2, 0]]]))[0, 0]
+    assert float(top2.exp()) == pytest.approx(_pl_prob(scores, (2, 0)), rel=1e-5)
+
+
+def test_padded_candidates_add_nothing_and_no_nan_gradient() -> None:
+    real = torch.tensor([[0.5, -0.5, 1.0]], requires_grad=True)
+    padded = torch.cat([real, torch.full((1, 2), float("-inf"))], -1)
+    orders = gumbel_topk(padded, 6, generator=torch.Generator().manual_seed(0))
+    assert (orders[..., :3] < 3).all() and (orders[..., 3:] >= 3).all()  # padding last
+    lp_padded = pl_log_prob(padded, orders)
+    lp_real = pl_log_prob(real, orders[..., :3])
+    # The padded places add one constant (log 2!) whatever the ranking: advantages see none.
+    diff = lp_padded - lp_real
+    assert torch.allclose(diff, diff[0, 0].expand_as(diff), atol=1e-5)
+    lp_padded.sum().backward()
+    assert torch.isfinite(real.grad).all()
+
+
+def test_gumbel_topk_samples_the_plackett_luce_distribution() -> None:
+    scores = torch.tensor([[1.0, 0.0, -1.0]])
+    draws = gumbel_topk(scores, 30_000, generator=torch.Generator().manual_seed(1))[0]
+    for perm in itertools.permutations(range(3)):
+        freq = float((draws == torch.tensor(perm)).all(-1).float().mean())
+        assert freq == pytest.approx(_pl_prob([1.0, 0.0, -1.0], perm), abs=0.012)
+    hot = gumbel_topk(scores, 30_000, temperature=0.25, generator=torch.Generator().manual_seed(1))
+    assert float((hot[0, :, 0] == 0).float().mean()) > 0.95  # colder: the top score first
+    with pytest.raises(RankingHeadError, match="temperature"):
+        gumbel_topk(scores, 2, temperature=0.0)
+
+
+def test_ranking_text_is_what_generate_mode_writes() -> None:
+    from memsifter.ranker.parse import parse_ranking
+
+    text = ranking_text([3, 0, 4])
+    assert text == "<ranking>3, 0, 4</ranking>"
+    assert parse_ranking(text, 5).ids == (3, 0, 4)
+
+
+def test_labels_must_be_single_tokens(tiny_qwen3: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    assert len(label_token_ids(tok, 10)) == 10
+    with pytest.raises(RankingHeadError, match=r"splits '10' into 2 tokens"):
+        label_token_ids(tok, 11)
+    with pytest.raises(RankingHeadError, match="at least one"):
+        label_token_ids(tok, 0)
+
+
+def test_spec_first_token_turns_thinking_off_and_the_prompt_ends_at_the_tag(
+    tiny_qwen3: Path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    from memsifter.coarse.bm25 import BM25Filter
+    from memsifter.data.types import Session, Turn
+
+    with pytest.raises(ValueError, match="ask_think: false"):
+        PromptSpec(ranking_head="first_token", ask_think=True)
+    with pytest.raises(ValueError, match="ranking_head must be one of"):
+        PromptSpec(ranking_head="logits", ask_think=False)
+    spec = PromptSpec(
+        model=str(tiny_qwen3), window_tokens=2048, completion_tokens=0, ask_think=False,
+        ranking_head="first_token",
+    )  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    builder = spec.builder(tok, coarse=BM25Filter())
+
+    def session(i: int) -> Session:
+        return Session(id=f"s{i}", turns=(Turn("A", f"hi {i}"),), date_text=f"{i + 1} May 2023")
+
+    built = builder.build("where do I live?", [session(i) for i in range(3)])
+    assert built.text.endswith("<ranking>")
+    generate = PromptSpec(
+        model=str(tiny_qwen3), window_tokens=2048, completion_tokens=0, ask_think=False
+    ).builder(tok, coarse=BM25Filter())
+    assert built.text == generate.build("where do I live?", [session(i) for i in range(3)]).text + (
+        "<ranking>"
+    )
+    # More candidates than single-token labels (10 here): the coarse filter keeps its best 10.
+    many = [session(i) for i in range(12)]
+    cut = builder.build("where do I live?", many)
+    best = set(BM25Filter().score("where do I live?", many).ids[:10])
+    assert cut.num_candidates == 10 and set(cut.candidate_ids) == best
+    from memsifter.errors import PromptBudgetError
+    from memsifter.ranker.prompt import PromptBuilder
+
+    bare = PromptBuilder(tok, 2048, 0, coarse=None, ask_think=False, ranking_head="first_token")
+    with pytest.raises(PromptBudgetError, match="10 single-token labels"):
+        bare.build("where do I live?", many)
+
+    from memsifter.ranker.proxy import PromptSpecError, Proxy
+    from memsifter.testing.backends import ScriptedBackend
+
+    # Not served yet: a generation backend would continue the opened ranking; refused by name.
+    with pytest.raises(PromptSpecError, match="ranking_head: first_token"):
+        Proxy(ScriptedBackend.replying(["1, 0</ranking>"], tok), spec, BM25Filter())
+
+
+def test_head_scores_are_the_same_alone_and_in_a_padded_batch(tiny_qwen3: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3).eval()
+    prompts = ["a short question <ranking>", "a much longer question " * 6 + "<ranking>"]
+    with torch.no_grad():
+        both = head_scores(model, tok, prompts, [3, 5])
+        alone = head_scores(model, tok, prompts[:1], [3])
+    assert torch.allclose(both[0, :3], alone[0], atol=1e-4)
+    assert torch.isinf(both[0, 3:]).all() and torch.isfinite(both[1]).all()
+    orders = rank_prompts(model, tok, prompts, [3, 5])
+    assert sorted(orders[0]) == [0, 1, 2] and sorted(orders[1]) == list(range(5))
+    assert orders[1] == both[1].argsort(descending=True).tolist()
+    with pytest.raises(RankingHeadError, match="does not end with <ranking>"):
+        head_scores(model, tok, ["no tag here"], [3])
+
+
+def test_group_advantages_follow_grpo_scale_rewards() -> None:
+    from memsifter.training.pl_grpo import group_advantages
+
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5], [2.0, 0.0, 2.0, 0.0]])
+    none = group_advantages(r, "none")
+    assert torch.allclose(none.sum(1), torch.zeros(3))
+    assert torch.allclose(none[2], torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    group = group_advantages(r, "group")
+    assert torch.allclose(group[1], torch.zeros(4))  # a flat group teaches nothing
+    assert torch.allclose(group[2], none[2] / (r[2].std() + 1e-4))
+    assert torch.allclose(group_advantages(r, "batch"), none / (r.std() + 1e-4))
+    with pytest.raises(ValueError, match="scale_rewards"):
+        group_advantages(r, "mean")
+
+
+@pytest.fixture(scope="module")
+def gym_head(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A small first-token gym: the tiny proxy, RL data of configs/data/gym_first_token.yaml."""
+    import dataclasses
+
+    import yaml
+
+    from memsifter.testing.gym import build_gym_proxy
+    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+
+    root = Path(__file__).resolve().parents[1]
+    tmp = tmp_path_factory.mktemp("gym_head")
+    world = tmp / "world.yaml"
+    world.write_text(yaml.safe_dump({"seed": 0, "level": "single", "size": "ci", "users": 40}))
+    proxy = build_gym_proxy(tmp / "proxy")
+    cfg = load_rl_data_config(root / "configs/data/gym_first_token.yaml")
+    cfg = dataclasses.replace(
+        cfg,
+        prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
+        sources=[dataclasses.replace(s, path=str(world)) for s in cfg.sources],
+    )
+    prepare_rl_data(cfg, tmp / "data")
+    return {"tmp": tmp, "proxy": proxy, "data": tmp / "data", "root": root}
+
+
+def _cfg(gym_head: dict[str, Path], name: str, *extra: str) -> object:
+    from memsifter.training.config import load_train_config
+
+    return load_train_config(
+        gym_head["root"] / "configs/train/gym_pl_outcome.yaml",
+        [
+            f"output_dir={gym_head['tmp'] / name}",
+            f"data={gym_head['data']}",
+            f"model.name={gym_head['proxy']}",
+            "grpo.per_device_train_batch_size=32",
+            "epochs.validation_max_questions=8",
+            *extra,
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sft.enabled=true", "no output format to teach"),
+        ("grpo.per_device_train_batch_size=30", "multiple of grpo.num_generations"),
+        ("grpo.soft_overlong={cache_tokens: 8}", "nothing is overlong"),
+    ],
+)
+def test_trl_only_settings_are_refused_by_name(
+    gym_head: dict[str, Path], override: str, message: str
+) -> None:
+    from memsifter.training.loop import run_training
+
+    with pytest.raises(DataError, match=message):
+        run_training(_cfg(gym_head, "refused", override), log=lambda _: None)
+
+
+def test_resume_continues_the_same_run(gym_head: dict[str, Path]) -> None:
+    """Four steps straight and two steps, a restart, two more give the same weights: batches,
+    Gumbel draws and the optimiser state are all a function of the step."""
+    from datasets import load_dataset
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+    from memsifter.rewards.trl import make_reward_function
+    from memsifter.training.pl_grpo import PLGRPOTrainer
+
+    train = load_dataset(
+        "parquet", data_files=str(gym_head["data"] / "train.parquet"), split="train"
+    )
+
+    def trainer(name: str, steps: int) -> PLGRPOTrainer:
+        cfg = _cfg(gym_head, name, f"epochs.max_steps={steps}", "epochs.save_steps=2")
+        fn = make_reward_function(
+            RewardService.from_config(load_reward_config(gym_head["root"] / cfg.reward))
+        )
+        fn.set_total_steps(4)
+        return PLGRPOTrainer(cfg, str(gym_head["proxy"]), train, fn, Path(cfg.output_dir),
+                             log=lambda _: None)  # fmt: skip
+
+    straight = trainer("straight", 4)
+    straight.train()
+    first = trainer("resumed", 2)
+    first.train()
+    again = trainer("resumed", 4)
+    again.train(resume_from_checkpoint=str(gym_head["tmp"] / "resumed" / "checkpoint-2"))
+    assert again.state.global_step == 4
+    assert [e["reward"] for e in again.state.log_history] == [
+        e["reward"] for e in straight.state.log_history
+    ]
+    for a, b in zip(straight.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    moved = any(
+        not torch.allclose(a, b)
+        for a, b in zip(straight.model.parameters(), first.model.parameters(), strict=True)
+    )
+    assert moved  # the last two steps changed the model: the comparison is not vacuous
+
+
+def test_a_first_token_run_trains_validates_and_averages(gym_head: dict[str, Path]) -> None:
+    import json
+
+    from memsifter.ranker.spec import read_spec
+    from memsifter.training.loop import run_training
+
+    cfg = _cfg(gym_head, "run", "epochs.max_steps=4", "epochs.save_steps=2")
+    summary = run_training(cfg, log=lambda _: None)
+    epoch = Path(cfg.output_dir) / "epoch-0"
+    results = json.loads((epoch / "validation.json").read_text())
+    assert {"start", "checkpoint-2", "checkpoint-4"} <= set(results)
+    assert all(r["parse_rate"] == 1.0 for r in results.values())  # nothing to parse wrong
+    assert read_spec(summary["model"]).ranking_head == "first_token"
