@@ -107,7 +107,8 @@ def main() -> None:
     check_same_candidates(test_rows(generate), test_rows(head))
     cfg = load_train_config(ROOT / RECIPE, [f"output_dir={OUT / 'train'}", f"data={head}"])
     trained = Path(run_training(cfg)["model"])
-    rows = test_rows(head)
+    # The questions `memsifter eval proxy` scores: those whose prompt shows gold.
+    rows = [r for r in test_rows(head) if r["gold_positions"]]
     start = resolve_model(cfg.model.name).path
     runs = {
         "first_token_start": write_run(start, rows, OUT / "runs" / "first_token_start.jsonl"),
