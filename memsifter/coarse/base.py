@@ -57,20 +57,25 @@ class CoarseFilter(ABC):
         sessions: Sequence[Session],
         budget_tokens: int,
         counter: TokenCounter | SessionTokenCache | None = None,
+        max_sessions: int | None = None,
     ) -> Selection:
+        """The best-scored sessions that fit ``budget_tokens`` (and, with ``max_sessions``, at
+        most that many: the first-token head labels at most so many candidates)."""
         tokens = (
             counter
             if isinstance(counter, SessionTokenCache)
             else SessionTokenCache(counter or get_counter())
         )
         total = sum(tokens(s) for s in sessions)
-        if total <= budget_tokens:
+        if total <= budget_tokens and (max_sessions is None or len(sessions) <= max_sessions):
             return Selection(sessions=tuple(sessions), ranking=None, tokens=total)
         ranking = self.score(query, sessions)
         by_id = {s.id: s for s in sessions}
         kept: list[Session] = []
         used = 0
         for sid in ranking.ids:
+            if max_sessions is not None and len(kept) >= max_sessions:
+                break
             n = tokens(by_id[sid])
             if used + n <= budget_tokens:
                 kept.append(by_id[sid])

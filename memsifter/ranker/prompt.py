@@ -560,24 +560,23 @@ class PromptBuilder:
     ) -> BuiltPrompt:
         if self.ranking_head != "first_token":
             return self._build(question, sessions, question_date)
-        from memsifter.ranker.first_token import label_capacity, label_token_ids
+        from memsifter.ranker.first_token import label_token_ids
 
-        if self._labels is None:
-            self._labels = label_capacity(self.tokenizer)
-        if len(sessions) > self._labels:
-            # More candidates than single-token labels: the coarse filter keeps the best it can
-            # label (in their given order, so the spec's order rule still applies).
-            if self.coarse is None:
-                raise PromptBudgetError(
-                    f"{len(sessions)} candidates but this tokenizer has {self._labels} "
-                    "single-token labels for ranking_head: first_token; pass a coarse filter "
-                    "to choose which to keep"
-                )
-            keep = set(self.coarse.score(question, list(sessions)).ids[: self._labels])
-            sessions = [s for s in sessions if s.id in keep]
         built = self._build(question, sessions, question_date)
         label_token_ids(self.tokenizer, built.num_candidates)  # refuses a split label
         return built
+
+    @property
+    def max_candidates(self) -> int | None:
+        """At most this many candidates a prompt: the first-token head's single-token labels
+        (None: no bound but the budget). More are cut by the coarse filter, as the budget is."""
+        if self.ranking_head != "first_token":
+            return None
+        if self._labels is None:
+            from memsifter.ranker.first_token import label_capacity
+
+            self._labels = label_capacity(self.tokenizer)
+        return self._labels
 
     def _build(
         self, question: str, sessions: Sequence[Session], question_date: str | None = None
@@ -605,7 +604,14 @@ class PromptBuilder:
             )
 
         estimate = fixed + sum(self.session_tokens(s) for s in sessions)
-        if estimate <= budget + self._SLACK_PER_SESSION * len(sessions):
+        cap = self.max_candidates
+        if cap is not None and len(sessions) > cap and self.coarse is None:
+            raise PromptBudgetError(
+                f"{len(sessions)} candidates but this tokenizer has {cap} single-token labels "
+                "for ranking_head: first_token; pass a coarse filter to choose which to keep"
+            )
+        fits = cap is None or len(sessions) <= cap
+        if fits and estimate <= budget + self._SLACK_PER_SESSION * len(sessions):
             if self.order == "coarse" and len(sessions) > 1:
                 # Everything fits, but the coarse filter still orders what is shown.
                 ranked = self.coarse.score(question, sessions)  # type: ignore[union-attr]
@@ -632,7 +638,9 @@ class PromptBuilder:
 
         session_budget = budget - fixed
         for _ in range(self._MAX_REFITS):
-            selection = self.coarse.select(question, sessions, session_budget, self.session_tokens)
+            selection = self.coarse.select(
+                question, sessions, session_budget, self.session_tokens, max_sessions=cap
+            )
             if not selection.sessions:
                 return self._truncated_top(question, sessions, selection, question_date, fixed)
             kept = {s.id for s in selection.sessions}

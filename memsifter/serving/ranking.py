@@ -82,9 +82,10 @@ class LockedCoarse(CoarseFilter):
         sessions: Sequence[Session],
         budget_tokens: int,
         counter: TokenCounter | SessionTokenCache | None = None,
+        max_sessions: int | None = None,
     ) -> Selection:
         with self._lock:
-            return self.inner.select(query, sessions, budget_tokens, counter)
+            return self.inner.select(query, sessions, budget_tokens, counter, max_sessions)
 
 
 def haystack_bytes(sessions: Sequence[Session], model: object) -> int:
