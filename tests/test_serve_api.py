@@ -213,7 +213,7 @@ def test_memory_endpoints_end_to_end(client: TestClient) -> None:
 
     assert client.delete(f"{user}/sessions/conv/7").json() == {"deleted": 1}
     assert client.get(f"{user}/sessions/conv/7").status_code == 404
-    assert client.delete(user).json() == {"deleted": 1}
+    assert client.delete(user, params={"confirm": "mia"}).json() == {"deleted": 1}
     assert client.post(f"{user}/recall", json={"question": "Max?"}).status_code == 404
 
 

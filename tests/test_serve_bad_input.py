@@ -254,7 +254,24 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
         404,
         "path.user_id",
     ),
-    ("unknown-user-delete", "DELETE", "/v1/users/nobody", {}, 404, "path.user_id"),
+    (
+        "unknown-user-delete",
+        "DELETE",
+        "/v1/users/nobody",
+        {"params": {"confirm": "nobody"}},
+        404,
+        "path.user_id",
+    ),
+    # A user delete names the user twice; a path that lost its tail names it once.
+    ("user-delete-unconfirmed", "DELETE", BOB, {}, 400, "query.confirm"),
+    (
+        "user-delete-other-confirm",
+        "DELETE",
+        BOB,
+        {"params": {"confirm": "eve"}},
+        400,
+        "query.confirm",
+    ),
     ("unknown-session-get", "GET", f"{BOB}/sessions/nope", {}, 404, "path.session_id"),
     ("unknown-session-delete", "DELETE", f"{BOB}/sessions/nope", {}, 404, "path.session_id"),
     (

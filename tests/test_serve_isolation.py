@@ -81,7 +81,7 @@ def test_a_cannot_change_or_delete_bs_data(setup: tuple[TestClient, str]) -> Non
     mine = {"id": "vault", "turns": [{"speaker": "x", "text": "decoy"}]}
     put = c.post("/v1/users/bob/sessions", headers=A, json={"sessions": [mine], "replace": True})
     assert put.status_code == 201
-    c.delete("/v1/users/bob", headers=A)  # A forgets its own bob
+    c.delete("/v1/users/bob", headers=A, params={"confirm": "bob"})  # A forgets its own bob
     assert c.post("/v1/facts/sweep", headers=A).json() == {"deleted": 0}
 
     # B's data is untouched.

@@ -113,7 +113,7 @@ def test_deleting_a_user_while_ingesting(client: TestClient) -> None:
 
         def act(i: int, user: str = user) -> Any:
             if i % 4 == 0:
-                return client.delete(user)
+                return client.delete(user, params={"confirm": user.rsplit("/", 1)[-1]})
             body = {"sessions": [_session(f"s{i}", f"session number {i}")]}
             return client.post(f"{user}/sessions", json=body)
 

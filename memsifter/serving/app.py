@@ -65,17 +65,34 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# An error body stays small whatever the request: a body with 100,000 bad keys is told about
+# the first MAX_ERROR_FIELDS and how many there were, each text cut to a bounded length.
+MAX_ERROR_FIELDS = 20
+MAX_FIELD_CHARS = 200
+MAX_MESSAGE_CHARS = 500
+
+
+def _clip(text: str, limit: int) -> str:
+    text = _safe(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def error_response(
     status: int,
     kind: str,
     message: str,
     fields: list[tuple[str, str]] | None = None,
 ) -> JSONResponse:
+    fields = fields or []
     body = {
         "error": {
             "type": kind,
-            "message": _safe(message),
-            "fields": [{"field": _safe(f), "message": _safe(m)} for f, m in fields or []],
+            "message": _clip(message, MAX_MESSAGE_CHARS),
+            "fields": [
+                {"field": _clip(f, MAX_FIELD_CHARS), "message": _clip(m, MAX_FIELD_CHARS)}
+                for f, m in fields[:MAX_ERROR_FIELDS]
+            ],
+            "fields_total": len(fields),
         },
         "request_id": request_id_var.get(),
     }
@@ -103,11 +120,13 @@ class RequestMiddleware:
         max_body_bytes: int,
         metrics: Metrics,
         body_timeout_s: float | None = None,
+        body_deadline_s: float | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.body_timeout_s = body_timeout_s
+        self.body_deadline_s = body_deadline_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -120,12 +139,18 @@ class RequestMiddleware:
         tenant_token = tenant_var.set(None)
         start = time.perf_counter()
         status = {"code": 500, "started": False}
+        # HEAD is answered wherever GET is: the GET response, headers only.
+        head = scope.get("method") == "HEAD"
+        if head:
+            scope = {**scope, "method": "GET"}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 status["started"] = True
                 MutableHeaders(scope=message)["x-request-id"] = rid
+            elif head and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
             await send(message)
 
         try:
@@ -172,13 +197,18 @@ class RequestMiddleware:
             return self._too_large(int(declared)), receive
         chunks: list[bytes] = []
         size = 0
+        loop = asyncio.get_running_loop()
+        due = None if self.body_deadline_s is None else loop.time() + self.body_deadline_s
         while True:
+            # Per chunk, a stall is cut at body_timeout_s; in all, a body that trickles (a byte
+            # every few seconds) is cut at the deadline: neither holds a slot forever.
+            wait = self.body_timeout_s
+            left = None if due is None else due - loop.time()
+            late = left is not None and (wait is None or left < wait)
             try:
-                # Per chunk: a slow upload that keeps sending is fine, a stalled one is not
-                # held open (and its worker slot taken) forever.
-                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+                message = await asyncio.wait_for(receive(), max(left, 0.0) if late else wait)
             except asyncio.TimeoutError:
-                return self._stalled(size), receive
+                return (self._overdue(size) if late else self._stalled(size)), receive
             if message["type"] == "http.disconnect":
                 break
             chunk = message.get("body", b"")
@@ -223,6 +253,16 @@ class RequestMiddleware:
         response.headers["Connection"] = "close"  # the rest of the body may still come
         return response
 
+    def _overdue(self, size: int) -> JSONResponse:
+        response = error_response(
+            408,
+            "request_timeout",
+            f"the body took longer than {self.body_deadline_s} s ({size} bytes had come)",
+            [("body", f"not complete within {self.body_deadline_s} s")],
+        )
+        response.headers["Connection"] = "close"
+        return response
+
     def _too_large(self, size: int) -> JSONResponse:
         return error_response(
             413,
@@ -248,7 +288,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             )
         fields = [(field_path(e["loc"]), str(e.get("msg", "invalid"))) for e in errors]
         summary = "; ".join(f"{f}: {m}" for f, m in fields[:5])
-        return error_response(422, "validation_error", f"invalid request: {summary}", fields)
+        more = f" (and {len(fields) - 5} more)" if len(fields) > 5 else ""
+        return error_response(422, "validation_error", f"invalid request: {summary}{more}", fields)
 
     @app.exception_handler(ServeError)
     async def _serve(_request: Request, exc: ServeError) -> JSONResponse:
@@ -401,5 +442,6 @@ def create_app(
         max_body_bytes=config.limits.max_body_bytes,
         metrics=metrics,
         body_timeout_s=config.limits.body_timeout_s,
+        body_deadline_s=config.limits.request_deadline_s,
     )
     return app

@@ -9,11 +9,16 @@ answer raises ``ServiceError`` carrying the status, the error body and the reque
 Pass ``http=`` to reuse a client (connection pools, a test client, custom transports).
 
 Ids go into URL paths percent-encoded, ``/`` included: a session id ``conv/7`` is sent as
-``conv%2F7``, so no client or proxy on the way can read its segments as path structure.
+``conv%2F7``, so no client or proxy on the way can read its segments as path structure. Every
+id is first checked by the rule the server applies to it (``InvalidIdError`` names the id and
+the rule), so an id such as ``..``, which an HTTP library would resolve as a dot segment and
+turn ``DELETE …/sessions/..`` into a delete of the user, never leaves the client; a segment
+that is only dots is percent-encoded as well, in case a rule ever admits one.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -24,6 +29,10 @@ from pydantic import BaseModel
 
 from memsifter.errors import MemSifterError
 from memsifter.serving.schemas import (
+    FACT_ID_PATTERN,
+    SESSION_ID_MAX_CHARS,
+    SESSION_ID_PATTERN,
+    USER_ID_PATTERN,
     ContextIn,
     ContextOut,
     DeletedOut,
@@ -61,9 +70,29 @@ class ServiceError(MemSifterError):
         super().__init__(f"HTTP {status}: {detail}" + (f" [fields: {fields}]" if fields else ""))
 
 
-def _seg(value: str) -> str:
-    """One path segment: every reserved character, ``/`` included, percent-encoded."""
-    return quote(value, safe="")
+class InvalidIdError(MemSifterError, ValueError):
+    """An id the server would refuse, refused before the request is sent."""
+
+
+_RULES = {
+    "user id": (re.compile(USER_ID_PATTERN), 128),
+    "session id": (re.compile(SESSION_ID_PATTERN), SESSION_ID_MAX_CHARS),
+    "fact id": (re.compile(FACT_ID_PATTERN), 36),
+}
+
+
+def _seg(value: str, kind: str) -> str:
+    """One path segment: ``value`` checked by the server's rule for ``kind``, then every
+    reserved character, ``/`` included, percent-encoded (and a dots-only value too: ``.`` is
+    unreserved, so ``quote`` would leave a dot segment for the URL parser to resolve)."""
+    pattern, longest = _RULES[kind]
+    if not isinstance(value, str) or len(value) > longest or not pattern.fullmatch(value):
+        raise InvalidIdError(
+            f"invalid {kind} {value!r}: it must match {pattern.pattern} (at most {longest} "
+            "characters); nothing was sent"
+        )
+    encoded = quote(value, safe="")
+    return encoded.replace(".", "%2E") if set(value) == {"."} else encoded
 
 
 class MemSifterClient:
@@ -134,28 +163,39 @@ class MemSifterClient:
         self, user: str, sessions: Sequence[SessionIn], *, replace: bool = False
     ) -> IngestOut:
         body = IngestSessionsIn(sessions=list(sessions), replace=replace)
-        return self._call("POST", f"/v1/users/{_seg(user)}/sessions", IngestOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user, 'user id')}/sessions", IngestOut, body)
 
     def ingest_turns(
         self, user: str, turns: Sequence[TurnIn], *, session_prefix: str | None = None
     ) -> IngestOut:
         body = IngestTurnsIn(turns=list(turns), session_prefix=session_prefix)
-        return self._call("POST", f"/v1/users/{_seg(user)}/turns", IngestOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user, 'user id')}/turns", IngestOut, body)
 
     def list_sessions(self, user: str, *, limit: int = 100, offset: int = 0) -> SessionListOut:
         params = {"limit": limit, "offset": offset}
-        return self._call("GET", f"/v1/users/{_seg(user)}/sessions", SessionListOut, params=params)
+        return self._call(
+            "GET", f"/v1/users/{_seg(user, 'user id')}/sessions", SessionListOut, params=params
+        )
 
     def get_session(self, user: str, session_id: str) -> SessionOut:
-        return self._call("GET", f"/v1/users/{_seg(user)}/sessions/{_seg(session_id)}", SessionOut)
+        return self._call(
+            "GET",
+            f"/v1/users/{_seg(user, 'user id')}/sessions/{_seg(session_id, 'session id')}",
+            SessionOut,
+        )
 
     def delete_session(self, user: str, session_id: str) -> DeletedOut:
         return self._call(
-            "DELETE", f"/v1/users/{_seg(user)}/sessions/{_seg(session_id)}", DeletedOut
+            "DELETE",
+            f"/v1/users/{_seg(user, 'user id')}/sessions/{_seg(session_id, 'session id')}",
+            DeletedOut,
         )
 
     def delete_user(self, user: str) -> DeletedOut:
-        return self._call("DELETE", f"/v1/users/{_seg(user)}", DeletedOut)
+        # The server requires the id twice for this one delete (?confirm=<user_id>).
+        return self._call(
+            "DELETE", f"/v1/users/{_seg(user, 'user id')}", DeletedOut, params={"confirm": user}
+        )
 
     # -- recall and context
 
@@ -163,7 +203,7 @@ class MemSifterClient:
         self, user: str, question: str, *, top_k: int = 5, question_date: str | None = None
     ) -> RecallOut:
         body = RecallIn(question=question, top_k=top_k, question_date=question_date)
-        return self._call("POST", f"/v1/users/{_seg(user)}/recall", RecallOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user, 'user id')}/recall", RecallOut, body)
 
     def context(
         self,
@@ -182,7 +222,7 @@ class MemSifterClient:
             page_in_k=page_in_k,
             recent_turns=recent_turns,
         )
-        return self._call("POST", f"/v1/users/{_seg(user)}/context", ContextOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user, 'user id')}/context", ContextOut, body)
 
     # -- facts
 
@@ -205,21 +245,30 @@ class MemSifterClient:
                 "expires_at": expires_at,
             }
         )
-        return self._call("POST", f"/v1/users/{_seg(user)}/facts", FactAddedOut, body)
+        return self._call("POST", f"/v1/users/{_seg(user, 'user id')}/facts", FactAddedOut, body)
 
     def facts(self, user: str) -> FactListOut:
-        return self._call("GET", f"/v1/users/{_seg(user)}/facts", FactListOut)
+        return self._call("GET", f"/v1/users/{_seg(user, 'user id')}/facts", FactListOut)
 
     def get_fact(self, user: str, fact_id: str) -> FactOut:
-        return self._call("GET", f"/v1/users/{_seg(user)}/facts/{_seg(fact_id)}", FactOut)
+        return self._call(
+            "GET", f"/v1/users/{_seg(user, 'user id')}/facts/{_seg(fact_id, 'fact id')}", FactOut
+        )
 
     def correct(self, user: str, fact_id: str, patch: FactPatch) -> FactAddedOut:
         return self._call(
-            "PATCH", f"/v1/users/{_seg(user)}/facts/{_seg(fact_id)}", FactAddedOut, patch
+            "PATCH",
+            f"/v1/users/{_seg(user, 'user id')}/facts/{_seg(fact_id, 'fact id')}",
+            FactAddedOut,
+            patch,
         )
 
     def forget(self, user: str, fact_id: str) -> DeletedOut:
-        return self._call("DELETE", f"/v1/users/{_seg(user)}/facts/{_seg(fact_id)}", DeletedOut)
+        return self._call(
+            "DELETE",
+            f"/v1/users/{_seg(user, 'user id')}/facts/{_seg(fact_id, 'fact id')}",
+            DeletedOut,
+        )
 
     def sweep(self) -> SweepOut:
         return self._call("POST", "/v1/facts/sweep", SweepOut)

@@ -103,6 +103,13 @@ class LimitSettings:
     max_body_bytes: int = 2_000_000
     # Longest wait for the next chunk of a request body (408 after it); None: wait forever.
     body_timeout_s: float | None = 30.0
+    # A total deadline, however the bytes trickle in: the headers must be complete within this
+    # many seconds of the request's first byte (else 408 and the connection is closed), and
+    # the body within this many seconds of the headers (408). None: no deadline.
+    request_deadline_s: float | None = 30.0
+    # Open connections one process holds; past it a new request is answered 503 at once
+    # (uvicorn's limit_concurrency), not queued behind slow clients. None: no bound.
+    max_connections: int | None = 1000
     max_sessions: int = 200  # per request (rank candidates, one ingest)
     max_turns_per_session: int = 1000
     max_turns_per_request: int = 5000  # raw-turn ingest
@@ -120,6 +127,10 @@ class LimitSettings:
         # The API schema declares these ceilings; a higher limit would be refused by it anyway.
         if self.body_timeout_s is not None and self.body_timeout_s <= 0:
             raise ValueError("limits.body_timeout_s must be > 0 (or null)")
+        if self.request_deadline_s is not None and self.request_deadline_s <= 0:
+            raise ValueError("limits.request_deadline_s must be > 0 (or null)")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("limits.max_connections must be >= 1 (or null)")
         if not 1 <= self.max_top_k <= TOP_K_MAX:
             raise ValueError(f"limits.max_top_k must be within 1..{TOP_K_MAX}")
         if not 1 <= self.max_question_chars <= QUESTION_MAX_CHARS:

@@ -141,7 +141,8 @@ class ErrorField(Response):
 class ErrorBody(Response):
     type: str
     message: str
-    fields: list[ErrorField] = []
+    fields: list[ErrorField] = []  # the first 20 field errors
+    fields_total: int = 0  # how many there were (more than listed when over 20)
 
 
 class ErrorResponse(Response):

@@ -23,6 +23,7 @@ import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import multiprocess
@@ -86,7 +87,24 @@ def first_curl(host: str, port: int, key: str) -> str:
 def worker_app() -> FastAPI:
     """The app of one worker process (``--workers N``): the config named by the parent."""
     configure_logging(os.environ.get(LOG_LEVEL_ENV, "info"))
-    return create_app(load_serve_config(os.environ.get(CONFIG_ENV) or None))
+    from memsifter.serving.deadline import set_deadline
+
+    config = load_serve_config(os.environ.get(CONFIG_ENV) or None)
+    set_deadline(config.limits.request_deadline_s)  # this worker's protocol reads it
+    return create_app(config)
+
+
+def uvicorn_limits(config: ServeConfig) -> dict[str, Any]:
+    """uvicorn's settings for connections: the header deadline's protocol, the connection
+    bound (503 past it) and the keep-alive timeout."""
+    from memsifter.serving.deadline import protocol_path, set_deadline
+
+    set_deadline(config.limits.request_deadline_s)
+    return {
+        "http": protocol_path(),
+        "limit_concurrency": config.limits.max_connections,
+        "timeout_keep_alive": config.keep_alive_s,
+    }
 
 
 def serve(
@@ -115,7 +133,7 @@ def serve(
         port=port,
         log_config=None,
         log_level=log_level,
-        timeout_keep_alive=config.keep_alive_s,
+        **uvicorn_limits(config),
     )
 
 
@@ -155,7 +173,7 @@ def _serve_workers(
             port=port,
             log_config=None,
             log_level=log_level,
-            timeout_keep_alive=config.keep_alive_s,
+            **uvicorn_limits(config),
         )
     finally:
         if own_dir:

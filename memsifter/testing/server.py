@@ -1,11 +1,17 @@
-"""Waiting on a ``memsifter serve`` child process, for tests that start the real server."""
+"""Real servers for tests: waiting on a ``memsifter serve`` child process, and the service's
+app on a TCP port in a thread, with the connection settings ``memsifter serve`` gives uvicorn."""
 
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -30,3 +36,36 @@ def printed_key(printed: str) -> str:
     key = re.search(r"Bearer (msk-[\w-]+)", printed)
     assert key, printed[-3000:]
     return key.group(1)
+
+
+@contextmanager
+def live_server(config: Any) -> Iterator[str]:
+    """``create_app(config)`` served by uvicorn on a free port of 127.0.0.1, in a thread, with
+    ``memsifter serve``'s connection settings (header deadline, connection bound, keep-alive);
+    yields the base URL and stops the server on exit."""
+    import uvicorn
+
+    from memsifter.serving.app import create_app
+    from memsifter.serving.server import uvicorn_limits
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config), host="127.0.0.1", port=port, log_config=None,
+            **uvicorn_limits(config),
+        )
+    )  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -20,7 +20,7 @@ from memsifter.serving.deps import (
     to_session,
     to_turn,
 )
-from memsifter.serving.errors import NotFoundError
+from memsifter.serving.errors import NotFoundError, ServeError
 from memsifter.serving.schemas import (
     DeletedOut,
     ErrorResponse,
@@ -148,8 +148,25 @@ def delete_session(user_id: UserId, session_id: SessionId, svc: Svc, who: Who) -
 
 @router.delete("", response_model=DeletedOut, responses=ERRORS)
 @in_thread
-def delete_user(user_id: UserId, svc: Svc, who: Who) -> DeletedOut:
-    """Forget a user entirely: sessions, pages, bookmarks, facts and paging history."""
+def delete_user(
+    user_id: UserId,
+    svc: Svc,
+    who: Who,
+    confirm: Annotated[
+        str | None,
+        Query(max_length=128, description="the user id again: a user delete names it twice"),
+    ] = None,
+) -> DeletedOut:
+    """Forget a user entirely: sessions, pages, bookmarks, facts and paging history. The id is
+    named twice (``?confirm=<user_id>``), so that no client's path mistake (a session id of
+    ``..`` resolved away by a URL parser) can turn a smaller delete into this one."""
+    if confirm != user_id:
+        raise ServeError(
+            "deleting a user must name it twice: add ?confirm=<user_id>"
+            if confirm is None
+            else f"confirm={confirm!r} does not name the user {user_id!r} of the path",
+            field="query.confirm",
+        )
     if not svc.store.delete_user(who.tenant_id, user_id):
         raise NotFoundError(f"unknown user {user_id!r}", field="path.user_id")
     svc.ranker.forget_user(who.tenant_id, user_id)
