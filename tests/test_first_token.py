@@ -132,12 +132,21 @@ def test_spec_first_token_turns_thinking_off_and_the_prompt_ends_at_the_tag(
     with pytest.raises(PromptBudgetError, match="10 single-token labels"):
         bare.build("where do I live?", many)
 
-    from memsifter.ranker.proxy import PromptSpecError, Proxy
+    from memsifter.llm.transformers_backend import TransformersBackend
+    from memsifter.ranker.proxy import Proxy
     from memsifter.testing.backends import ScriptedBackend
 
-    # Not served yet: a generation backend would continue the opened ranking; refused by name.
-    with pytest.raises(PromptSpecError, match="ranking_head: first_token"):
+    # An engine that cannot give the logits is refused at start, naming it.
+    with pytest.raises(RankingHeadError, match="holds no model"):
         Proxy(ScriptedBackend.replying(["1, 0</ranking>"], tok), spec, BM25Filter())
+    # The one front door ranks with the head: one forward pass, the ids mapped as generate's.
+    backend = TransformersBackend(str(tiny_qwen3), batch_size=2)
+    proxy = Proxy(backend, spec, BM25Filter())
+    sessions = [session(i) for i in range(3)]
+    got = proxy.rank("where do I live?", sessions)
+    order = rank_prompts(backend.model, tok, [built.text], [3])[0]
+    assert got.ranking.ids == tuple(f"s{i}" for i in order)
+    assert got.parsed.ok and got.generation.completion_tokens == 0
 
 
 def test_head_scores_are_the_same_alone_and_in_a_padded_batch(tiny_qwen3: Path) -> None:

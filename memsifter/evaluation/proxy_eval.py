@@ -255,6 +255,7 @@ def model_run(
     """Greedy generation on every scored prompt, ``batch_size`` prompts a call; latency per
     question is the call's wall time shared by its prompts."""
     from memsifter.llm import SamplingParams
+    from memsifter.ranker.first_token import backend_rankings, ranking_text
 
     sampling = SamplingParams(max_new_tokens=data.spec.completion_tokens, temperature=0.0)
     qs = data.questions
@@ -265,9 +266,15 @@ def model_run(
     for start in range(0, len(qs), step):
         chunk = qs[start : start + step]
         t0 = time.perf_counter()
-        gens = backend.generate([q.prompt for q in chunk], sampling)
+        if data.spec.ranking_head == "first_token":  # one forward pass, no decode
+            orders = backend_rankings(
+                backend, [q.prompt for q in chunk], [q.n_candidates for q in chunk], step
+            )
+            texts += [ranking_text(o) for o in orders]
+        else:
+            gens = backend.generate([q.prompt for q in chunk], sampling)
+            texts += [g[0].text for g in gens]
         ms = (time.perf_counter() - t0) * 1000 / len(chunk)
-        texts += [g[0].text for g in gens]
         latency += [ms] * len(chunk)
         if progress is not None:
             progress.advance(task, len(chunk))

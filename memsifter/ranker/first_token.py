@@ -161,3 +161,26 @@ def rank_prompts(
     finally:
         model.train(was_training)
     return orders
+
+
+def check_backend(backend: Any) -> Any:
+    """The in-process model a backend holds (the head reads its logits at one position), or a
+    refusal naming the backend: an engine that cannot score is refused at start, not at the
+    first request."""
+    model = getattr(backend, "model", None)
+    if model is None or not callable(getattr(model, "parameters", None)):
+        raise RankingHeadError(
+            f"ranking_head: first_token reads the model's logits in process; the "
+            f"{getattr(backend, 'name', type(backend).__name__)} backend holds no model to read "
+            "(use backend transformers)"
+        )
+    return model
+
+
+def backend_rankings(
+    backend: Any, prompts: Sequence[str], n_candidates: Sequence[int], batch_size: int = 8
+) -> list[list[int]]:
+    """Greedy head rankings of rendered prompts by a backend's in-process model."""
+    return rank_prompts(
+        check_backend(backend), backend.tokenizer, prompts, n_candidates, batch_size
+    )

@@ -206,14 +206,10 @@ class Proxy:
                 "Proxy(backend, spec, coarse=None, config=ProxyParams()): spec must be a "
                 f"PromptSpec (see resolve_spec), got {type(spec).__name__}"
             )
-        if spec.ranking_head != "generate":
-            # A generation backend would continue the ranking the prompt opened and the parser
-            # would read the wrong text: refuse, rather than serve a silently different model.
-            raise PromptSpecError(
-                f"this model's prompt spec has ranking_head: {spec.ranking_head}; the proxy "
-                "serves ranking_head: generate only (the first-token head ranks in training, "
-                "validation and eval/gym_learnability.py; see docs/ranking_head.md)"
-            )
+        if spec.ranking_head == "first_token":
+            from memsifter.ranker.first_token import check_backend
+
+            check_backend(backend)  # the head needs the logits: refused now, not per request
         self.backend = backend
         self.spec = spec
         self.config = config
@@ -247,6 +243,8 @@ class Proxy:
 
     def rank_many(self, requests: Sequence[RankRequest]) -> list[ProxyRanking]:
         prompts = [self.builder.build(r.question, r.sessions, r.question_date) for r in requests]
+        if self.spec.ranking_head == "first_token":
+            return self._rank_by_head(requests, prompts)
         sampling = SamplingParams(
             max_new_tokens=self.spec.completion_tokens, temperature=self.config.temperature
         )
@@ -256,6 +254,35 @@ class Proxy:
             gens = self.backend.generate([self._payload(p) for p in chunk], sampling)
             for req, prompt, gen in zip(requests[start:], chunk, gens, strict=False):
                 out.append(self._read(req, prompt, gen[0]))
+        return out
+
+    def _rank_by_head(
+        self, requests: Sequence[RankRequest], prompts: list[BuiltPrompt]
+    ) -> list[ProxyRanking]:
+        """One forward pass a prompt; the ranking is written as the completion ``generate``
+        would produce, so it is read (and completed, and mapped to ids) the same way."""
+        import time
+
+        from memsifter.ranker.first_token import backend_rankings, ranking_text
+
+        t0 = time.perf_counter()
+        orders = backend_rankings(
+            self.backend,
+            [p.text for p in prompts],
+            [p.num_candidates for p in prompts],
+            self.config.batch_size,
+        )
+        latency = time.perf_counter() - t0
+        out = []
+        for req, prompt, order in zip(requests, prompts, orders, strict=True):
+            gen = Generation(
+                text=ranking_text(order),
+                prompt_tokens=prompt.n_tokens,
+                completion_tokens=0,
+                finish_reason="stop",
+                latency_s=latency,
+            )
+            out.append(self._read(req, prompt, gen))
         return out
 
     def rank(
