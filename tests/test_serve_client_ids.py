@@ -149,3 +149,16 @@ def test_head_is_answered_wherever_get_is(base_url: str, client: MemSifterClient
             assert head.content == b""
             assert head.headers["content-length"] == got.headers["content-length"]
         assert raw.head("/v1/users/heads/sessions/nope").status_code == 404
+
+
+def test_an_error_body_full_of_escapes_stays_under_16_kb(base_url: str) -> None:
+    import json
+
+    # Keys of control characters: each is six bytes once JSON-escaped in the error body.
+    body = {"\x01" * 150 + str(i): i for i in range(50)}
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        r = c.post("/v1/users/u/recall", content=json.dumps(body).encode(),
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 422, r.text[:300]
+    assert len(r.content) <= 16 * 1024, len(r.content)
+    assert r.json()["error"]["fields_total"] >= 50

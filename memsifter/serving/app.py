@@ -17,6 +17,7 @@ load balancer can tell an outage from a bug.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -66,10 +67,13 @@ def _safe(text: str) -> str:
 
 
 # An error body stays small whatever the request: a body with 100,000 bad keys is told about
-# the first MAX_ERROR_FIELDS and how many there were, each text cut to a bounded length.
+# the first MAX_ERROR_FIELDS and how many there were, each text cut to a bounded length, and
+# fields are dropped from the end while the encoded body is over MAX_ERROR_BYTES (JSON escapes
+# of control characters can make a short text six times longer).
 MAX_ERROR_FIELDS = 20
 MAX_FIELD_CHARS = 200
 MAX_MESSAGE_CHARS = 500
+MAX_ERROR_BYTES = 16 * 1024
 
 
 def _clip(text: str, limit: int) -> str:
@@ -96,6 +100,9 @@ def error_response(
         },
         "request_id": request_id_var.get(),
     }
+    listed = body["error"]["fields"]  # type: ignore[index]
+    while listed and len(json.dumps(body)) > MAX_ERROR_BYTES:
+        listed.pop()
     return JSONResponse(body, status_code=status)
 
 
