@@ -295,3 +295,33 @@ def test_a_first_token_run_trains_validates_and_averages(gym_head: dict[str, Pat
     assert {"start", "checkpoint-2", "checkpoint-4"} <= set(results)
     assert all(r["parse_rate"] == 1.0 for r in results.values())  # nothing to parse wrong
     assert read_spec(summary["model"]).ranking_head == "first_token"
+
+
+def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) -> None:
+    """With beta > 0 the trainer keeps a frozen copy of the start as the KL reference: after
+    training the policy's head scores have moved and the reference's have not."""
+    from datasets import load_dataset
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+    from memsifter.rewards.trl import make_reward_function
+    from memsifter.training.pl_grpo import PLGRPOTrainer
+
+    train = load_dataset(
+        "parquet", data_files=str(gym_head["data"] / "train.parquet"), split="train"
+    )
+    cfg = _cfg(gym_head, "kl", "epochs.max_steps=3", "epochs.save_steps=0", "grpo.beta=0.5")
+    fn = make_reward_function(
+        RewardService.from_config(load_reward_config(gym_head["root"] / cfg.reward))
+    )
+    fn.set_total_steps(3)
+    t = PLGRPOTrainer(cfg, str(gym_head["proxy"]), train, fn, Path(cfg.output_dir),
+                      log=lambda _: None)  # fmt: skip
+    assert t.ref is not None and not any(p.requires_grad for p in t.ref.parameters())
+    t.train()
+    rows = t._batch(0)
+    with torch.no_grad():
+        ns = [int(r["n_candidates"]) for r in rows]
+        now = head_scores(t.model, t.tok, [r["prompt"] for r in rows], ns)
+        start = head_scores(t.ref, t.tok, [r["prompt"] for r in rows], ns)
+    assert not torch.allclose(now, start)  # the policy moved; the reference did not follow
