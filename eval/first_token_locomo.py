@@ -120,23 +120,24 @@ def main() -> None:
     }
     for name, path in runs.items():
         (RUNS / f"{name}.jsonl").write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    runs_dir = RUNS.relative_to(ROOT)  # the report names the committed run files, not this disk
     cmd = [
-        sys.executable, "-m", "memsifter.cli", "eval", "proxy", "--data", str(generate),
+        sys.executable, "-m", "memsifter.cli", "eval", "proxy", "--data", GENERATE_DATA[1],
         "--split", "test",
-        "--run", f"untrained={RUNS / 'untrained.jsonl'}",
-        "--run", f"sft={RUNS / 'sft.jsonl'}",
-        "--run", f"trained={RUNS / 'trained.jsonl'}",
-        "--run", f"first_token_start={RUNS / 'first_token_start.jsonl'}",
-        "--run", f"first_token_trained={RUNS / 'first_token_trained.jsonl'}",
+        "--run", f"untrained={runs_dir / 'untrained.jsonl'}",
+        "--run", f"sft={runs_dir / 'sft.jsonl'}",
+        "--run", f"trained={runs_dir / 'trained.jsonl'}",
+        "--run", f"first_token_start={runs_dir / 'first_token_start.jsonl'}",
+        "--run", f"first_token_trained={runs_dir / 'first_token_trained.jsonl'}",
         "--fuse", "trained", "--fuse", "first_token_trained",
         "--pair", "trained-start", "--pair", "trained-bm25", "--pair", "trained-sft",
         "--pair", "sft-untrained", "--pair", "sft-bm25", "--pair", "trained+bm25-bm25",
         "--pair", "first_token_trained-first_token_start",
         "--pair", "first_token_trained-bm25",
         "--pair", "first_token_trained+bm25-bm25",
-        "--seed", "0", "--out", str(OUT / "eval"),
-        "--out-md", str(ROOT / "eval/results/proxy_locomo_test.md"),
-        "--out-json", str(ROOT / "eval/results/proxy_locomo_test.json"),
+        "--seed", "0", "--out", str(OUT.relative_to(ROOT) / "eval"),
+        "--out-md", "eval/results/proxy_locomo_test.md",
+        "--out-json", "eval/results/proxy_locomo_test.json",
         "--model-name", "memsifter-smollm2-135m-locomo", "--start", "sft",
     ]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True)
