@@ -185,26 +185,14 @@ def test_group_advantages_follow_grpo_scale_rewards() -> None:
 @pytest.fixture(scope="module")
 def gym_head(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A small first-token gym: the tiny proxy, RL data of configs/data/gym_first_token.yaml."""
-    import dataclasses
-
-    import yaml
-
-    from memsifter.testing.gym import build_gym_proxy
-    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+    from memsifter.testing.gym import gym_rl_data
 
     root = Path(__file__).resolve().parents[1]
-    tmp = tmp_path_factory.mktemp("gym_head")
-    world = tmp / "world.yaml"
-    world.write_text(yaml.safe_dump({"seed": 0, "level": "single", "size": "ci", "users": 40}))
-    proxy = build_gym_proxy(tmp / "proxy")
-    cfg = load_rl_data_config(root / "configs/data/gym_first_token.yaml")
-    cfg = dataclasses.replace(
-        cfg,
-        prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
-        sources=[dataclasses.replace(s, path=str(world)) for s in cfg.sources],
+    world = {"seed": 0, "level": "single", "size": "ci", "users": 40}
+    built = gym_rl_data(
+        tmp_path_factory.mktemp("gym_head"), world, root / "configs/data/gym_first_token.yaml"
     )
-    prepare_rl_data(cfg, tmp / "data")
-    return {"tmp": tmp, "proxy": proxy, "data": tmp / "data", "root": root}
+    return {**built, "root": root}
 
 
 def _cfg(gym_head: dict[str, Path], name: str, *extra: str) -> object:

@@ -13,14 +13,12 @@ that drop the id token, a validation that reads another model.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 pytest.importorskip("trl")
 
@@ -31,26 +29,15 @@ MARGIN = 0.3  # the start scores ~0 (its habit is a wrong position); the first i
 
 @pytest.fixture(scope="module")
 def gym_start(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from memsifter.testing.gym import build_gym_proxy
+    from memsifter.testing.gym import gym_rl_data
     from memsifter.training.config import load_train_config
     from memsifter.training.loop import run_training
-    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
 
-    tmp = tmp_path_factory.mktemp("gym_learning")
-    world = tmp / "world.yaml"
-    world.write_text(
-        yaml.safe_dump(
-            {"seed": 0, "level": "single", "size": "ci", "users": 200, "useful_at": "early"}
-        )
+    world = {"seed": 0, "level": "single", "size": "ci", "users": 200, "useful_at": "early"}
+    built = gym_rl_data(
+        tmp_path_factory.mktemp("gym_learning"), world, ROOT / "configs/data/gym_tiny.yaml"
     )
-    proxy = build_gym_proxy(tmp / "proxy")
-    cfg = load_rl_data_config(ROOT / "configs/data/gym_tiny.yaml")
-    cfg = dataclasses.replace(
-        cfg,
-        prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
-        sources=[dataclasses.replace(s, path=str(world)) for s in cfg.sources],
-    )
-    prepare_rl_data(cfg, tmp / "data")
+    tmp, proxy = built["tmp"], built["proxy"]
     sft = load_train_config(
         ROOT / "configs/train/gym_sft.yaml",
         [
@@ -68,24 +55,27 @@ def gym_start(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"tmp": tmp, "data": tmp / "data", "start": start}
 
 
-def _train(gym_start: dict[str, Path], name: str) -> dict[str, Any]:
+def _run(config: str, out: Path, data: Path, model: Path, *overrides: str) -> dict[str, Any]:
+    """One training run of ``config`` (the project's trainer and loop); its validation.json."""
     from memsifter.training.config import load_train_config
     from memsifter.training.loop import run_training
 
-    cfg = load_train_config(
-        ROOT / "configs/train/gym_outcome.yaml",
-        [
-            f"output_dir={gym_start['tmp'] / name}",
-            f"data={gym_start['data']}",
-            f"model.name={gym_start['start']}",
-            f"epochs.max_steps={STEPS}",
-            f"epochs.save_steps={STEPS // 2}",
-            "epochs.validation_max_questions=40",
-            "grpo.per_device_train_batch_size=32",  # 4 groups of 8: a habit needs no more
-        ],
+    over = [f"output_dir={out}", f"data={data}", f"model.name={model}", *overrides]
+    run_training(load_train_config(ROOT / config, over), log=lambda _: None)
+    return json.loads((out / "epoch-0" / "validation.json").read_text())
+
+
+def _train(gym_start: dict[str, Path], name: str) -> dict[str, Any]:
+    return _run(
+        "configs/train/gym_outcome.yaml",
+        gym_start["tmp"] / name,
+        gym_start["data"],
+        gym_start["start"],
+        f"epochs.max_steps={STEPS}",
+        f"epochs.save_steps={STEPS // 2}",
+        "epochs.validation_max_questions=40",
+        "grpo.per_device_train_batch_size=32",  # 4 groups of 8: a habit needs no more
     )
-    run_training(cfg, log=lambda _: None)
-    return json.loads((gym_start["tmp"] / name / "epoch-0" / "validation.json").read_text())
 
 
 def _texts(tok: Any, ids: Any, mask: Any) -> list[str]:
@@ -222,42 +212,27 @@ HEAD_STEPS = 200
 
 @pytest.fixture(scope="module")
 def head_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from memsifter.testing.gym import build_gym_proxy
-    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+    from memsifter.testing.gym import gym_rl_data
 
-    tmp = tmp_path_factory.mktemp("gym_head_learning")
-    world = tmp / "world.yaml"
-    world.write_text(yaml.safe_dump(HEAD_WORLD))
-    proxy = build_gym_proxy(tmp / "proxy")
-    cfg = load_rl_data_config(ROOT / "configs/data/gym_first_token.yaml")
-    cfg = dataclasses.replace(
-        cfg,
-        prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
-        sources=[dataclasses.replace(s, path=str(world)) for s in cfg.sources],
+    return gym_rl_data(
+        tmp_path_factory.mktemp("gym_head_learning"),
+        HEAD_WORLD,
+        ROOT / "configs/data/gym_first_token.yaml",
     )
-    prepare_rl_data(cfg, tmp / "data")
-    return {"tmp": tmp, "data": tmp / "data", "proxy": proxy}
 
 
 HEAD_WORLD = {"seed": 0, "level": "stale", "size": "ci", "users": 300}
 
 
 def _train_head(head_world: dict[str, Path], name: str) -> dict[str, Any]:
-    from memsifter.training.config import load_train_config
-    from memsifter.training.loop import run_training
-
-    cfg = load_train_config(
-        ROOT / "configs/train/gym_pl_outcome.yaml",
-        [
-            f"output_dir={head_world['tmp'] / name}",
-            f"data={head_world['data']}",
-            f"model.name={head_world['proxy']}",
-            f"epochs.max_steps={HEAD_STEPS}",
-            f"epochs.save_steps={HEAD_STEPS // 4}",
-        ],
+    return _run(
+        "configs/train/gym_pl_outcome.yaml",
+        head_world["tmp"] / name,
+        head_world["data"],
+        head_world["proxy"],
+        f"epochs.max_steps={HEAD_STEPS}",
+        f"epochs.save_steps={HEAD_STEPS // 4}",
     )
-    run_training(cfg, log=lambda _: None)
-    return json.loads((head_world["tmp"] / name / "epoch-0" / "validation.json").read_text())
 
 
 @pytest.mark.slow

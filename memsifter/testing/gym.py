@@ -117,3 +117,26 @@ def build_gym_proxy(
     )
     model.save_pretrained(str(out_dir))
     return out_dir
+
+
+def gym_rl_data(out: Path, world: dict[str, object], recipe: str | Path) -> dict[str, Path]:
+    """A gym world (``GymConfig`` fields), the tiny proxy and the RL data of ``recipe`` rendered
+    for that proxy on that world, all under ``out``: the setup of the gym's learning tests."""
+    import dataclasses
+
+    import yaml
+
+    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+
+    out.mkdir(parents=True, exist_ok=True)
+    world_file = out / "world.yaml"
+    world_file.write_text(yaml.safe_dump(dict(world)), encoding="utf-8")
+    proxy = build_gym_proxy(out / "proxy")
+    cfg = load_rl_data_config(recipe)
+    cfg = dataclasses.replace(
+        cfg,
+        prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
+        sources=[dataclasses.replace(s, path=str(world_file)) for s in cfg.sources],
+    )
+    prepare_rl_data(cfg, out / "data")
+    return {"tmp": out, "proxy": proxy, "data": out / "data"}

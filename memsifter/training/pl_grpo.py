@@ -202,7 +202,8 @@ class PLGRPOTrainer:
         rankings = [[o[:n] for o in group] for group, n in zip(drawn.tolist(), ns, strict=True)]
         rewards = self._rewards(rows, rankings)
         adv = group_advantages(rewards, g.scale_rewards).to(scores.device)
-        # Padded places have probability 1 once only padding remains, so they add 0 to log PL.
+        # Padded places add one constant to a row's log PL, the same for all its rankings:
+        # group-relative advantages sum to 0 within the row, so it cancels.
         old = pl_log_prob(scores, drawn, g.temperature).detach()
         losses = []
         for it in range(g.num_iterations):
