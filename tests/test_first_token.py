@@ -214,18 +214,46 @@ def _cfg(gym_head: dict[str, Path], name: str, *extra: str) -> object:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("sft.enabled=true", "no output format to teach"),
-        ("grpo.per_device_train_batch_size=30", "multiple of grpo.num_generations"),
-        ("grpo.soft_overlong={cache_tokens: 8}", "nothing is overlong"),
+        (("sft.enabled=true", "sft.target=random"), "random target teaches labels"),
+        (("sft.enabled=true", "sft.target=gold", "sft.target_ids=2"), "one target a prompt"),
+        (("grpo.per_device_train_batch_size=30",), "multiple of grpo.num_generations"),
+        (("grpo.soft_overlong={cache_tokens: 8}",), "nothing is overlong"),
     ],
 )
 def test_trl_only_settings_are_refused_by_name(
-    gym_head: dict[str, Path], override: str, message: str
+    gym_head: dict[str, Path], override: tuple[str, ...], message: str
 ) -> None:
     from memsifter.training.loop import run_training
 
     with pytest.raises(DataError, match=message):
-        run_training(_cfg(gym_head, "refused", override), log=lambda _: None)
+        run_training(_cfg(gym_head, "refused", *override), log=lambda _: None)
+
+
+def test_listwise_loss_is_the_cross_entropy_of_a_gold_label_first() -> None:
+    import torch
+
+    from memsifter.training.listwise_sft import listwise_loss
+
+    scores = torch.tensor([[2.0, 0.0, -1.0], [1.0, 1.0, float("-inf")]])
+    p = torch.softmax(scores, -1)
+    # One gold label: FIRST's cross-entropy; two: the probability that either comes first.
+    want = -(torch.log(p[0, 1]) + torch.log(p[1, 0] + p[1, 1])) / 2
+    assert torch.allclose(listwise_loss(scores, [[1], [0, 1]]), want)
+    # A padded place carries no probability: the two real labels of row 1 hold it all.
+    assert float(listwise_loss(scores[1:], [[0, 1]])) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_listwise_rows_take_gold_or_the_coarse_first_and_skip_rows_without_gold() -> None:
+    from memsifter.training.listwise_sft import listwise_rows
+
+    rows = [
+        {"prompt": "a", "n_candidates": 3, "gold_positions": [2, 0], "coarse_order": [1, 2, 0]},
+        {"prompt": "b", "n_candidates": 2, "gold_positions": [], "coarse_order": [1, 0]},
+    ]
+    gold = listwise_rows(rows, "gold")
+    assert [(r["prompt"], r["targets"]) for r in gold] == [("a", [0, 2])]
+    coarse = sorted(listwise_rows(rows, "coarse"), key=lambda r: r["prompt"])
+    assert [r["targets"] for r in coarse] == [[1], [1]]
 
 
 def test_resume_continues_the_same_run(gym_head: dict[str, Path]) -> None:

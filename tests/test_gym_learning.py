@@ -248,3 +248,69 @@ def test_first_token_grpo_learns_content_and_a_shuffled_reward_does_not(
     assert control["start"]["ndcg_1_useful"] == start
     best = max(v["ndcg_1_useful"] for k, v in control.items() if k != "start")
     assert best < start + 0.2, control
+
+
+# The head's cold start (listwise cross-entropy on the gold label) on the same world: it must
+# teach the labels to held-out users, and the same run on labels drawn at random must not.
+def _head_first_gold(model: Path, data: Path) -> float:
+    """Share of held-out prompts (that show gold) whose greedy head ranking puts gold first."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.ranker.first_token import rank_prompts
+    from memsifter.training.loop import load_rl_data
+
+    rows = [r for r in load_rl_data(data)[1] if r["gold_positions"]]
+    tok = AutoTokenizer.from_pretrained(model)
+    orders = rank_prompts(
+        AutoModelForCausalLM.from_pretrained(model),
+        tok,
+        [r["prompt"] for r in rows],
+        [int(r["n_candidates"]) for r in rows],
+        batch_size=32,
+    )
+    return sum(o[0] in r["gold_positions"] for o, r in zip(orders, rows, strict=True)) / len(rows)
+
+
+def _cold_start(head_world: dict[str, Path], name: str) -> Path:
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    cfg = load_train_config(
+        ROOT / "configs/train/gym_pl_outcome.yaml",
+        [
+            f"output_dir={head_world['tmp'] / name}",
+            f"data={head_world['data']}",
+            f"model.name={head_world['proxy']}",
+            "sft.enabled=true",
+            "sft.target=gold",
+            f"sft.epochs={COLD_EPOCHS}",
+            "sft.learning_rate=1.0e-3",
+            "sft.per_device_train_batch_size=16",
+        ],
+    )
+    return Path(run_training(cfg, log=lambda _: None, until="sft")["model"])
+
+
+COLD_EPOCHS = 8
+
+
+@pytest.mark.slow
+def test_listwise_cold_start_teaches_the_labels_and_random_labels_do_not(
+    head_world: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memsifter.training.listwise_sft as listwise
+
+    start = _head_first_gold(head_world["proxy"], head_world["data"])
+    learned = _head_first_gold(_cold_start(head_world, "cold_gold"), head_world["data"])
+    assert learned >= start + 0.3, (start, learned)
+
+    real = listwise.listwise_rows
+
+    def random_labels(rows: Any, target: str, *, seed: int = 0) -> list[dict[str, Any]]:
+        out = real(rows, target, seed=seed)
+        rng = random.Random(seed)
+        return [{**r, "targets": [rng.randrange(r["n"])]} for r in out]
+
+    monkeypatch.setattr(listwise, "listwise_rows", random_labels)
+    control = _head_first_gold(_cold_start(head_world, "cold_random"), head_world["data"])
+    assert control < start + 0.15, (start, control)

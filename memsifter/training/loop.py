@@ -320,19 +320,26 @@ def run_training(
             log(f"cold-start SFT on {len(sft_train)} training prompts ({cfg.sft.target} targets)")
             from transformers import AutoConfig
 
-            n_layers = AutoConfig.from_pretrained(model_path).num_hidden_layers
-            final = run_sft(
-                model_path,
-                sft_train,
-                cfg.sft,
-                out / "sft",
-                use_cpu=not cuda,
-                bf16=bf16,
-                tracking=tracking_kwargs(cfg, "sft"),
-                seed=cfg.grpo.seed,
-                think=spec.ask_think,
-                peft_config=lora_config(cfg, n_layers),
-            )
+            if head:  # FIRST's listwise cross-entropy at the ranking position, not a format
+                from memsifter.training.listwise_sft import run_listwise_sft
+
+                final = run_listwise_sft(
+                    cfg, model_path, sft_train, out / "sft", cuda=cuda, log=log
+                )
+            else:
+                n_layers = AutoConfig.from_pretrained(model_path).num_hidden_layers
+                final = run_sft(
+                    model_path,
+                    sft_train,
+                    cfg.sft,
+                    out / "sft",
+                    use_cpu=not cuda,
+                    bf16=bf16,
+                    tracking=tracking_kwargs(cfg, "sft"),
+                    seed=cfg.grpo.seed,
+                    think=spec.ask_think,
+                    peft_config=lora_config(cfg, n_layers),
+                )
             if procs.is_main:
                 write_spec(spec, final)
             state.mark("sft", str(final))

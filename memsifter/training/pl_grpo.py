@@ -14,8 +14,9 @@ batch under the clip, as TRL does. ``beta > 0`` adds the KL of the head's first-
 distribution to the start model's.
 
 There is no decode, no format to learn and nothing to parse, so a step costs one forward and
-one backward per prompt rather than per completion, and no SFT start is needed (or allowed:
-the model's relevance must come from the reward).
+one backward per prompt rather than per completion. No format SFT is needed; ``sft.enabled``
+runs the head's own cold start instead, a listwise cross-entropy on the gold label
+(:mod:`memsifter.training.listwise_sft`).
 
 The trainer has the slice of ``transformers.Trainer``'s surface that the epoch loop uses
 (``train(resume_from_checkpoint)``, ``state``, ``save_model``) and saves ``checkpoint-N``
@@ -73,11 +74,9 @@ def check_settings(cfg: Any) -> None:
             field="grpo.use_vllm",
         )
     if cfg.sft.enabled:
-        raise DataError(
-            "sft.enabled: the first-token head has no output format to teach, and a target "
-            "would teach a ranking that did not come from the reward",
-            field="sft.enabled",
-        )
+        from memsifter.training.listwise_sft import check_listwise_settings
+
+        check_listwise_settings(cfg.sft)  # the head's cold start is a listwise cross-entropy
     if g.scale_rewards not in SCALES:
         raise DataError(f"grpo.scale_rewards must be one of {SCALES}", field="grpo.scale_rewards")
 
