@@ -1,7 +1,7 @@
 """The memory gym's lesson carried to LoCoMo: the CPU recipe on the first-token ranking head,
 on the test conversations, beside the generate recipe's committed runs.
 
-    python eval/first_token_locomo.py     # ~1 h on 2 cores; rerunning resumes
+    python eval/first_token_locomo.py     # ~75 min on 2 cores; rerunning resumes
 
 Stages (outputs under ``outputs/first_token_locomo/`` and ``data/rl/``):
 
@@ -10,11 +10,12 @@ Stages (outputs under ``outputs/first_token_locomo/`` and ``data/rl/``):
    ``<ranking>``); every test question must show the same candidates, in the same order, with
    the same gold, in both (checked; a mismatch stops the run), so that the head's rankings are
    scored on exactly the generate table's questions and candidates;
-2. ``memsifter train configs/train/smollm2_cpu_first_token.yaml``: Plackett–Luce GRPO on R_ret
-   from SmolLM2-135M-Instruct (LoRA on the top 10 layers), checkpoints chosen on the validation
-   conversation;
-3. the head's greedy rankings of the test split with the start (the instruct model) and the
-   trained model, written as saved runs;
+2. ``memsifter train configs/train/smollm2_cpu_first_token.yaml``: from SmolLM2-135M-Instruct
+   (LoRA on the top 10 layers), the listwise cross-entropy cold start on the train pool's gold,
+   then Plackett–Luce GRPO on R_ret over the whole pool, checkpoints (and the cold start
+   itself) chosen on the validation conversation;
+3. the head's greedy rankings of the test split with the start (the instruct model), the cold
+   start and the trained model, written as saved runs;
 4. ``memsifter eval proxy`` on the generate data's test split with the committed generate runs
    (``eval/results/proxy_locomo_test_runs/``) and the two head runs, BM25 fusion of the trained
    head, and paired bootstrap CIs. Writes ``eval/results/proxy_locomo_test.{md,json}``.
@@ -112,6 +113,9 @@ def main() -> None:
     start = resolve_model(cfg.model.name).path
     runs = {
         "first_token_start": write_run(start, rows, OUT / "runs" / "first_token_start.jsonl"),
+        "first_token_cold": write_run(
+            OUT / "train" / "sft" / "final", rows, OUT / "runs" / "first_token_cold.jsonl"
+        ),
         "first_token_trained": write_run(
             merged_for_eval(trained, OUT / "merged"),
             rows,
@@ -128,12 +132,15 @@ def main() -> None:
         "--run", f"sft={runs_dir / 'sft.jsonl'}",
         "--run", f"trained={runs_dir / 'trained.jsonl'}",
         "--run", f"first_token_start={runs_dir / 'first_token_start.jsonl'}",
+        "--run", f"first_token_cold={runs_dir / 'first_token_cold.jsonl'}",
         "--run", f"first_token_trained={runs_dir / 'first_token_trained.jsonl'}",
         "--fuse", "trained", "--fuse", "first_token_trained",
         "--pair", "trained-start", "--pair", "trained-bm25", "--pair", "trained-sft",
         "--pair", "sft-untrained", "--pair", "sft-bm25", "--pair", "trained+bm25-bm25",
         "--pair", "first_token_trained-first_token_start",
         "--pair", "first_token_trained-bm25",
+        "--pair", "first_token_cold-first_token_start", "--pair", "first_token_cold-bm25",
+        "--pair", "first_token_trained-first_token_cold",
         "--pair", "first_token_trained+bm25-bm25",
         "--seed", "0", "--out", str(OUT.relative_to(ROOT) / "eval"),
         "--out-md", "eval/results/proxy_locomo_test.md",

@@ -90,14 +90,14 @@ def _load(folder: Path, retrievers: list[str]) -> tuple[list[RetrieverResult], l
 
 
 def _by_type_table(results: list[RetrieverResult]) -> str:
-    head = ["type", "retriever", "n", "n scored", *BY_TYPE]
+    head = ["type", "retriever", "n", "of which no target", *BY_TYPE]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in TYPES:
         for r in results:
             m: dict[str, Any] = r.metrics["by_category"].get(t)
             if m is None:
                 continue
-            cells = [t, r.retriever, str(m["n_questions"]), str(m.get("n_scored", 0))]
+            cells = [t, r.retriever, str(m["n_questions"]), str(m.get("n_no_target", 0))]
             cells += [f"{m[c]:.3f}" if c in m else "-" for c in BY_TYPE]
             rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
@@ -165,9 +165,13 @@ def _section(
         f"## {name}",
         "",
         f"{head} {ctx['haystack_sessions_mean']:.1f} sessions per haystack on "
-        f"average. The benchmark's metrics score {info['n_scored']} questions: "
-        f"{info['n_no_target']} more have no relevant document after the relabelling (their "
-        "evidence is on the assistant side) and are left out, as the benchmark leaves them out.",
+        f"average. The benchmark's metrics average over all {info['n_scored']} of them, as its "
+        f"`run_retrieval.py` does: {info['n_no_target']} have no relevant document after the "
+        "relabelling (their evidence is on the assistant side) and score recall_any 0, "
+        "recall_all 1 and ndcg_any 0 in that mean. Over only the "
+        f"{info['with_target']['n_questions']} with a target (not the benchmark's figure): "
+        f"session/recall_any@5 {info['with_target']['session/recall_any@5']:.3f} (first "
+        "row's retriever).",
         "",
         *ORACLE_NOTE.get(split, ()),
         "### The benchmark's metrics",
@@ -188,8 +192,9 @@ def _section(
     lines += [
         "### By question type",
         "",
-        "`n`: questions with gold sessions (our metrics); `n scored`: those the benchmark's "
-        f"metrics keep. Left out per type: {no_target}.",
+        "`n`: the type's non-abstention questions, all of them in both our metrics and the "
+        "benchmark's; `of which no target`: those without a relevant document after the "
+        f"relabelling, in the benchmark's means by its definitions. Per type: {no_target}.",
         "",
         _by_type_table(results),
     ]

@@ -4,7 +4,9 @@ Re-scores an `eval retrieval --dataset longmemeval` output folder (its ``run.tre
 ``run_turn.trec``) with ``evaluate_retrieval`` from the official repository's
 ``src/retrieval/eval_utils.py``, building the corpus ids, the relabelling (``answer`` ->
 ``noans``) and the question filter exactly as its ``run_retrieval.py`` does, and prints the
-largest difference from our ``metrics.json`` over every ``session/…`` and ``turn/…`` metric.
+largest difference between its means (over every non-abstention question, as
+``run_retrieval.py`` averages) and our ``metrics.json`` over every ``session/…`` and ``turn/…``
+metric, and how many of the averaged questions have no target.
 Nothing of the benchmark's code is copied here: it is imported from a checkout you point at.
 
     git clone https://github.com/xiaowu0162/LongMemEval /tmp/LongMemEval
@@ -78,20 +80,22 @@ def main(
     if (run / "run_turn.trec").exists():
         runs["turn"] = _read_run(run / "run_turn.trec")
     values: dict[str, list[float]] = defaultdict(list)
-    not_ranked = 0
+    not_ranked = no_target = 0
     for entry in read_json(data):
         if entry["question_id"] not in runs["session"]:
             not_ranked += 1  # a sampled run (--sample-questions) ranked only some questions
             continue
-        user_turns = [t for s in entry["haystack_sessions"] for t in s if t["role"] == "user"]
-        # run_retrieval.py's filter: no abstention, and some user turn carries the answer.
-        if "_abs" in entry["question_id"] or not any(t.get("has_answer") for t in user_turns):
+        # run_retrieval.py's averaging: every question but the abstention ones, including those
+        # whose answer sessions the relabelling turns into noans (they stay in the mean).
+        if "_abs" in entry["question_id"]:
             continue
         for level, ranked in runs.items():
             ids, ours = _corpus(entry, level)
             position = {d: i for i, d in enumerate(ours)}
             rankings = [position[d] for d in ranked[entry["question_id"]]]
             correct = sorted({d for d in ids if "answer" in d})
+            if level == "session" and not correct:
+                no_target += 1
             for k in CUTOFFS:
                 r_any, r_all, ndcg = evaluate(rankings, correct, ids, k=k)
                 values[f"{level}/recall_any@{k}"].append(r_any)
@@ -102,7 +106,8 @@ def main(
     worst = max(diffs, key=diffs.__getitem__)
     n = len(next(iter(values.values())))
     typer.echo(
-        f"{run}: {n} questions ({not_ranked} of the file not in the run), {len(diffs)} metrics, "
+        f"{run}: {n} questions ({no_target} with no target; {not_ranked} of the file not in "
+        f"the run), ours n = {metrics['longmemeval']['n_scored']}, {len(diffs)} metrics, "
         f"largest |official - ours| {diffs[worst]:.1e} ({worst})"
     )
     if diffs[worst] > tolerance:

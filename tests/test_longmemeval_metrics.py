@@ -136,7 +136,11 @@ def test_relabelling_and_turn_ids(relabel_file: Path) -> None:
     assert [len(s.turns) for s in users.haystack] == [1, 2, 1]
 
 
-def test_report_leaves_out_no_target_and_refuses_abstention(relabel_file: Path) -> None:
+def test_report_averages_every_question_as_the_benchmark_and_refuses_abstention(
+    relabel_file: Path,
+) -> None:
+    """run_retrieval.py's means: every non-abstention question, the one whose answer session
+    the relabelling turned into noans included (recall_any 0, recall_all 1, ndcg_any 0)."""
     q, only_assistant, abstention = load_longmemeval(relabel_file).queries
     rankings = {
         "q": ("filler_1", "answer_q_2", "answer_q_1"),
@@ -147,12 +151,18 @@ def test_report_leaves_out_no_target_and_refuses_abstention(relabel_file: Path) 
         "q_only_assistant": ("answer_q_2_1", "filler_1_1"),
     }
     rep = lme.benchmark_report([q, only_assistant], rankings, turn_rankings, cutoffs=(1, 2, 3))
-    assert rep["n_scored"] == 1 and rep["no_target_qids"] == ["q_only_assistant"]
+    assert rep["n_questions"] == 2 and rep["no_target_qids"] == ["q_only_assistant"]
     m = rep["metrics"]
-    # Only q counts: its one relevant session at position 3, its one relevant turn at 2.
-    assert m["session/recall_any@2"] == 0.0 and m["session/recall_all@3"] == 1.0
-    assert m["session/ndcg_any@3"] == pytest.approx(1 / LOG3)
-    assert m["turn/recall_any@1"] == 0.0 and m["turn/ndcg_any@2"] == 1.0
+    # q: its one relevant session at position 3, its one relevant turn at 2; the no-target
+    # question adds recall_any 0, recall_all 1, ndcg_any 0 to each mean.
+    assert m["session/recall_any@2"] == 0.0 and m["session/recall_any@3"] == 0.5
+    assert m["session/recall_all@1"] == 0.5 and m["session/recall_all@3"] == 1.0
+    assert m["session/ndcg_any@3"] == pytest.approx(1 / LOG3 / 2)
+    assert m["turn/recall_any@1"] == 0.0 and m["turn/ndcg_any@2"] == 0.5
+    # The figure over questions with a target stays apart, under its own name.
+    w = rep["with_target"]
+    assert w["n_questions"] == 1 and w["session/ndcg_any@3"] == pytest.approx(1 / LOG3)
+    assert w["session/recall_all@1"] == 0.0 and w["turn/ndcg_any@2"] == 1.0
     assert rep["by_category"]["multi-session"]["n_no_target"] == 1
     with pytest.raises(ValueError, match="abstention"):
         lme.benchmark_report([abstention], {"q_abs": ()})
@@ -174,9 +184,13 @@ def test_eval_retrieval_benchmark_metrics_rescore(
     m = res.metrics
     assert m["n_questions"] == 5  # the abstention question has no gold
     assert m["longmemeval"]["no_target_qids"] == ["58bf7951"]  # evidence on the assistant side
-    assert m["longmemeval"]["n_scored"] == 4
+    assert m["longmemeval"]["n_scored"] == 5  # the no-target question stays in the mean
+    assert m["longmemeval"]["with_target"]["n_questions"] == 4
     assert "session/recall_any@5" in m and "turn/ndcg_any@10" in m
-    assert "session/ndcg_any@5" not in m["by_category"]["single-session-assistant"]
+    # A type whose only question has no target still has the benchmark's numbers for it.
+    ssa = m["by_category"]["single-session-assistant"]
+    assert ssa["n_no_target"] == 1
+    assert ssa["session/recall_any@5"] == 0.0 and ssa["session/recall_all@5"] == 1.0
     out = tmp_path / "out"
     run = list(ir_measures.read_trec_run(str(out / "run.trec")))
     assert "gpt4_0b2f1d8c_abs" not in {r.query_id for r in run}
@@ -191,10 +205,14 @@ def test_eval_retrieval_benchmark_metrics_rescore(
                 [Success @ 1, R @ 1], qrels, ir_measures.read_trec_run(str(out / run_file))
             )
         )
-        any1 = sum(x.value for x in per_q if x.measure == Success @ 1) / 4
-        all1 = sum(x.value == 1.0 for x in per_q if x.measure == R @ 1) / 4
-        assert m[f"{level}/recall_any@1"] == pytest.approx(any1)
-        assert m[f"{level}/recall_all@1"] == pytest.approx(all1)
+        found_any = sum(x.value for x in per_q if x.measure == Success @ 1)
+        found_all = sum(x.value == 1.0 for x in per_q if x.measure == R @ 1)
+        # The benchmark's means are over all 5; the no-target question adds 0 and 1.
+        assert m[f"{level}/recall_any@1"] == pytest.approx(found_any / 5)
+        assert m[f"{level}/recall_all@1"] == pytest.approx((found_all + 1) / 5)
+        w = m["longmemeval"]["with_target"]
+        assert w[f"{level}/recall_any@1"] == pytest.approx(found_any / 4)
+        assert w[f"{level}/recall_all@1"] == pytest.approx(found_all / 4)
     turn_ids = {r.doc_id for r in ir_measures.read_trec_run(str(out / "run_turn.trec"))}
     assert "answer_a1f3_1_1" in turn_ids and "answer_a1f3_1_2" not in turn_ids  # user turns only
 

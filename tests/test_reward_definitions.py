@@ -37,29 +37,40 @@ def test_fibonacci_tiers() -> None:
         fibonacci_tiers(0)
 
 
-def test_tier_weights_paper_figures() -> None:
+def test_tier_weights_are_the_papers_by_default_and_the_official_codes_as_tail() -> None:
     w = tier_weights((1, 2, 3, 5, 8))
-    assert [round(x, 4) for x in w] == [0.3691, 0.1309, 0.1131, 0.0714, 0.3155]
-    assert w[-1] == position_value(8)
-    # The paper's weight plot: tier 8 against a next tier of 13.
-    assert round(tier_weights((1, 2, 3, 5, 8, 13))[4], 4) == 0.0528
+    # The paper's published w_1 ... w_8: every tier against the next Fibonacci number.
+    assert [round(x, 4) for x in w] == [0.3691, 0.1309, 0.1131, 0.0714, 0.0528]
+    assert w[-1] == position_value(8) - position_value(13)
+    assert w == tier_weights((1, 2, 3, 5, 8, 13))[:5]  # a deeper list only adds tiers
+    assert round(w[0] / w[-1], 1) == 7.0  # top-1 weighs 7x top-8
+    tail = tier_weights((1, 2, 3, 5, 8), "tail")
+    assert [round(x, 4) for x in tail] == [0.3691, 0.1309, 0.1131, 0.0714, 0.3155]
+    assert tail[-1] == position_value(8)
+    assert tier_weights((1,)) == (1 - position_value(2),)
     assert position_value(1) == 1.0
     for bad in ((), (0, 1), (2, 2), (3, 1)):
         with pytest.raises(ValueError):
             tier_weights(bad)
+    with pytest.raises(ValueError, match="paper"):
+        tier_weights((1, 2), "official")
 
 
 @given(tier_sets)
-def test_weights_sum_to_one(tiers: tuple[int, ...]) -> None:
-    w = tier_weights(tiers)
-    assert all(x > 0 for x in w)
-    # Telescoping: they sum to C(first tier), which is 1 when the tiers start at 1.
-    assert math.isclose(sum(w), position_value(tiers[0]), rel_tol=1e-12)
+def test_weights_sum_to_their_span(tiers: tuple[int, ...]) -> None:
+    nxt = tiers[-1] + (tiers[-2] if len(tiers) > 1 else 1)
+    paper = tier_weights(tiers)
+    assert all(x > 0 for x in paper)
+    # paper: C(first) - C(next after the last); tail telescopes to C(first).
+    want = position_value(tiers[0]) - position_value(nxt)
+    assert math.isclose(sum(paper), want, rel_tol=1e-12)
+    tail = tier_weights(tiers, "tail")
+    assert math.isclose(sum(tail), position_value(tiers[0]), rel_tol=1e-12)
 
 
 @given(st.integers(1, 10_000))
-def test_fibonacci_weights_sum_to_one(max_k: int) -> None:
-    assert math.isclose(sum(tier_weights(fibonacci_tiers(max_k))), 1.0, rel_tol=1e-12)
+def test_fibonacci_tail_weights_sum_to_one(max_k: int) -> None:
+    assert math.isclose(sum(tier_weights(fibonacci_tiers(max_k), "tail")), 1.0, rel_tol=1e-12)
 
 
 def test_hand_computed_example() -> None:
@@ -68,17 +79,34 @@ def test_hand_computed_example() -> None:
     def c(k: int) -> float:
         return 1 / math.log2(k + 1)
 
-    exact = (
+    head = (
         (c(1) - c(2)) * (0.4 - 0.2)
         + (c(2) - c(3)) * (0.5 - 0.2)
         + (c(3) - c(5)) * (0.6 - 0.2)
         + (c(5) - c(8)) * (0.7 - 0.2)
-        + c(8) * (0.8 - 0.2)
     )
-    assert marginal_utility(s) == pytest.approx(exact, abs=1e-15)
-    assert round(marginal_utility(s), 4) == 0.3833
+    paper = head + (c(8) - c(13)) * (0.8 - 0.2)
+    tail = head + c(8) * (0.8 - 0.2)
+    assert marginal_utility(s) == pytest.approx(paper, abs=1e-15)
+    assert round(marginal_utility(s), 4) == 0.2257
+    assert marginal_utility(s, weights="tail") == pytest.approx(tail, abs=1e-15)
+    assert round(marginal_utility(s, weights="tail"), 4) == 0.3833
     # Tier k = 1 counts (the official loop drops it): without it the value would be far lower.
     assert marginal_utility(s) - marginal_utility({k: v for k, v in s.items() if k != 1}) > 0.05
+
+
+def test_the_paper_weights_care_where_the_useful_session_sits() -> None:
+    """One useful session raises the score from 0 to 1 from the tier that first shows it: at
+    rank 1 versus rank 8, paper weights pay 0.7374 vs 0.0528 (14x), tail weights 1 vs 0.3155."""
+    tiers = (1, 2, 3, 5, 8)
+
+    def useful_at(rank: int, weights: str) -> float:
+        return marginal_utility({0: 0.0, **{k: float(k >= rank) for k in tiers}}, weights=weights)
+
+    assert round(useful_at(1, "paper"), 4) == 0.7374
+    assert round(useful_at(8, "paper"), 4) == 0.0528
+    assert round(useful_at(1, "tail"), 4) == 1.0
+    assert round(useful_at(8, "tail"), 4) == 0.3155
 
 
 @given(scores, st.integers(1, 10_000))
@@ -89,7 +117,8 @@ def test_no_gain_no_reward(s0: float, max_k: int) -> None:
 
 @given(scores, st.floats(0.01, 1.0), st.integers(2, 10_000), st.data())
 def test_earlier_gain_earns_more(s0: float, gain: float, max_k: int, data: st.DataObject) -> None:
-    """A score that rises at tier k and stays up earns gain * C(k): more the smaller k is."""
+    """A score that rises at tier k and stays up earns gain * (C(k) - C(F_{N+1})) (paper
+    weights; gain * C(k) with tail weights): more the smaller k is."""
     tiers = fibonacci_tiers(max_k)
     i = data.draw(st.integers(0, len(tiers) - 2))
     j = data.draw(st.integers(i + 1, len(tiers) - 1))
@@ -98,7 +127,9 @@ def test_earlier_gain_earns_more(s0: float, gain: float, max_k: int, data: st.Da
         return marginal_utility({0: s0, **{k: s0 + gain * (t >= n) for t, k in enumerate(tiers)}})
 
     assert step_at(i) > step_at(j)
-    assert step_at(i) == pytest.approx(gain * position_value(tiers[i]), rel=1e-9)
+    nxt = tiers[-1] + (tiers[-2] if len(tiers) > 1 else 1)
+    want = gain * (position_value(tiers[i]) - position_value(nxt))
+    assert step_at(i) == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
 @given(st.lists(scores, min_size=6, max_size=6), st.integers(0, 4), st.floats(1e-3, 1.0))

@@ -19,6 +19,8 @@ from memsifter.rewards import (
     TierRepeatWarning,
     load_reward_config,
     make_reward_function,
+    position_value,
+    repeat_credit,
 )
 from memsifter.testing.rewards import FACTS, FakeWorkingLLM, ranking_text
 
@@ -101,8 +103,9 @@ def _candidates_column(req: RewardRequest) -> str:
 
 
 def test_the_default_config_drops_the_tiers_it_cannot_fill() -> None:
-    """default.yaml stops LongMemEval at tier 3: no repeat, no warning, and (the weights
-    telescope) the same R_ans as scoring the repeated tiers."""
+    """default.yaml stops LongMemEval at tier 3: no repeat, no warning. With the paper's
+    weights, scoring the repeated tiers instead credits tier 3 with repeat_credit more weight
+    (C(5) - C(13)); with the tail weights (they telescope) R_ans is the same number."""
     cfg = _f1(load_reward_config(ROOT / "configs/rewards/default.yaml"))
     assert cfg.max_k_for("longmemeval") == 3 and cfg.max_k_for("locomo") == 8
     service, _ = _service(cfg, cfg.answerer.window_tokens)
@@ -115,8 +118,23 @@ def test_the_default_config_drops_the_tiers_it_cannot_fill() -> None:
     repeating, _ = _service(_f1(cfg, tier_max_k={}), cfg.answerer.window_tokens)
     with pytest.warns(TierRepeatWarning):
         full = repeating.score([_longmemeval_request()])
-    assert [c.r_ans for c in batch.rewards[0]] == pytest.approx(
-        [c.r_ans for c in full.rewards[0]], abs=1e-12
+    assert all(sorted(c.tier_scores) == [0, 1, 2, 3, 5, 8] for c in full.rewards[0])
+    credit = repeat_credit((1, 2, 3, 5, 8), 3)
+    assert credit == pytest.approx(position_value(5) - position_value(13), abs=1e-15)
+    for dropped, kept in zip(batch.rewards[0], full.rewards[0], strict=True):
+        s = kept.tier_scores
+        assert s[5] == s[8] == s[3]  # the repeats score what tier 3 scored
+        assert kept.r_ans - dropped.r_ans == pytest.approx(credit * (s[3] - s[0]), abs=1e-12)
+
+    tail = _f1(cfg, tier_weights="tail")
+    tail_dropped, _ = _service(tail, cfg.answerer.window_tokens)
+    tail_kept, _ = _service(_f1(tail, tier_max_k={}), cfg.answerer.window_tokens)
+    a = tail_dropped.score([_longmemeval_request()])
+    with pytest.warns(TierRepeatWarning):
+        b = tail_kept.score([_longmemeval_request()])
+    assert repeat_credit((1, 2, 3, 5, 8), 3, "tail") == pytest.approx(0.0, abs=1e-15)
+    assert [c.r_ans for c in a.rewards[0]] == pytest.approx(
+        [c.r_ans for c in b.rewards[0]], abs=1e-12
     )
 
 

@@ -9,10 +9,13 @@ Implemented from the benchmark's definitions (``src/retrieval/eval_utils.py`` an
 * **Labels.** A turn is relevant when it is a user turn of an answer session marked
   ``has_answer``. An answer session none of whose user turns is marked is relabelled as not an
   answer (its evidence is on the assistant side, which the benchmark does not index).
-* **Who is scored.** Abstention questions (``_abs``) are left out, and so are questions left
-  with no relevant document after the relabelling (51 of the 470 non-abstention oracle questions,
-  50 of 468 in LongMemEval-S, mostly single-session-assistant): by definition their
-  ``recall_any`` would be 0 and ``recall_all`` 1. They are counted in ``n_no_target``.
+* **Who is averaged.** Every non-abstention question, as ``run_retrieval.py`` takes its means
+  (``'_abs' not in question_id``). That includes the questions left with no relevant document
+  after the relabelling (51 of the 470 non-abstention oracle questions, 50 of 468 in
+  LongMemEval-S, mostly single-session-assistant): ``eval_utils`` gives them ``recall_any`` 0,
+  ``recall_all`` 1 (all of nothing is found) and ``ndcg_any`` 0, and they stay in the mean. They
+  are counted in ``n_no_target``; the means over only the questions with a target are kept
+  apart, as ``with_target``, never as the benchmark's numbers. Abstention questions are left out.
 * **Metrics at k.** ``recall_any@k``: some relevant document is in the top k. ``recall_all@k``:
   every one is. ``ndcg_any@k``: binary-relevance NDCG whose DCG weighs the first two positions
   alike, ``rel[0] + sum_{i>=1} rel[i] / log2(i + 1)`` (ir-measures and trec_eval use
@@ -140,18 +143,21 @@ def mean_metrics(
     level: str,
     cutoffs: Sequence[int] = CUTOFFS,
 ) -> dict[str, float]:
-    """Means over the questions with relevant documents, named ``<level>/<metric>@k``."""
+    """Means over every question of ``relevant``, named ``<level>/<metric>@k``: the benchmark's
+    averaging, in which a question without relevant documents counts (recall_any 0, recall_all
+    1, ndcg_any 0). Pass only the questions with a target for the ``with_target`` figure."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    scored = [qid for qid, rel in relevant.items() if rel]
-    missing = [qid for qid in scored if qid not in rankings]
+    if not relevant:
+        raise ValueError("mean_metrics needs at least one question")
+    missing = [qid for qid in relevant if qid not in rankings]
     if missing:
         raise ValueError(f"no ranking for {len(missing)} scored questions, e.g. {missing[:3]}")
     sums: dict[str, float] = defaultdict(float)
-    for qid in scored:
-        for name, v in query_metrics(rankings[qid], relevant[qid], cutoffs).items():
+    for qid, rel in relevant.items():
+        for name, v in query_metrics(rankings[qid], rel, cutoffs).items():
             sums[name] += v
-    n = max(len(scored), 1)
+    n = len(relevant)
     return {f"{level}/{name}@{k}": sums[f"{name}@{k}"] / n for name in NAMES for k in cutoffs}
 
 
@@ -161,35 +167,39 @@ def benchmark_report(
     turn_rankings: Mapping[str, Sequence[str]] | None = None,
     cutoffs: Sequence[int] = CUTOFFS,
 ) -> dict[str, Any]:
-    """The benchmark's metrics for one retriever: flat means (``session/recall_any@5`` ...),
-    the same per question type, and who was left out. Abstention questions must already be out
-    (they have no gold; eval retrieval drops them)."""
+    """The benchmark's metrics for one retriever: flat means over every question
+    (``session/recall_any@5`` ...), the same per question type, how many of them have no target,
+    and apart from those (``with_target``) the means over the questions that have one.
+    Abstention questions must already be out (they have no gold; eval retrieval drops them)."""
     abstention = [q.qid for q in queries if q.meta.get("abstention")]
     if abstention:
         raise ValueError(f"abstention questions are not scored, got {abstention[:3]}")
+    if not queries:
+        raise ValueError("benchmark_report needs at least one question")
     sessions = {q.qid: session_targets(q) for q in queries}
     turns = {q.qid: turn_targets(q) for q in queries}
 
     def means(qids: Collection[str]) -> dict[str, float]:
-        if not any(sessions[q] for q in qids):
-            return {}  # nobody to average: no number rather than a 0 that reads as a result
+        if not qids:
+            return {}
         out = mean_metrics(session_rankings, {q: sessions[q] for q in qids}, "session", cutoffs)
         if turn_rankings is not None:
             out.update(mean_metrics(turn_rankings, {q: turns[q] for q in qids}, "turn", cutoffs))
         return out
 
     no_target = [q for q in queries if not sessions[q.qid]]
+    with_target = [q.qid for q in queries if sessions[q.qid]]
     by_type: dict[str, list[str]] = defaultdict(list)
     for q in queries:
         by_type[q.category or "none"].append(q.qid)
     return {
         "metrics": means(sessions),
-        "n_scored": len(queries) - len(no_target),
+        "n_questions": len(queries),
         "n_no_target": len(no_target),
         "no_target_qids": [q.qid for q in no_target],
+        "with_target": {"n_questions": len(with_target), **means(with_target)},
         "by_category": {
             cat: {
-                "n_scored": sum(bool(sessions[q]) for q in qids),
                 "n_no_target": sum(not sessions[q] for q in qids),
                 **means(qids),
             }

@@ -332,17 +332,22 @@ def add_benchmark_metrics(
     queries: list[Query],
     turn_rankings: dict[str, tuple[str, ...]] | None,
 ) -> None:
-    """LongMemEval's own metrics into ``res.metrics``: flat (``session/recall_any@5`` ...), per
-    question type inside ``by_category``, and who they leave out under ``longmemeval``."""
+    """LongMemEval's own metrics into ``res.metrics``: flat (``session/recall_any@5`` ...) over
+    every non-abstention question as the benchmark averages them, per question type inside
+    ``by_category``, and under ``longmemeval`` the no-target count and, apart, the means over
+    the questions with a target (``with_target``)."""
     report = lme.benchmark_report(queries, res.rankings, turn_rankings)
     res.metrics.update(report["metrics"])
     res.metrics["longmemeval"] = {
         "definitions": "LongMemEval src/retrieval/eval_utils.py: recall_any, recall_all, "
         "ndcg_any (DCG rel[0] + sum rel[i]/log2(i+1), i >= 1); documents are user turns",
+        "averaging": "run_retrieval.py: every non-abstention question, those with no target "
+        "after the relabelling included (recall_any 0, recall_all 1, ndcg_any 0)",
         "turn_level": turn_rankings is not None,
-        "n_scored": report["n_scored"],
+        "n_scored": report["n_questions"],
         "n_no_target": report["n_no_target"],
         "no_target_qids": report["no_target_qids"],
+        "with_target": report["with_target"],
     }
     for cat, m in report["by_category"].items():
         res.metrics["by_category"].setdefault(cat, {"name": cat}).update(m)
@@ -417,7 +422,7 @@ def render_longmemeval_table(
     results: list[RetrieverResult], columns: tuple[str, ...] = LONGMEMEVAL_COLUMNS
 ) -> str:
     """One row per retriever; ``-`` where a level was not run (the proxy has no turn level)."""
-    head = ["retriever", "n scored", "no target"] + list(columns)
+    head = ["retriever", "n", "of which no target"] + list(columns)
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         m, info = r.metrics, r.metrics["longmemeval"]

@@ -34,7 +34,13 @@ from memsifter.rewards.service import (
     TierRepeatWarning,
 )
 from memsifter.rewards.shaping import ShapingSchedule
-from memsifter.rewards.tiers import fibonacci_tiers, position_value, tier_weights
+from memsifter.rewards.tiers import (
+    TIER_WEIGHTS,
+    fibonacci_tiers,
+    position_value,
+    repeat_credit,
+    tier_weights,
+)
 from memsifter.rewards.trl import RewardFunction, make_reward_function
 
 __all__ = [
@@ -65,5 +71,7 @@ __all__ = [
     "reward_columns",
     "sessions_from_column",
     "sessions_to_column",
+    "repeat_credit",
     "tier_weights",
+    "TIER_WEIGHTS",
 ]

@@ -34,6 +34,7 @@ from memsifter.qa.answerer import MEMORY_ORDERS
 from memsifter.qa.scores import TASK_METRICS
 from memsifter.rewards.retrieval import DEFAULT_RETRIEVAL_K
 from memsifter.rewards.shaping import SCHEDULES, ShapingSchedule
+from memsifter.rewards.tiers import TIER_WEIGHTS
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,14 @@ class RewardConfig:
     max_k: int = 8  # deepest Fibonacci tier (capped by the number of candidates)
     # data_source -> its own deepest tier, for sources whose sessions the answerer's window cannot
     # hold max_k of: SmolLM2's 8,192 tokens hold about 3 LongMemEval sessions (~2,600 tokens
-    # each), so tiers 5 and 8 would repeat tier 3's prompt. A dropped tier leaves the weight
-    # normalisation (memsifter.rewards.tiers: the last kept tier gets C(F_last)); with exact
-    # repeats R_ans is the same number, but the reward no longer claims tiers it cannot see.
-    # The service still reports (and warns about) any tier that repeats the one before.
+    # each), so tiers 5 and 8 would repeat tier 3's prompt. The tiers then stop at 3 and take
+    # the weights of that shorter list; kept as repeats, they would credit tier 3 with the depth
+    # it cannot see (with the paper's weights: memsifter.rewards.tiers.repeat_credit). The
+    # service still reports (and warns about) any tier that repeats the one before.
     tier_max_k: dict[str, int] = field(default_factory=lambda: {"longmemeval": 3})
+    # paper: w_n = C(F_n) - C(F_{n+1}) for every tier (the paper's 0.3691 ... 0.0528); tail: the
+    # official code's, the last tier taking C(F_N) (... 0.3155). memsifter.rewards.tiers.
+    tier_weights: str = "paper"
     retrieval_k: int = DEFAULT_RETRIEVAL_K  # NDCG cutoff of R_ret
     alpha: float = 1.0  # weight of R_ans; 0: a retrieval-only stage (no working-LLM calls)
     # R_ans = sum_n w_n (s_{F_n} - s_0), the paper's marginal utility; false scores the answers
@@ -146,6 +150,10 @@ class RewardConfig:
         for source, k in dict(self.tier_max_k).items():
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
                 raise ValueError(f"tier_max_k.{source} must be an integer >= 1, got {k!r}")
+        if self.tier_weights not in TIER_WEIGHTS:
+            raise ValueError(
+                f"tier_weights must be one of {TIER_WEIGHTS}, got {self.tier_weights!r}"
+            )
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         metrics = dict(self.task_metrics)

@@ -8,8 +8,10 @@ all, and ``w_n`` the Fibonacci tier weights (:mod:`memsifter.rewards.tiers`). Su
 rewards only what the memory adds: a question the working LLM answers from general knowledge
 earns the ranking nothing.
 
-Because the weights telescope, a score that rises from s_0 to s_0 + d at tier k and stays there
-earns exactly d * C(k): the same improvement is worth more the higher up the ranking it happens.
+With the paper's weights (the default), a score that rises from s_0 to s_0 + d at tier k and
+stays there earns d * (C(k) - C(F_{N+1})): the same improvement is worth more the higher up the
+ranking it happens, and nothing below the last tier counts. With ``tail`` weights (the official
+code's) it earns d * C(k) (:mod:`memsifter.rewards.tiers`).
 
 Difference from the official implementation: its loop over tiers starts at the second tier and
 so never scores k = 1, the tier with the heaviest weight (0.3691 of 1 with tiers 1…8). Here
@@ -23,13 +25,16 @@ from collections.abc import Mapping
 from memsifter.rewards.tiers import tier_weights
 
 
-def marginal_utility(tier_scores: Mapping[int, float], subtract_s0: bool = True) -> float:
+def marginal_utility(
+    tier_scores: Mapping[int, float], subtract_s0: bool = True, weights: str = "paper"
+) -> float:
     """R_ans from ``tier_scores``, which maps k to s_k; key 0 is s_0 (no memory).
 
     The tiers are the other keys, in increasing order (normally ``fibonacci_tiers(...)``). The sum
     runs in that order so the same scores always give the same float. ``subtract_s0=False`` is
     the ablation that scores the answers alone, sum_n w_n s_{F_n}; s_0 is still required (the
-    reward service measures it either way)."""
+    reward service measures it either way). ``weights`` is ``paper`` or ``tail``
+    (:func:`memsifter.rewards.tiers.tier_weights`)."""
     if 0 not in tier_scores:
         raise ValueError("tier_scores needs key 0, the score with no memory (s_0)")
     tiers = sorted(k for k in tier_scores if k != 0)
@@ -37,6 +42,6 @@ def marginal_utility(tier_scores: Mapping[int, float], subtract_s0: bool = True)
         raise ValueError("tier_scores has s_0 but no tier")
     s0 = tier_scores[0] if subtract_s0 else 0.0
     total = 0.0
-    for k, w in zip(tiers, tier_weights(tiers), strict=True):
+    for k, w in zip(tiers, tier_weights(tiers, weights), strict=True):
         total += w * (tier_scores[k] - s0)
     return total

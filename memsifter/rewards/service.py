@@ -418,7 +418,7 @@ class RewardService:
                 tier_scores[0] = scores[plan.keys[()]]
                 for k in plan.tiers:
                     tier_scores[k] = scores[plan.keys[full[:k]]]
-                r_ans = marginal_utility(tier_scores, cfg.subtract_s0)
+                r_ans = marginal_utility(tier_scores, cfg.subtract_s0, cfg.tier_weights)
             r_ret = next(r_rets)
             out.append(
                 CompletionReward(
