@@ -534,7 +534,11 @@ def test_qwen3_recipe_dry_builds(fixtures_dir: Path) -> None:
     )
     cfg = dataclasses.replace(cfg, sources=[small, *cfg.sources[1:]])
     p = cfg.prompt
-    assert (p.model, p.window_tokens, p.completion_tokens) == ("Qwen/Qwen3-4B", 131072, 16384)
+    assert (p.model, p.window_tokens, p.completion_tokens) == (
+        "Qwen/Qwen3-4B-Thinking-2507",
+        131072,
+        16384,
+    )
     assert (p.coarse, p.order, p.ask_think, p.unit) == ("bge-m3", "chronological", True, "session")
     lme = str(fixtures_dir / "longmemeval_mini.json")
     paths = parse_data_overrides(

@@ -137,21 +137,45 @@ def test_trainer_forwards_until_sft() -> None:
     _parses_as_memsifter_train(argv[argv.index("train") :], until="sft")
 
 
-def test_rollout_dry_run_parses_as_trl_vllm_serve() -> None:
-    """The rollout server serves the training config's policy with its 128K window and YaRN:
-    trl vllm-serve takes the window, and hands --hf-overrides on to `vllm serve` unchanged."""
+def test_rollout_dry_run_parses_as_trl_vllm_serve(tmp_path: Path) -> None:
+    """The rollout server serves the training config's policy with its 128K window, and YaRN
+    where the base needs it: trl vllm-serve takes the window, and hands --hf-overrides on to
+    `vllm serve` unchanged."""
     import json
     import sys
 
+    import yaml
     from trl.scripts.vllm_serve import make_parser
 
     env = {"CONFIG": TRAINER_ENV["CONFIG"], "VLLM_TP": "2", "VLLM_DP": "4"}
     argv = _command(_run("--role", "rollout", "--dry-run", PYTHON=sys.executable, **env))
     assert argv[:2] == ["trl", "vllm-serve"]
     args, rest = make_parser().parse_args_and_config(argv[2:], return_remaining_strings=True)
-    assert args.model == "Qwen/Qwen3-4B"
+    assert args.model == "Qwen/Qwen3-4B-Thinking-2507"  # the paper's base: 262K positions
     assert (args.tensor_parallel_size, args.data_parallel_size) == (2, 4)
     assert (args.host, args.port, args.max_model_len) == ("0.0.0.0", 8000, 131072)
+    assert rest == []  # no rope override: its own positions reach the window
+
+    # The original Qwen3-4B (40,960 positions) in the same recipe: YaRN x4 travels along.
+    recipe = yaml.safe_load((ROOT / TRAINER_ENV["CONFIG"]).read_text())
+    recipe["model"]["name"] = "Qwen/Qwen3-4B"
+    recipe["model"]["rope_scaling"] = {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768,
+        "rope_theta": 1000000,
+    }  # fmt: skip
+    original = tmp_path / "qwen3_4b_original.yaml"
+    original.write_text(yaml.safe_dump(recipe))
+    argv = _command(
+        _run(
+            "--role",
+            "rollout",
+            "--dry-run",
+            PYTHON=sys.executable,
+            **{**env, "CONFIG": str(original)},
+        )
+    )
+    args, rest = make_parser().parse_args_and_config(argv[2:], return_remaining_strings=True)
+    assert args.model == "Qwen/Qwen3-4B"
     assert rest[0] == "--hf-overrides" and len(rest) == 2
     assert json.loads(rest[1]) == {
         "rope_parameters": {

@@ -1,6 +1,7 @@
 """`memsifter train CONFIG --plan`: the memory arithmetic on hand-computed cases (a tiny Qwen3's
 config.json), the Qwen3-4B recipe fitting 8 x 80 GB under ZeRO-3, and the recipe's long window:
-YaRN on the policy load and on the rollout server's command."""
+the paper's base (Thinking-2507) reaches it natively, the original Qwen3-4B through YaRN, on the
+policy load and on the rollout server's command."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ from memsifter.training.plan import GB, LINEARS, ModelShape, Strategy, memory_pl
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN3_4B = ROOT / "configs/train/qwen3_4b.yaml"
+# The original Qwen3-4B in the same recipe (the overrides its comment gives).
+ORIGINAL = [
+    "model.name=Qwen/Qwen3-4B",
+    "plan.model_config=configs/models/Qwen3-4B/config.json",
+    "model.rope_scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768, "
+    "rope_theta: 1000000}",
+]
 
 # The tiny Qwen3 (tests/conftest.py): hidden 64, 2 layers, 2 heads x 32, 1 KV head, MLP 128,
 # vocabulary 607, tied embeddings.
@@ -124,7 +132,26 @@ def test_the_qwen3_4b_recipe_fits_80gb() -> None:
     assert 4.0e9 < plan.get("weights") * 8 / 2 < 4.05e9  # Qwen3-4B: 4.02B parameters
     # 1 x 131,072 tokens x 2,560 hidden x 36 layers x 2 bytes
     assert plan.get("checkpointed activations") == 131072 * 2560 * 36 * 2
-    assert "fits" in text and "rope yarn" in text
+    assert "fits" in text and "rope yarn" not in text
+    assert (
+        "base: Qwen/Qwen3-4B-Thinking-2507 (config configs/models/Qwen3-4B-Thinking-2507/"
+        "config.json: max_position_embeddings 262144, rope_theta 5,000,000); the 131072-token "
+        "window is reached natively, no rope scaling" in text
+    ), text
+    assert not plan.notes
+
+    # The original Qwen3-4B: the same shape, YaRN x4 to the window; the plan names that base.
+    original_text, original = plan_report(load_train_config(QWEN3_4B, ORIGINAL), ROOT)
+    assert original.fits and "rope yarn" in original_text and not original.notes
+    assert "base: Qwen/Qwen3-4B (config configs/models/Qwen3-4B/config.json: " in original_text
+    assert "reached yarn x4 from 32768 positions" in original_text
+    # Without YaRN it would not reach; YaRN on the 2507 base is not needed: both are said.
+    _, bare = plan_report(
+        load_train_config(QWEN3_4B, [*ORIGINAL[:2], "model.rope_scaling=null"]), ROOT
+    )
+    assert any("beyond the model's max_position_embeddings 40960" in n for n in bare.notes)
+    _, extra = plan_report(load_train_config(QWEN3_4B, [ORIGINAL[2]]), ROOT)
+    assert any("YaRN is not needed" in n for n in extra.notes)
     # The batch of the paper: 32 prompts x 6 completions per optimiser step on 8 GPUs.
     assert "192 completions = 32 prompts x 6" in text
 
@@ -165,6 +192,12 @@ def test_vllm_args_carry_the_window_and_yarn() -> None:
     from memsifter.cli import app
 
     res = CliRunner().invoke(app, ["train", str(QWEN3_4B), "--vllm-args"])
+    assert res.exit_code == 0, res.output
+    base = res.output.splitlines()
+    assert base[:4] == ["--model", "Qwen/Qwen3-4B-Thinking-2507", "--max-model-len", "131072"]
+    assert "--hf-overrides" not in base  # its own positions reach 128K
+    sets = [a for o in ORIGINAL for a in ("--set", o)]
+    res = CliRunner().invoke(app, ["train", str(QWEN3_4B), "--vllm-args", *sets])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     assert lines[:4] == ["--model", "Qwen/Qwen3-4B", "--max-model-len", "131072"]
@@ -212,20 +245,26 @@ def test_rope_scaling_is_checked() -> None:
 def test_colocated_vllm_refuses_a_rope_override() -> None:
     from memsifter.training.grpo import grpo_config_kwargs
 
-    cfg = load_train_config(QWEN3_4B, ["grpo.vllm_mode=colocate"])
+    cfg = load_train_config(QWEN3_4B, [*ORIGINAL, "grpo.vllm_mode=colocate"])
     with pytest.raises(ValueError, match="colocate"):
         grpo_config_kwargs(cfg, "/tmp/x", cuda=True)
 
 
 def test_the_window_is_the_data_recipes() -> None:
     """model.context_tokens (vLLM's --max-model-len, the plan's sequence) is the window the data
-    recipe builds prompts for, and YaRN reaches it."""
+    recipe builds prompts for, on the same base: Thinking-2507 reaches it natively, the original
+    Qwen3-4B through YaRN."""
     from memsifter.training.rl_data import load_rl_data_config
 
     cfg = load_train_config(QWEN3_4B)
     spec = load_rl_data_config(ROOT / "configs/data/qwen3_4b.yaml").prompt
     assert cfg.model.context_tokens == spec.window_tokens == 131072
-    shape = ModelShape.from_config_json(ROOT / "configs/models/Qwen3-4B")
-    rope = cfg.model.rope_scaling or {}
+    assert spec.model == cfg.model.name == "Qwen/Qwen3-4B-Thinking-2507"
+    paper = ModelShape.from_config_json(ROOT / "configs/models/Qwen3-4B-Thinking-2507")
+    assert (paper.max_position_embeddings, paper.rope_theta) == (262144, 5_000_000)
+    assert cfg.model.rope_scaling is None and spec.window_tokens <= paper.max_position_embeddings
+    original = ModelShape.from_config_json(ROOT / "configs/models/Qwen3-4B")
+    assert paper.parameters == original.parameters  # the same shape, other positions
+    rope = load_train_config(QWEN3_4B, ORIGINAL).model.rope_scaling or {}
     assert rope["original_max_position_embeddings"] * rope["factor"] >= spec.window_tokens
-    assert spec.window_tokens > (shape.max_position_embeddings or 0)  # hence YaRN
+    assert spec.window_tokens > (original.max_position_embeddings or 0)  # hence YaRN

@@ -61,6 +61,7 @@ class ModelShape:
     vocab_size: int
     tie_word_embeddings: bool
     max_position_embeddings: int | None = None
+    rope_theta: float | None = None
     qk_norm: bool = False  # Qwen3 normalises q and k per head (two head_dim-sized weights)
 
     @classmethod
@@ -84,6 +85,8 @@ class ModelShape:
                 vocab_size=int(c["vocab_size"]),
                 tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
                 max_position_embeddings=c.get("max_position_embeddings"),
+                rope_theta=c.get("rope_theta")
+                or (c.get("rope_parameters") or {}).get("rope_theta"),
                 qk_norm=str(c.get("model_type", "")).startswith("qwen3"),
             )
         except KeyError as e:
@@ -334,6 +337,12 @@ def memory_plan(cfg: TrainConfig, shape: ModelShape, strategy: Strategy) -> Memo
             f"warning: model.context_tokens {s} is beyond the model's "
             f"max_position_embeddings {native} and model.rope_scaling is not set"
         )
+    if native is not None and s <= native and cfg.model.rope_scaling is not None:
+        notes.append(
+            f"warning: model.rope_scaling is set, but the model's max_position_embeddings "
+            f"{native} already holds model.context_tokens {s}: YaRN is not needed here and "
+            "changes every position the model was trained with"
+        )
     return MemoryPlan(tuple(lines), cfg.plan.gpu_memory_gb * GB, tuple(notes))
 
 
@@ -353,6 +362,28 @@ def batch_lines(cfg: TrainConfig) -> list[str]:
     ]
 
 
+def base_line(cfg: TrainConfig, shape: ModelShape) -> str:
+    """Which base the plan assumed (the config.json it read) and whether its positions reach the
+    window natively or through the recipe's rope scaling."""
+    where = cfg.plan.model_config or cfg.model.name
+    native, s = shape.max_position_embeddings, cfg.model.context_tokens
+    theta = f", rope_theta {shape.rope_theta:,.0f}" if shape.rope_theta else ""
+    rope = cfg.model.rope_scaling
+    if rope is not None:
+        reach = (
+            f"{rope['rope_type']} x{rope.get('factor', 1):g} from "
+            f"{rope.get('original_max_position_embeddings', native)} positions"
+        )
+    elif native is not None and s is not None and s <= native:
+        reach = "natively, no rope scaling"
+    else:
+        reach = "NOT reached: no rope scaling is set"
+    return (
+        f"base: {cfg.model.name} (config {where}: max_position_embeddings {native}{theta}); "
+        f"the {s}-token window is reached {reach}"
+    )
+
+
 def plan_report(cfg: TrainConfig, root: Path = Path(".")) -> tuple[str, MemoryPlan]:
     """The text ``memsifter train --plan`` prints, and the plan."""
     shape = model_shape_for(cfg, root)
@@ -363,6 +394,7 @@ def plan_report(cfg: TrainConfig, root: Path = Path(".")) -> tuple[str, MemoryPl
         f"model: {cfg.model.name}, {shape.parameters / 1e9:.3f}B parameters, "
         f"{cfg.model.context_tokens} tokens per sequence"
         + (f", rope {cfg.model.rope_scaling['rope_type']}" if cfg.model.rope_scaling else ""),
+        base_line(cfg, shape),
         f"memory per GPU ({strategy.name}, stage {strategy.stage}):",
     ]
     return "\n".join(head) + "\n" + plan.render(), plan
