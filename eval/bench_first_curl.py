@@ -39,6 +39,8 @@ PROXY = "memsifter-smollm2-135m-locomo"
 CONFIGS = {
     "transformers": REPO / "configs/serve/trained_proxy.yaml",
     "llamacpp": REPO / "configs/serve/llamacpp_proxy.yaml",
+    # The first-token head (one prefill, no decode); eval/bench_head_latency.py runs it.
+    "first_token": REPO / "configs/serve/first_token_proxy.yaml",
 }
 LLAMACPP_URL = "http://127.0.0.1:8012/v1"  # what llamacpp_proxy.yaml names
 

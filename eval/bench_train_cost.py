@@ -110,9 +110,9 @@ def main() -> None:
     lines = [
         "# Training cost: questions trained per hour, generate vs first-token head",
         "",
-        f"Machine: {machine_line(facts)}. Command: `python eval/bench_train_cost.py`. Each recipe as "
-        "shipped (LoRA top 10 layers of SmolLM2-135M-Instruct, LoCoMo train pool, 2 threads); "
-        "seconds are the trainer's own `train()` wall time.",
+        f"Machine: {machine_line(facts)}. Command: `python eval/bench_train_cost.py`. "
+        "Each recipe as shipped (LoRA top 10 layers of SmolLM2-135M-Instruct, LoCoMo train "
+        "pool, 2 threads); seconds are the trainer's own `train()` wall time.",
         "",
         "| head | stage | steps | questions | seconds | s / question | questions / hour |",
         "|---|---|---|---|---|---|---|",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_spec_first_token_turns_thinking_off_and_the_prompt_ends_at_the_tag(
     from memsifter.testing.backends import ScriptedBackend
 
     # An engine that cannot give the logits is refused at start, naming it.
-    with pytest.raises(RankingHeadError, match="holds no model"):
+    with pytest.raises(RankingHeadError, match="holds no model to read and returns no logprobs"):
         Proxy(ScriptedBackend.replying(["1, 0</ranking>"], tok), spec, BM25Filter())
     # The one front door ranks with the head: one forward pass, the ids mapped as generate's.
     backend = TransformersBackend(str(tiny_qwen3), batch_size=2)
@@ -147,6 +148,68 @@ def test_spec_first_token_turns_thinking_off_and_the_prompt_ends_at_the_tag(
     order = rank_prompts(backend.model, tok, [built.text], [3])[0]
     assert got.ranking.ids == tuple(f"s{i}" for i in order)
     assert got.parsed.ok and got.generation.completion_tokens == 0
+
+
+def _logprob_server(model_path: Path, shape: str, top: int = 20) -> Any:
+    """A mock /v1/completions that answers max_tokens-1 logprob requests from the model itself,
+    in vLLM's shape (``top_logprobs: [{"token_id:N": lp}]``) or llama-server's (``content``)."""
+    import json
+
+    import httpx
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        assert body["max_tokens"] == 1 and isinstance(body["prompt"], list)
+        with torch.no_grad():
+            logits = model(torch.tensor([body["prompt"]])).logits[0, -1]
+        lp = torch.log_softmax(logits.float(), -1)
+        values, ids = lp.topk(min(top, body["logprobs"]))
+        pairs = list(zip(ids.tolist(), values.tolist(), strict=True))
+        if shape == "vllm":
+            logprobs = {"top_logprobs": [{f"token_id:{i}": v for i, v in pairs}]}
+        elif shape == "llamacpp":
+            logprobs = {"content": [{"top_logprobs": [{"id": i, "logprob": v} for i, v in pairs]}]}
+        else:
+            logprobs = None
+        return httpx.Response(200, json={"choices": [{"text": "", "logprobs": logprobs}]})
+
+    return httpx.MockTransport(handler), seen
+
+
+@pytest.mark.parametrize("shape", ["vllm", "llamacpp"])
+def test_a_server_engine_ranks_as_the_in_process_head(tiny_qwen3: Path, shape: str) -> None:
+    """The head on an OpenAI-compatible server reads the next token's top logprobs: the same
+    ranking as the in-process logits, a label outside the top-k refused by name, and a server
+    that returns no logprobs refused loudly (no made-up ranking)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.llm.errors import BackendError
+    from memsifter.llm.openai_http import OpenAIBackend
+    from memsifter.ranker.first_token import backend_rankings
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3).eval()
+    prompts = [f"question {i} with some words " * (i + 1) + "<ranking>" for i in range(6)]
+    ns = [3, 5, 4, 2, 6, 5]
+    transport, seen = _logprob_server(tiny_qwen3, shape, top=607)  # the whole tiny vocabulary
+    be = OpenAIBackend("http://x:1", model=str(tiny_qwen3), transport=transport)
+    # A random tiny model spreads its mass: ask for the whole vocabulary.
+    assert backend_rankings(be, prompts, ns, top=607) == rank_prompts(model, tok, prompts, ns)
+    assert len(seen) == 6 and seen[0]["logprobs"] == 607
+    # A server that keeps fewer logprobs than a prompt has labels: named, never guessed.
+    few, _ = _logprob_server(tiny_qwen3, shape, top=1)
+    short = OpenAIBackend("http://x:1", model=str(tiny_qwen3), transport=few)
+    with pytest.raises(RankingHeadError, match="not among the server's top 20"):
+        backend_rankings(short, prompts[:1], [3])
+    none, _ = _logprob_server(tiny_qwen3, "none")
+    silent = OpenAIBackend("http://x:1", model=str(tiny_qwen3), transport=none)
+    with pytest.raises(BackendError, match="returned no logprobs"):
+        backend_rankings(silent, prompts[:1], [3])
 
 
 def test_head_scores_are_the_same_alone_and_in_a_padded_batch(tiny_qwen3: Path) -> None:

@@ -191,6 +191,88 @@ class OpenAIBackend:
                 )
             return self._client
 
+    # -- next-token logprobs: what the first-token ranking head reads from a server ----------
+    def _logprob_body(self, prompt: str | Sequence[int], top: int) -> dict[str, Any]:
+        return {
+            "model": self.served_model_name,
+            "prompt": prompt if isinstance(prompt, str) else list(prompt),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": top,
+            # vLLM: keys "token_id:N" instead of decoded text, so nothing is guessed from a string
+            "return_tokens_as_token_ids": True,
+            "n_probs": top,  # llama-server's own name for the same request
+        }
+
+    def _top_logprobs(self, resp: httpx.Response, labels: Sequence[int]) -> dict[int, float]:
+        """The first position's top logprobs as ``{token id: logprob}``, from vLLM's legacy
+        completions shape (``top_logprobs: [{"token_id:N": lp}]``) or llama-server's
+        (``content: [{top_logprobs: [{id, logprob}]}]``)."""
+        try:
+            lp = resp.json()["choices"][0].get("logprobs") or {}
+            out: dict[int, float] = {}
+            if lp.get("content"):
+                for e in lp["content"][0].get("top_logprobs") or []:
+                    out[int(e["id"])] = float(e["logprob"])
+            elif lp.get("top_logprobs"):
+                by_text = {self.tokenizer.decode([t]): t for t in labels}
+                for key, value in (lp["top_logprobs"][0] or {}).items():
+                    if key.startswith("token_id:"):
+                        out[int(key.removeprefix("token_id:"))] = float(value)
+                    elif key in by_text:  # a server that returns decoded text only
+                        out[by_text[key]] = float(value)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise BackendError(
+                f"unusable logprobs from {self.base_url}: {e}: {resp.text[:300]!r}"
+            ) from e
+        if not out:
+            raise BackendError(
+                f"{self.base_url} returned no logprobs for model {self.served_model_name!r}: "
+                "the first-token ranking head needs a server that returns the top logprobs "
+                "of the next token (vLLM, llama-server)"
+            )
+        return out
+
+    def label_logprobs(
+        self, prompts: Sequence[str | Sequence[int]], labels: Sequence[int], top: int = 20
+    ) -> list[dict[int, float]]:
+        """For each prompt, the next token's top-``top`` logprobs (``{token id: logprob}``),
+        one request with ``max_tokens`` 1 each: what the first-token head reads. A server that
+        returns none raises :class:`BackendError`; the caller checks that every label is there."""
+        bodies = [self._logprob_body(p, top) for p in prompts]
+
+        async def one(client: httpx.AsyncClient, sem: asyncio.Semaphore, body: dict) -> Any:
+            async with sem:
+                async for attempt in AsyncRetrying(**self._retrying()):
+                    with attempt:
+                        resp = await client.post(f"{self.base_url}/completions", json=body)
+                        resp.raise_for_status()
+            return resp
+
+        async def run() -> list[Any]:
+            sem = asyncio.Semaphore(self.max_concurrency)
+            async with httpx.AsyncClient(
+                timeout=self.timeout_s,
+                headers=self._headers,
+                transport=self._transport,
+                verify=self._ssl,
+            ) as client:
+                return list(await asyncio.gather(*(one(client, sem, b) for b in bodies)))
+
+        try:
+            if len(bodies) == 1 and self._sync_transport_ok:
+                client = self._sync_client()
+                for attempt in Retrying(**self._retrying()):
+                    with attempt:
+                        resp = client.post(f"{self.base_url}/completions", json=bodies[0])
+                        resp.raise_for_status()
+                responses = [resp]
+            else:
+                responses = asyncio.run(run())
+        except httpx.HTTPError as e:
+            raise self._failed(e) from e
+        return [self._top_logprobs(r, labels) for r in responses]
+
     def close(self) -> None:
         """Closes the kept client (its pooled connections); a later call opens a new one."""
         with self._client_lock:

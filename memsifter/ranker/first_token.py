@@ -156,31 +156,73 @@ def rank_prompts(
             for i in range(0, len(prompts), batch_size):
                 ns = list(n_candidates[i : i + batch_size])
                 scores = head_scores(model, tokenizer, prompts[i : i + batch_size], ns)
-                for row, n in zip(scores.argsort(-1, descending=True).tolist(), ns, strict=True):
-                    orders.append(row[:n])
+                for row, n in zip(scores.tolist(), ns, strict=True):
+                    orders.append(order_scores(row[:n]))
     finally:
         model.train(was_training)
     return orders
 
 
 def check_backend(backend: Any) -> Any:
-    """The in-process model a backend holds (the head reads its logits at one position), or a
-    refusal naming the backend: an engine that cannot score is refused at start, not at the
-    first request."""
+    """What the head reads a backend with: its in-process model (transformers: the logits at
+    one position) or its ``label_logprobs`` (a vLLM or llama.cpp server: the next token's top
+    logprobs); else a refusal naming the backend. An engine that cannot score is refused at
+    start, not at the first request."""
     model = getattr(backend, "model", None)
-    if model is None or not callable(getattr(model, "parameters", None)):
-        raise RankingHeadError(
-            f"ranking_head: first_token reads the model's logits in process; the "
-            f"{getattr(backend, 'name', type(backend).__name__)} backend holds no model to read "
-            "(use backend transformers)"
-        )
-    return model
+    if model is not None and callable(getattr(model, "parameters", None)):
+        return model
+    if callable(getattr(backend, "label_logprobs", None)):
+        return backend
+    raise RankingHeadError(
+        f"ranking_head: first_token reads the next token's scores; the "
+        f"{getattr(backend, 'name', type(backend).__name__)} backend holds no model to read and "
+        "returns no logprobs (use backend transformers, or openai with a vLLM or llama.cpp server)"
+    )
+
+
+def order_scores(scores: Sequence[float]) -> list[int]:
+    """Candidates best first by score; equal scores keep the label order (deterministic ties)."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+
+
+def engine_scores(
+    backend: Any, prompts: Sequence[Any], n_candidates: Sequence[int], top: int = 20
+) -> list[list[float]]:
+    """Each prompt's label scores read from a server's top-``top`` next-token logprobs. The
+    logprobs are log-softmax over the whole vocabulary, so the labels' order (and their softmax
+    among themselves) is the logits' order, as in process. A label outside the top ``top`` is
+    refused by name: it would have no score, and no score is made up."""
+    labels = label_token_ids(backend.tokenizer, max(n_candidates))
+    tops = backend.label_logprobs(prompts, labels, top)
+    out = []
+    for i, (got, n) in enumerate(zip(tops, n_candidates, strict=True)):
+        missing = [str(j) for j in range(n) if labels[j] not in got]
+        if missing:
+            raise RankingHeadError(
+                f"prompt {i}: the labels {', '.join(missing)} are not among the server's top "
+                f"{top} next-token logprobs, so they have no score; raise the top-logprobs "
+                "count (vLLM: --max-logprobs)"
+            )
+        out.append([got[labels[j]] for j in range(n)])
+    return out
 
 
 def backend_rankings(
-    backend: Any, prompts: Sequence[str], n_candidates: Sequence[int], batch_size: int = 8
+    backend: Any,
+    prompts: Sequence[str],
+    n_candidates: Sequence[int],
+    batch_size: int = 8,
+    payloads: Sequence[Any] | None = None,
+    top: int = 20,
 ) -> list[list[int]]:
-    """Greedy head rankings of rendered prompts by a backend's in-process model."""
-    return rank_prompts(
-        check_backend(backend), backend.tokenizer, prompts, n_candidates, batch_size
-    )
+    """Greedy head rankings of rendered prompts by a backend: its in-process model, or its
+    server's top-``top`` logprobs (``payloads``: what is sent, the prompts' token ids by
+    default; 20 is vLLM's default --max-logprobs, and SmolLM2-135M-Instruct puts every label of
+    60 LoCoMo test prompts within its top 10)."""
+    reader = check_backend(backend)
+    if reader is not backend:
+        return rank_prompts(reader, backend.tokenizer, prompts, n_candidates, batch_size)
+    if payloads is None:
+        tok = backend.tokenizer
+        payloads = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    return [order_scores(s) for s in engine_scores(backend, payloads, n_candidates, top)]

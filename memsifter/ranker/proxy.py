@@ -271,6 +271,7 @@ class Proxy:
             [p.text for p in prompts],
             [p.num_candidates for p in prompts],
             self.config.batch_size,
+            payloads=[self._payload(p) for p in prompts],
         )
         latency = time.perf_counter() - t0
         out = []
