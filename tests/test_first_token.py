@@ -404,3 +404,63 @@ def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) ->
         now = head_scores(t.model, t.tok, [r["prompt"] for r in rows], ns)
         start = head_scores(t.ref, t.tok, [r["prompt"] for r in rows], ns)
     assert not torch.allclose(now, start)  # the policy moved; the reference did not follow
+
+
+def test_the_service_ranks_with_the_head_and_says_what_the_label_cap_cut(
+    tiny_qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/v1/rank through the head (in process): 12 candidates for 10 single-token labels; the
+    coarse filter keeps its best 10 for the prompt, the response counts both, and the two it
+    cut follow the model's ranking."""
+    from fastapi.testclient import TestClient
+
+    from memsifter.coarse import build_filter
+    from memsifter.llm.transformers_backend import TransformersBackend
+    from memsifter.serving.app import create_app
+    from memsifter.serving.config import ApiKeySettings, PagingSettings, ServeConfig
+    from memsifter.serving.ranking import ServiceRanker
+
+    monkeypatch.setenv("MEMSIFTER_TEST_HEAD_KEY", "key-head-tests-0123456789")
+    spec = PromptSpec(
+        model=str(tiny_qwen3), window_tokens=4096, completion_tokens=0, ask_think=False,
+        ranking_head="first_token",
+    )  # fmt: skip
+    ranker = ServiceRanker(
+        build_filter("bm25"), TransformersBackend(str(tiny_qwen3)), spec, max_candidates=12
+    )
+    config = ServeConfig(
+        db_url=f"sqlite:///{tmp_path / 'head.db'}",
+        paging=PagingSettings(turns_per_page=2),
+        api_keys=[ApiKeySettings(tenant="acme", key_env="MEMSIFTER_TEST_HEAD_KEY")],
+    )
+    sessions = [
+        {"id": f"s{i}", "date": f"2024-05-{i + 1:02d}T10:00:00",
+         "turns": [{"speaker": "user", "text": f"note {i} about topic {i % 4}"}]}
+        for i in range(12)
+    ]  # fmt: skip
+    headers = {"Authorization": "Bearer key-head-tests-0123456789"}
+    with TestClient(create_app(config, ranker), headers=headers) as c:
+        r = c.post("/v1/rank", json={"question": "what about topic 3?", "sessions": sessions})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["ranker"].startswith("proxy:") and body["parse"]["status"] == "ok"
+    assert (body["parse"]["shown"], body["parse"]["cut_by_coarse"]) == (10, 2)
+    assert body["parse"]["n_from_model"] == 10
+    assert sorted(i["id"] for i in body["ranking"]) == sorted(s["id"] for s in sessions)
+
+
+def test_a_checkpoint_served_with_the_other_head_is_refused_naming_both(
+    tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from memsifter.ranker.proxy import PromptSpecError, resolve_spec
+    from memsifter.ranker.spec import write_spec
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(tiny_qwen3, folder)
+    write_spec(PromptSpec(model=str(tiny_qwen3), ask_think=False), folder)  # trained: generate
+    with pytest.raises(
+        PromptSpecError, match=r"ranking_head: 'first_token' \(the model's spec: 'generate'\)"
+    ):
+        resolve_spec(str(folder), {"ranking_head": "first_token"})

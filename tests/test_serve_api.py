@@ -133,6 +133,8 @@ def test_rank_through_proxy_ignores_injected_rankings(
         "n_from_model": 4,
         "dropped": 0,
         "duplicates": 0,
+        "shown": 4,
+        "cut_by_coarse": 0,
     }
     assert body["think"] == "the newest look best"
     assert body["timings"]["proxy_ms"] is not None

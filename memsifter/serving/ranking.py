@@ -154,6 +154,11 @@ class ParseReport:
     n_from_model: int = 0
     dropped: int = 0
     duplicates: int = 0
+    # Candidates the proxy's prompt showed, and those handed to it that the coarse filter cut
+    # from the prompt (its window, or the first-token head's label count): they follow the
+    # model's ranking in coarse order.
+    shown: int = 0
+    cut: int = 0
 
 
 @dataclass(frozen=True)
@@ -571,6 +576,8 @@ class ServiceRanker:
             n_from_model=parsed.n_from_model,
             dropped=parsed.dropped,
             duplicates=parsed.duplicates,
+            shown=result.prompt.num_candidates,
+            cut=len(result.prompt.dropped_ids),
         )
         if self.on_proxy is not None:
             self.on_proxy(proxy_s, report)

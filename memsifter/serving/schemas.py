@@ -124,6 +124,10 @@ class ParseOut(Response):
     n_from_model: int = 0
     dropped: int = 0
     duplicates: int = 0
+    # Candidates the proxy's prompt showed, and those the coarse filter cut from it (its window,
+    # or the first-token head's label count), which follow in coarse order.
+    shown: int = 0
+    cut_by_coarse: int = 0
 
 
 class Timings(Response):

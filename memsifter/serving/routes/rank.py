@@ -34,6 +34,8 @@ def parse_out(outcome: RankOutcome) -> ParseOut:
         n_from_model=p.n_from_model,
         dropped=p.dropped,
         duplicates=p.duplicates,
+        shown=p.shown,
+        cut_by_coarse=p.cut,
     )
 
 
