@@ -180,11 +180,14 @@ def test_proxy_rankings_over_http_agree_with_transformers(
     transformers backend's, except at near-ties of the logits (explained divergences)."""
     _require_vllm_venv()
     smollm2_dir: Path = request.getfixturevalue("smollm2_dir")
+    import torch
+
     from memsifter.coarse import BM25Filter
     from memsifter.data import load_locomo
     from memsifter.evaluation.agreement import compare_greedy
     from memsifter.llm import BackendSpec, SamplingParams, build_backend
     from memsifter.ranker import PromptBuilder, parse_ranking
+    from memsifter.ranker.first_token import engine_scores, head_scores, order_scores
 
     hf = build_backend(
         BackendSpec(kind="transformers", model=str(smollm2_dir), batch_size=1, threads=2)
@@ -201,7 +204,27 @@ def test_proxy_rankings_over_http_agree_with_transformers(
             )
         )
         served = [g[0] for g in http.generate([p.text for p in prompts], sampling)]
+        # The first-token head on the same server: max_tokens 1, the top logprobs as ids.
+        head = PromptBuilder(
+            hf.tokenizer, 1264, 0, coarse=BM25Filter(), ask_think=False, ranking_head="first_token"
+        )
+        heads = [head.build_query(q) for q in queries]
+        ns = [p.num_candidates for p in heads]
+        served_head = engine_scores(http, [list(p.token_ids) for p in heads], ns)
     local = [g[0] for g in hf.generate([p.text for p in prompts], sampling)]
+
+    with torch.no_grad():
+        local_head = [
+            head_scores(hf.model, hf.tokenizer, [p.text], [n])[0].tolist()
+            for p, n in zip(heads, ns, strict=True)
+        ]
+    for got, ref in zip(served_head, local_head, strict=True):
+        a, b = order_scores(got), order_scores(ref)
+        # The same ranking, but where two candidates' logits are within 1e-3 (a near-tie).
+        assert all(x == y or abs(ref[x] - ref[y]) < 1e-3 for x, y in zip(a, b, strict=True)), (
+            a,
+            b,
+        )
 
     for p, g in zip(prompts, served, strict=True):
         assert g.prompt_tokens == p.n_tokens  # byte-identical prompts on both sides
