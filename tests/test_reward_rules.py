@@ -76,14 +76,20 @@ def test_format_reward_may_not_beat_a_parsed_ranking(tmp_path: Path) -> None:
 
 
 def test_worst_parsed_ranking_still_beats_garbage() -> None:
-    """A ranking whose memory makes every answer worse (R_ans = -1) never scores below an
-    unparseable completion."""
-    cfg = RewardConfig(beta0=0.0, decay_steps=0)
-    # s_0 = 1 ("unknown" is the answer); any memory adds facts and spoils it.
-    req = _request([ranking_text(range(8)), "garbage"], answer="unknown")
-    worst, garbage = _service(cfg).score([req]).rewards[0]
-    assert worst.r_ans == pytest.approx(-1.0)
-    assert worst.reward >= garbage.reward == cfg.format_reward
+    """A ranking whose memory makes every answer worse (R_ans at its lowest: minus the weights'
+    sum, -0.7374 with the paper's, -1 with the tail weights) never scores below an unparseable
+    completion."""
+    from memsifter.rewards import tier_weights
+
+    for weights in ("paper", "tail"):
+        cfg = RewardConfig(beta0=0.0, decay_steps=0, tier_weights=weights)
+        # s_0 = 1 ("unknown" is the answer); any memory adds facts and spoils it.
+        req = _request([ranking_text(range(8)), "garbage"], answer="unknown")
+        worst, garbage = _service(cfg).score([req]).rewards[0]
+        lowest = -sum(tier_weights((1, 2, 3, 5, 8), weights))
+        assert worst.r_ans == pytest.approx(lowest)
+        assert lowest == pytest.approx(-0.7374 if weights == "paper" else -1.0, abs=1e-4)
+        assert worst.reward >= garbage.reward == cfg.format_reward
 
 
 # -- 2. omission never pays ---------------------------------------------------------------------
