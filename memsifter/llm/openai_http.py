@@ -139,16 +139,20 @@ class OpenAIBackend:
                     latency = time.perf_counter() - t0
         return self._generations(resp, latency)
 
-    async def agenerate(
-        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
-    ) -> list[list[Generation]]:
-        sem = asyncio.Semaphore(self.max_concurrency)
-        async with httpx.AsyncClient(
+    def _async_client(self) -> httpx.AsyncClient:
+        """A client for one batch's event loop (it cannot outlive the loop)."""
+        return httpx.AsyncClient(
             timeout=self.timeout_s,
             headers=self._headers,
             transport=self._transport,
             verify=self._ssl,
-        ) as client:
+        )
+
+    async def agenerate(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
+    ) -> list[list[Generation]]:
+        sem = asyncio.Semaphore(self.max_concurrency)
+        async with self._async_client() as client:
             try:
                 return list(
                     await asyncio.gather(
@@ -251,12 +255,7 @@ class OpenAIBackend:
 
         async def run() -> list[Any]:
             sem = asyncio.Semaphore(self.max_concurrency)
-            async with httpx.AsyncClient(
-                timeout=self.timeout_s,
-                headers=self._headers,
-                transport=self._transport,
-                verify=self._ssl,
-            ) as client:
+            async with self._async_client() as client:
                 return list(await asyncio.gather(*(one(client, sem, b) for b in bodies)))
 
         try:

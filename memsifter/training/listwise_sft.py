@@ -126,15 +126,18 @@ def run_listwise_sft(
     log(f"listwise cold start: {len(rows)} prompts ({settings.target} targets), {steps} steps")
     torch.manual_seed(cfg.grpo.seed)
     history: list[dict[str, Any]] = []
+    orders: dict[int, list[int]] = {}
     t0 = time.perf_counter()
     for step in range(steps):
         opt.zero_grad()
         losses, first = [], []
         for m in range(step * accum, min((step + 1) * accum, micro)):
             n_pass, slot = divmod(m, per_pass)
-            order = list(range(len(rows)))
-            random.Random(f"listwise-sft:{cfg.grpo.seed}:{n_pass}").shuffle(order)
-            take = [rows[i] for i in order[slot * batch : (slot + 1) * batch]]
+            if n_pass not in orders:  # one seeded shuffle a pass, not one a micro-step
+                order = list(range(len(rows)))
+                random.Random(f"listwise-sft:{cfg.grpo.seed}:{n_pass}").shuffle(order)
+                orders = {n_pass: order}
+            take = [rows[i] for i in orders[n_pass][slot * batch : (slot + 1) * batch]]
             scores = head_scores(model, tok, [r["prompt"] for r in take], [r["n"] for r in take])
             targets = [r["targets"] for r in take]
             loss = listwise_loss(scores, targets)
