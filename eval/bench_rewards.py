@@ -74,7 +74,9 @@ from memsifter.rewards import (
     RewardRequest,
     RewardService,
 )
+from memsifter.rewards.marginal_utility import marginal_utility
 from memsifter.rewards.service import prompt_key, render_prefix
+from memsifter.rewards.tiers import TIER_WEIGHTS, fibonacci_tiers
 from memsifter.testing.rewards import naive_rewards
 
 HERE = Path(__file__).resolve().parent
@@ -201,6 +203,51 @@ def _sample_group(backend: Any, text: str, n: int, max_new_tokens: int, seed: in
 HELD_OUT = ",".join(LOCOMO_TEST)  # the test conversations: "8,9"
 
 
+def sensitivity(max_k: int) -> dict[str, list[float]]:
+    """R_ans when one useful session sits at rank r (1..max_k, then below the tiers): the
+    working LLM scores 1 from the first tier that shows it and 0 before, s_0 = 0. Per weighting,
+    the list has max_k + 1 entries, the last for a ranking that never shows it."""
+    tiers = fibonacci_tiers(max_k)
+    out: dict[str, list[float]] = {}
+    for mode in TIER_WEIGHTS:
+        out[mode] = [
+            marginal_utility({0: 0.0, **{k: float(k >= r) for k in tiers}}, weights=mode)
+            for r in range(1, max_k + 2)
+        ]
+    return out
+
+
+def reweighted(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's measured tier scores re-weighted both ways: mean R_ans per weighting, and in
+    how many groups the two weightings order the completions the same way (what GRPO's
+    group-relative advantages see)."""
+    r_ans: dict[str, list[float]] = {m: [] for m in TIER_WEIGHTS}
+    same_order = groups = 0
+    for row in rows:
+        per_mode = {}
+        for mode in TIER_WEIGHTS:
+            vals = [
+                marginal_utility({int(k): v for k, v in curve.items()}, weights=mode)
+                for curve in row["s_curves"]
+                if curve
+            ]
+            r_ans[mode] += vals
+            per_mode[mode] = vals
+        a, b = per_mode["paper"], per_mode["tail"]
+        if len(set(a)) > 1 or len(set(b)) > 1:
+            groups += 1
+            pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
+            same_order += all(
+                (a[i] > a[j]) - (a[i] < a[j]) == (b[i] > b[j]) - (b[i] < b[j]) for i, j in pairs
+            )
+    return {
+        "mean_r_ans": {m: sum(v) / max(len(v), 1) for m, v in r_ans.items()},
+        "n_completions": len(r_ans["paper"]),
+        "groups_with_spread": groups,
+        "groups_same_order": same_order,
+    }
+
+
 def main(
     data: Annotated[Path, typer.Option()] = REAL_LOCOMO,
     conversations: Annotated[str, typer.Option(help="held-out conversation indexes")] = HELD_OUT,
@@ -216,6 +263,9 @@ def main(
     memory_order: Annotated[
         str, typer.Option(help="rank | chronological (the reward config's default)")
     ] = RewardConfig().answerer.memory_order,
+    tier_weights: Annotated[
+        str, typer.Option(help="paper | tail: the weights the run's rewards use")
+    ] = RewardConfig().tier_weights,
     out: Annotated[Path, typer.Option()] = HERE / "bench_rewards.md",
 ) -> None:
     t_start = time.perf_counter()
@@ -271,6 +321,7 @@ def main(
 
     # -- rewards: service vs naive --------------------------------------------------------------
     cfg = RewardConfig(
+        tier_weights=tier_weights,
         max_k=max_k,
         task_metrics={"locomo": "locomo"},
         answerer=AnswererSettings(memory_order=memory_order),
@@ -366,6 +417,8 @@ def main(
             naive += len(req.completions) * (len(tiers) + 1)
         return calls, naive
 
+    sens = sensitivity(max_k)
+    rew = reweighted(rows)
     counts = {
         "samples, rank": render_only(requests, "rank"),
         "samples, chronological": render_only(requests, "chronological"),
@@ -409,8 +462,8 @@ def main(
         f"{answer_tokens} answer tokens, memory shown {memory_order} "
         f"(prompts {min(prompt_tokens)}-{max(prompt_tokens)} "
         f"tokens, mean {sum(prompt_tokens) / len(prompt_tokens):.0f}; "
-        f"{sum(call_s) / len(call_s):.2f} s a call); tiers up to {max_k}; LoCoMo task score; "
-        "R = R_ans + 0.5 R_ret (warm-up step 0).",
+        f"{sum(call_s) / len(call_s):.2f} s a call); tiers up to {max_k}, `tier_weights: "
+        f"{tier_weights}`; LoCoMo task score; R = R_ans + 0.5 R_ret (warm-up step 0).",
         "",
         "`calls`: prompts the service sent; `prefixes`: distinct s_0 + top-k prefixes (as sets "
         "when memory is shown chronologically; equal to "
@@ -460,6 +513,32 @@ def main(
         "|---|---|---|---|",
         *[f"| {name} | {c} | {n} | {c / n:.2f} |" for name, (c, n) in counts.items()],
         "",
+        "## The two tier weightings",
+        "",
+        "`paper` (the default) weighs every tier against the next Fibonacci number, "
+        "w_n = C(F_n) - C(F_{n+1}) with C(k) = 1/log2(k+1); `tail` (the official code's) gives "
+        "the last tier C(F_N) (`memsifter/rewards/tiers.py`). Ranking sensitivity: R_ans when "
+        "the one useful session sits at rank r (the working LLM scores 1 once a tier shows it, "
+        f"s_0 = 0; tiers {', '.join(map(str, fibonacci_tiers(max_k)))}; no model calls):",
+        "",
+        "| weights | "
+        + " | ".join(f"rank {r}" for r in range(1, max_k + 1))
+        + f" | below {max_k} | rank 1 / rank {max_k} |",
+        "|---|" + "---|" * (max_k + 2),
+        *[
+            f"| {mode} | "
+            + " | ".join(f"{v:.4f}" for v in vals)
+            + f" | {vals[0] / vals[max_k - 1]:.1f}x |"
+            for mode, vals in sens.items()
+        ],
+        "",
+        f"This run's measured tier scores ({rew['n_completions']} completions), re-weighted: "
+        f"mean R_ans {rew['mean_r_ans']['paper']:.4f} (paper) vs "
+        f"{rew['mean_r_ans']['tail']:.4f} (tail). Of the {rew['groups_with_spread']} groups whose "
+        f"R_ans is not constant, {rew['groups_same_order']} order their completions the same "
+        "way under both weightings; the others are groups where `tail` pays a completion for "
+        "a late hit about as much as `paper` pays another for an early one.",
+        "",
     ]
     out.write_text("\n".join(lines))
     PARTIAL.unlink(missing_ok=True)
@@ -480,6 +559,7 @@ def main(
                     "naive_real": naive_real,
                     "seed": seed,
                     "memory_order": memory_order,
+                    "tier_weights": tier_weights,
                 },
                 "proxy_s": proxy_s,
                 "from_model": n_model,
@@ -488,6 +568,8 @@ def main(
                 "time_ratio": total["service_s"] / total["naive_s"],
                 "all_identical": all_identical,
                 "render_only": {k: {"calls": c, "naive": n} for k, (c, n) in counts.items()},
+                "sensitivity": sens,
+                "reweighted": rew,
                 "wall_s": wall_s,
                 "rows": rows,
             },

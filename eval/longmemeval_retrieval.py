@@ -206,6 +206,13 @@ def main(
         "outputs"
     ),
     reuse: Annotated[bool, typer.Option(help="read existing outputs, run nothing")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="run only what has no metrics.json yet (a killed run picks up where it was; "
+            "dense filters also keep their vectors in the embedding cache)"
+        ),
+    ] = False,
     skip: Annotated[
         list[str] | None, typer.Option(help="RETRIEVER=REASON: listed as not run, with why")
     ] = None,
@@ -223,6 +230,8 @@ def main(
         todo = [r for r in base.retrievers if r not in reasons]
         if not reuse:
             for r in todo:
+                if resume and (folder / slug(r) / "metrics.json").exists():
+                    continue
                 cfg = dataclasses.replace(
                     base,
                     data=data,
@@ -274,8 +283,7 @@ def main(
         "",
         "```bash",
         "export OMP_NUM_THREADS=2",
-        "python eval/longmemeval_retrieval.py \\",
-        '  --skip "s:minilm=WHY" --skip "s:hybrid:bm25+minilm=WHY"   # runs the rest, renders this',
+        "python eval/longmemeval_retrieval.py --resume   # every split and filter, renders this",
         "# or one run by hand, e.g. the sample's MiniLM:",
         "memsifter eval retrieval --config configs/eval/longmemeval_retrieval.yaml \\",
         f"  --data {SPLITS['s'][1]} \\",
