@@ -106,3 +106,18 @@ def test_stateless_rank_needs_a_key_but_touches_no_tenant_data(
     assert c.post("/v1/rank", json=body).status_code == 401
     ranked = c.post("/v1/rank", headers=A, json=body).json()["ranking"]
     assert [r["id"] for r in ranked] == ["x"]
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v2/rerank"])
+def test_stateless_rerank_needs_a_key_and_neither_reads_nor_writes_tenant_data(
+    setup: tuple[TestClient, str], path: str
+) -> None:
+    c, _ = setup
+    body = {"query": "what is the vault code?", "documents": ["nothing here", "the weather"]}
+    assert c.post(path, json=body).status_code == 401
+    got = c.post(path, headers=A, json=body).json()
+    # Only the given documents come back: B's stored secret is not a candidate, even for B.
+    assert [r["document"]["text"] for r in got["results"]] != [] and SECRET not in str(got)
+    assert SECRET not in str(c.post(path, headers=B, json=body).json())
+    assert c.get("/v1/users/bob/sessions", headers=A).json()["total"] == 0  # nothing stored
+    assert c.get("/v1/users/bob/sessions", headers=B).json()["total"] == 1

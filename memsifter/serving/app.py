@@ -46,7 +46,7 @@ from memsifter.serving.memory import MemoryService
 from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.ratelimit import RateLimitedError, RateLimiter
-from memsifter.serving.routes import admin, facts, ops, rank, recall, sessions
+from memsifter.serving.routes import admin, facts, ops, rank, recall, rerank, sessions
 from memsifter.serving.store import PrincipalCache, Store, hash_key
 
 logger = logging.getLogger("memsifter.serving")
@@ -441,7 +441,15 @@ def create_app(
     )
     app.state.services = services
     _install_error_handlers(app)
-    routers = (rank.router, sessions.router, recall.router, facts.router, admin.router, ops.router)
+    routers = (
+        rank.router,
+        rerank.router,
+        sessions.router,
+        recall.router,
+        facts.router,
+        admin.router,
+        ops.router,
+    )
     for router in routers:
         app.include_router(router)
     app.add_middleware(

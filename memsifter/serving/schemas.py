@@ -179,6 +179,63 @@ class RankOut(Response):
     request_id: str | None = None
 
 
+# ---------------------------------------------------------------- /v1/rerank (Cohere/Jina/vLLM)
+
+
+class RerankDocument(Request):
+    text: Text
+
+
+class RerankIn(Request):
+    """The rerank request Cohere's, Jina's and vLLM's clients send. Unknown keys are still a 422
+    naming them; ``priority`` and ``max_tokens_per_doc`` are taken because the Cohere SDK sends
+    them when its caller sets them."""
+
+    model: str | None = Field(
+        default=None,
+        max_length=256,
+        description="echoed in the response's `model`; the service ranks with its own ranker",
+    )
+    query: NonBlank = Field(max_length=QUESTION_MAX_CHARS, examples=["What is my dog called?"])
+    documents: list[Text | RerankDocument] = Field(
+        min_length=1, examples=[["I adopted a dog named Max.", {"text": "We went hiking."}]]
+    )
+    top_n: int | None = Field(default=None, ge=1, strict=True)
+    return_documents: bool = Field(default=True, strict=True)
+    max_tokens_per_doc: int | None = Field(
+        default=None,
+        ge=1,
+        strict=True,
+        description="each document is cut to this many whitespace-separated words before ranking",
+    )
+    priority: int | None = Field(
+        default=None, strict=True, description="accepted for the Cohere SDK; one queue here"
+    )
+
+
+class RerankDocumentOut(Response):
+    text: str
+
+
+class RerankResultOut(Response):
+    index: int
+    relevance_score: float
+    document: RerankDocumentOut | None = None
+
+
+class RerankUsage(Response):
+    total_tokens: int
+
+
+class RerankOut(Response):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResultOut]
+    ranker: str
+    timings: Timings
+
+
 # ----------------------------------------------------------------------------------- the memory
 
 
