@@ -22,6 +22,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {"testing"},
         {"cli"},
         {"config_cli"},  # the command line built from config dataclasses: only the CLI uses it
+        {"integrations"},  # LangChain / LlamaIndex adapters over the service's client
         {"serving", "evaluation"},  # the service and the benchmarks
         {"training"},
         {"rewards"},

@@ -50,6 +50,8 @@ from memsifter.serving.schemas import (
     RankOut,
     RecallIn,
     RecallOut,
+    RerankIn,
+    RerankOut,
     SessionIn,
     SessionListOut,
     SessionOut,
@@ -156,6 +158,19 @@ class MemSifterClient:
             question=question, sessions=list(sessions), question_date=question_date, top_k=top_k
         )
         return self._call("POST", "/v1/rank", RankOut, body)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        return_documents: bool = True,
+    ) -> RerankOut:
+        body = RerankIn(
+            query=query, documents=list(documents), top_n=top_n, return_documents=return_documents
+        )
+        return self._call("POST", "/v1/rerank", RerankOut, body)
 
     # -- sessions
 

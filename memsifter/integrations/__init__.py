@@ -1,0 +1,24 @@
+"""Adapters that put the recall service behind the interfaces apps already use, installed with
+the ``integrations`` extra (``pip install memsifter[integrations]``):
+
+* :mod:`memsifter.integrations.langchain`: ``MemSifterRetriever`` (a LangChain ``BaseRetriever``
+  over a user's recall) and ``MemSifterRerank`` (a ``BaseDocumentCompressor`` over
+  ``/v1/rerank``);
+* :mod:`memsifter.integrations.llama_index`: ``MemSifterRetriever`` (a LlamaIndex retriever) and
+  ``MemSifterRerank`` (a node postprocessor).
+
+Each talks to a running service over HTTP through :class:`memsifter.serving.client.
+MemSifterClient`, so ids, errors and limits behave as they do for every other client. The
+service's address is ``base_url``, else ``$MEMSIFTER_URL``, else ``http://127.0.0.1:8080`` (where
+``memsifter serve`` listens by default).
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def service_url() -> str:
+    return os.environ.get("MEMSIFTER_URL") or DEFAULT_URL
