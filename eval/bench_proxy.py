@@ -30,7 +30,6 @@ from typing import Annotated, Any
 
 import typer
 
-from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
 from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.data.splits import LOCOMO_TEST
@@ -45,9 +44,10 @@ from memsifter.llm import BackendSpec, Generation, SamplingParams, build_backend
 from memsifter.llm.llamacpp import gguf_for, launch_llamacpp_server
 from memsifter.llm.vllm_cpu import launch_vllm_cpu_server
 from memsifter.machine import cpu_model, memory_gib
-from memsifter.models import model_spec, plain_model_folder
+from memsifter.models import plain_model_folder
 from memsifter.ranker import parse_ranking
-from memsifter.ranker.spec import PromptSpec
+from memsifter.ranker.checkpoint import model_spec
+from memsifter.ranker.proxy import Proxy
 
 HERE = Path(__file__).resolve().parent
 
@@ -139,23 +139,30 @@ def main(
     if names[0] != "transformers":
         raise typer.BadParameter("the first engine must be transformers (the fp32 reference)")
     # The model's own prompt contract (a trained proxy), else the budgets given here.
-    own_spec = model_spec(model)
-    spec = own_spec or PromptSpec(
-        model=model,
-        window_tokens=prompt_budget + completion_tokens,
-        completion_tokens=completion_tokens,
-        coarse="bm25",
+    own_spec = model_spec(model) is not None
+    budgets = (
+        {}
+        if own_spec
+        else {
+            "window_tokens": prompt_budget + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "coarse": "bm25",
+        }
     )
+    proxy = Proxy.from_pretrained(
+        model,
+        backend=BackendSpec(
+            kind="transformers", model=model, batch_size=batch_size, threads=threads
+        ),
+        **budgets,
+    )
+    spec, hf, builder = proxy.spec, proxy.backend, proxy.builder
     convs = [c.strip() for c in conversations.split(",")]
     ds = load_locomo(data).filter_conversations(convs)
     # The measured prompts, then the lone ones timed for TTFT, then one to warm a server up.
     n_all = n_prompts + ttft_prompts + 1
     queries = proxy_units([q for q in ds.queries if q.has_evidence][:n_all], spec)
 
-    hf = build_backend(
-        BackendSpec(kind="transformers", model=model, batch_size=batch_size, threads=threads)
-    )
-    builder = spec.builder(hf.tokenizer, coarse=build_filter(spec.coarse))
     built = [builder.build_query(q) for q in queries]
     # The proxy sends servers the ids its budget counted (memsifter.ranker.proxy).
     as_ids = [list(p.token_ids) if p.token_ids is not None else p.text for p in built]

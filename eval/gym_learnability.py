@@ -238,7 +238,7 @@ def main() -> None:
     from memsifter.evaluation.gym import means, score_rankings
     from memsifter.evaluation.proxy_eval import paired_bootstrap
     from memsifter.machine import machine_facts, machine_line
-    from memsifter.ranker.spec import read_spec
+    from memsifter.ranker.checkpoint import read_spec
 
     t0 = time.perf_counter()
     out = _outputs(args.quick)

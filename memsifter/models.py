@@ -39,12 +39,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memsifter.errors import MemSifterError
-
-if TYPE_CHECKING:
-    from memsifter.ranker.spec import PromptSpec
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +249,10 @@ def resolve_model(name_or_path: str) -> ResolvedModel:
 
 ADAPTER_CONFIG = "adapter_config.json"
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+# A trained proxy's folder holds one file that is neither weights nor tokenizer: the prompt it
+# was trained on (memsifter.ranker.checkpoint.SPEC_FILE). A merged copy is served in the
+# adapter's place, so it keeps that file; what the file says is not this module's business.
+CARRIED_FILES: tuple[str, ...] = ("prompt_spec.json",)
 
 
 def is_adapter(folder: str | Path) -> bool:
@@ -348,18 +349,17 @@ def _adapter_digest(adapter_dir: Path, base: ResolvedModel) -> str:
 
 def merge_adapter(adapter_dir: Path, dest: Path, dtype: Any = "float32") -> None:
     """Merge ``adapter_dir`` into its base and save a plain folder at ``dest`` (model, tokenizer,
-    generation config, and the adapter's ``prompt_spec.json``). Written into a temporary sibling
+    generation config, and the adapter's :data:`CARRIED_FILES`). Written into a temporary sibling
     and renamed into place, like :func:`convert_gguf`."""
-    from memsifter.ranker.spec import SPEC_FILE
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         model = load_causal_lm(str(adapter_dir), dtype)
         model.save_pretrained(tmp)
         load_tokenizer(str(adapter_dir)).save_pretrained(tmp)
-        if (adapter_dir / SPEC_FILE).is_file():
-            shutil.copyfile(adapter_dir / SPEC_FILE, tmp / SPEC_FILE)
+        for name in CARRIED_FILES:
+            if (adapter_dir / name).is_file():
+                shutil.copyfile(adapter_dir / name, tmp / name)
         (tmp / _MARKER).write_text(json.dumps({"adapter": str(adapter_dir)}, indent=2) + "\n")
         _umask_permissions(tmp)
         _install_dir(tmp, dest)
@@ -395,17 +395,3 @@ def plain_model_folder(name_or_path: str) -> str:
             )
             merge_adapter(adapter_dir, dest)
     return str(dest)
-
-
-def model_spec(name_or_path: str) -> PromptSpec | None:
-    """The ``prompt_spec.json`` a model's folder carries (a trained checkpoint, adapter or the
-    shipped proxy), or None (hub ids and the untrained built-ins carry none). A built-in
-    proxy missing from this install raises, as :func:`resolve_model` does."""
-    from memsifter.ranker.spec import has_spec, read_spec
-
-    if name_or_path in BUILTIN_MODELS and name_or_path not in SHIPPED_PROXIES:
-        return None  # no spec, and resolving would convert or load the model
-    resolved = resolve_model(name_or_path)
-    if resolved.local and has_spec(resolved.path):
-        return read_spec(resolved.path)
-    return None

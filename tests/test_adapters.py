@@ -16,11 +16,11 @@ from memsifter.models import (
     SHIPPED_PROXIES,
     load_causal_lm,
     load_tokenizer,
-    model_spec,
     plain_model_folder,
     resolve_model,
 )
-from memsifter.ranker.spec import PromptSpec, read_spec, write_spec
+from memsifter.ranker.checkpoint import model_spec, read_spec, save_spec
+from memsifter.ranker.spec import PromptSpec
 
 pytest.importorskip("peft")
 
@@ -124,7 +124,7 @@ def test_plain_model_folder_merges_once_into_the_cache(
     monkeypatch.setenv("MEMSIFTER_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "adapter"
     shutil.copytree(adapter, src)
-    write_spec(SPEC, src)
+    save_spec(SPEC, src)
     assert plain_model_folder(str(tiny_qwen3)) == str(tiny_qwen3)  # not an adapter: as is
     folder = Path(plain_model_folder(str(src)))
     assert folder.parent == tmp_path / "cache" / "models" / "merged"
@@ -150,7 +150,7 @@ def test_builtin_proxy_resolves_to_the_shipped_adapter(
         model_spec(name)
     shipped = tmp_path / "proxies" / name
     shutil.copytree(adapter, shipped)
-    write_spec(SPEC, shipped)
+    save_spec(SPEC, shipped)
     resolved = resolve_model(name)
     assert resolved.builtin and resolved.adapter and resolved.path == str(shipped)
     assert model_spec(name) == SPEC

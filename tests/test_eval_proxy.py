@@ -27,7 +27,8 @@ from memsifter.evaluation.proxy_eval import (
 )
 from memsifter.ir_metrics import evaluate_rankings
 from memsifter.llm import Generation
-from memsifter.ranker.spec import PromptSpec, write_spec
+from memsifter.ranker.checkpoint import save_spec
+from memsifter.ranker.spec import PromptSpec
 
 SPEC = PromptSpec(window_tokens=1024, completion_tokens=64)
 
@@ -90,7 +91,7 @@ def rl_folder(tmp_path: Path) -> Path:
     _write_split(folder, "train", ROWS[:1])
     _write_split(folder, "validation", ROWS[:1])
     _write_split(folder, "test", ROWS)
-    write_spec(SPEC, folder)
+    save_spec(SPEC, folder)
     split = {
         "seed": 0,
         "sources": {
@@ -110,9 +111,9 @@ def rl_folder(tmp_path: Path) -> Path:
 @pytest.fixture
 def models(tmp_path: Path) -> dict[str, Path]:
     trained = tmp_path / "trained"
-    write_spec(SPEC.with_model("memsifter-smollm2-135m-locomo"), trained)  # model may differ
+    save_spec(SPEC.with_model("memsifter-smollm2-135m-locomo"), trained)  # model may differ
     other = tmp_path / "other"
-    write_spec(PromptSpec(window_tokens=1024, completion_tokens=128, order="coarse"), other)
+    save_spec(PromptSpec(window_tokens=1024, completion_tokens=128, order="coarse"), other)
     base = tmp_path / "base"
     base.mkdir()
     return {"trained": trained, "other": other, "base": base}

@@ -116,8 +116,8 @@ def test_memsifter_retriever_ranks_the_models_units(
     gets the top pages. A model without a spec and no explicit settings is refused."""
     import shutil
 
-    from memsifter.ranker.proxy import PromptSpecError
-    from memsifter.ranker.spec import PromptSpec, write_spec
+    from memsifter.ranker.checkpoint import PromptSpecError, save_spec
+    from memsifter.ranker.spec import PromptSpec
 
     def cfg(model: Path, **kw) -> QAEvalConfig:
         return QAEvalConfig(
@@ -136,7 +136,7 @@ def test_memsifter_retriever_ranks_the_models_units(
     assert run_qa_eval(cfg(tiny_qwen3, coarse_budget=1500))["n_questions"] == 2
     model = tmp_path / "ckpt"
     shutil.copytree(tiny_qwen3, model)
-    write_spec(PromptSpec(window_tokens=900, completion_tokens=8, unit="page"), model)
+    save_spec(PromptSpec(window_tokens=900, completion_tokens=8, unit="page"), model)
     run_qa_eval(cfg(model))
     rows = [json.loads(line) for line in (tmp_path / "qa/predictions.jsonl").open()]
     assert all(len(r["retrieved"]) == 2 and "#" in r["retrieved"][0] for r in rows)

@@ -230,6 +230,39 @@ def test_head_scores_are_the_same_alone_and_in_a_padded_batch(tiny_qwen3: Path) 
         head_scores(model, tok, ["no tag here"], [3])
 
 
+def test_eval_and_validation_read_the_head_through_the_proxy(
+    tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """`memsifter eval proxy` and validation score rendered prompts with the head through the
+    one answer path: the rankings are the in-process head's, written as generate's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.evaluation.proxy_eval import EvalData, Question, model_run
+    from memsifter.llm.transformers_backend import TransformersBackend
+    from memsifter.ranker.first_token import ranking_text
+    from memsifter.training.validation import ValidationEngine, generate_completions
+
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3).eval()
+    prompts = [f"question {i} with words " * (i + 1) + "<ranking>" for i in range(3)]
+    ns = [3, 5, 4]
+    want = [ranking_text(o) for o in rank_prompts(model, tok, prompts, ns)]
+    rows = [{"prompt": p, "n_candidates": n} for p, n in zip(prompts, ns, strict=True)]
+    engine = ValidationEngine(batch_size=2, ranking_head="first_token")
+    assert generate_completions(tiny_qwen3, rows, max_new_tokens=1, engine=engine) == want
+    spec = PromptSpec(
+        model=str(tiny_qwen3), window_tokens=2048, completion_tokens=0, ask_think=False,
+        ranking_head="first_token",
+    )  # fmt: skip
+    questions = [
+        Question(f"q{i}", p, n, tuple(range(n)), (0,))
+        for i, (p, n) in enumerate(zip(prompts, ns, strict=True))
+    ]
+    data = EvalData(tmp_path, "test", spec, questions, 3, 3, {})
+    run = model_run("head", str(tiny_qwen3), TransformersBackend(str(tiny_qwen3)), data, 2)
+    assert run.completions == want and run.parse_rate == 1.0
+
+
 def test_group_advantages_follow_grpo_scale_rewards() -> None:
     from memsifter.training.pl_grpo import group_advantages
 
@@ -364,7 +397,7 @@ def test_resume_continues_the_same_run(gym_head: dict[str, Path]) -> None:
 def test_a_first_token_run_trains_validates_and_averages(gym_head: dict[str, Path]) -> None:
     import json
 
-    from memsifter.ranker.spec import read_spec
+    from memsifter.ranker.checkpoint import read_spec
     from memsifter.training.loop import run_training
 
     cfg = _cfg(gym_head, "run", "epochs.max_steps=4", "epochs.save_steps=2")
@@ -454,12 +487,11 @@ def test_a_checkpoint_served_with_the_other_head_is_refused_naming_both(
 ) -> None:
     import shutil
 
-    from memsifter.ranker.proxy import PromptSpecError, resolve_spec
-    from memsifter.ranker.spec import write_spec
+    from memsifter.ranker.checkpoint import PromptSpecError, resolve_spec, save_spec
 
     folder = tmp_path / "ckpt"
     shutil.copytree(tiny_qwen3, folder)
-    write_spec(PromptSpec(model=str(tiny_qwen3), ask_think=False), folder)  # trained: generate
+    save_spec(PromptSpec(model=str(tiny_qwen3), ask_think=False), folder)  # trained: generate
     with pytest.raises(
         PromptSpecError, match=r"ranking_head: 'first_token' \(the model's spec: 'generate'\)"
     ):

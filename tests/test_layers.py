@@ -37,11 +37,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
 FLOOR = {unit: i for i, units in enumerate(FLOORS) for unit in units}
 
 # Known upward imports, each with its reason. Keep this list short; an entry is a debt.
-IGNORED: dict[tuple[str, str], str] = {
-    # model_spec() / merge_adapter() read and copy a checkpoint's prompt_spec.json; the spec's
-    # file format belongs one floor down (data or models) and should move there.
-    ("models", "ranker"): "memsifter.models reads prompt_spec.json through memsifter.ranker.spec",
-}
+IGNORED: dict[tuple[str, str], str] = {}
 
 
 def _unit(module: str) -> str:

@@ -213,8 +213,8 @@ def test_shipped_proxy_through_llamacpp_agrees_with_transformers(
     from memsifter.evaluation.agreement import compare_greedy
     from memsifter.evaluation.retrieval import proxy_units
     from memsifter.llm import BackendSpec, SamplingParams, build_backend
-    from memsifter.models import model_spec
     from memsifter.ranker import parse_ranking
+    from memsifter.ranker.checkpoint import model_spec
 
     spec = model_spec(ADAPTER)
     assert spec is not None

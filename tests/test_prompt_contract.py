@@ -18,8 +18,9 @@ from memsifter.data.types import Query
 from memsifter.data.units import to_units
 from memsifter.errors import DataError
 from memsifter.llm import Generation, SamplingParams
-from memsifter.ranker.proxy import PromptSpecError, Proxy, merge_settings, resolve_spec
-from memsifter.ranker.spec import PromptSpec, write_spec
+from memsifter.ranker.checkpoint import PromptSpecError, merge_settings, resolve_spec, save_spec
+from memsifter.ranker.proxy import Proxy
+from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.config import ProxySettings, ServeConfig, load_serve_config
 from memsifter.serving.ranking import ServiceRanker
 
@@ -33,7 +34,7 @@ def _spec(**kw: Any) -> PromptSpec:
 
 def _with_spec(tiny_qwen3: Path, folder: Path, spec: PromptSpec) -> Path:
     shutil.copytree(tiny_qwen3, folder)
-    write_spec(spec, folder)
+    save_spec(spec, folder)
     return folder
 
 
@@ -143,7 +144,7 @@ def test_eval_refuses_a_model_without_spec_unless_given_one(
     )
     got = proxy_spec(flags)
     assert (got.window_tokens, got.completion_tokens, got.model) == (1524, 24, str(tiny_qwen3))
-    spec_file = write_spec(_spec(), tmp_path / "rl-data")
+    spec_file = save_spec(_spec(), tmp_path / "rl-data")
     for given in (str(spec_file), str(tmp_path / "rl-data")):  # the file, or its folder
         assert proxy_spec(RetrievalEvalConfig(model=str(tiny_qwen3), prompt=given)) == _spec()
     with pytest.raises(PromptSpecError, match="window_tokens"):
@@ -254,6 +255,48 @@ def test_proxy_takes_a_spec(tiny_qwen3: Path) -> None:
     with pytest.raises(TypeError, match="spec must be a PromptSpec"):
         Proxy(be, build_filter("bm25"))  # type: ignore[arg-type]
     assert Proxy(be, _spec(coarse="bm25")).coarse.name == build_filter("bm25").name
+
+
+def test_from_pretrained_is_the_one_front_door(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """A checkpoint opens with its own spec; keyword overrides may repeat it but not contradict
+    it (both values named, before any model loads); a model without a spec takes them as its
+    spec; a backend already built is used as is."""
+    from memsifter.models import CARRIED_FILES, load_tokenizer
+    from memsifter.ranker.checkpoint import SPEC_FILE
+
+    assert SPEC_FILE in CARRIED_FILES  # a merged adapter keeps the spec
+    spec = _spec()
+    model = _with_spec(tiny_qwen3, tmp_path / "ckpt", spec)
+    proxy = Proxy.from_pretrained(str(model), order="coarse")
+    assert proxy.spec == spec and proxy.backend.name == "transformers"
+    with pytest.raises(PromptSpecError, match=r"window_tokens: 999 \(the model's spec: 1400\)"):
+        Proxy.from_pretrained(str(model), backend="no-such-backend", window_tokens=999)
+    with pytest.raises(PromptSpecError, match="conflicting prompt settings: language"):
+        Proxy.from_pretrained(str(model), prompt={"language": "en"}, language="zh")
+    be = _Scripted(load_tokenizer(str(tiny_qwen3)), "<ranking>1, 0</ranking>")
+    base = Proxy.from_pretrained("some/hub-model", backend=be, budget_tokens=940, language="en")
+    assert base.backend is be
+    assert base.spec == PromptSpec(model="some/hub-model", window_tokens=1964, language="en")
+
+
+def test_rendered_and_built_prompts_share_one_answer_path(tiny_qwen3: Path, query: Query) -> None:
+    """What eval and validation score (a prompt rendered earlier) is answered and parsed as the
+    service's own rendering is; only ranking completes a partial answer."""
+    from memsifter.models import load_tokenizer
+    from memsifter.ranker.proxy import ProxyParams, RenderedPrompt
+
+    recorder = _Recorder()
+    be = _Scripted(load_tokenizer(str(tiny_qwen3)), "")
+    be.generate = recorder  # type: ignore[method-assign]
+    spec = _spec(window_tokens=30000, completion_tokens=100)
+    proxy = Proxy(be, spec, config=ProxyParams(batch_size=None, max_new_tokens=7))
+    ranked = proxy.rank(query.question, query.haystack[:3], query.question_date)
+    heard: list[int] = []
+    (answer,) = proxy.answer([RenderedPrompt(ranked.prompt.text, 3)], lambda n, s: heard.append(n))
+    assert recorder.prompts == [ranked.prompt.text] * 2 and recorder.caps == [7, 7]
+    assert answer.generation == ranked.generation and answer.parsed.ids == (1, 0)
+    assert not answer.parsed.completed_from and ranked.parsed.ids == (1, 0, 2)
+    assert heard == [1]
 
 
 def test_eval_retrieval_cli_refuses_then_runs_on_the_models_pages(

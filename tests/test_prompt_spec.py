@@ -10,14 +10,8 @@ from typing import Any
 import pytest
 
 from memsifter.errors import DataError
-from memsifter.ranker.spec import (
-    CANDIDATE_ORDERS,
-    SPEC_FILE,
-    PromptSpec,
-    has_spec,
-    read_spec,
-    write_spec,
-)
+from memsifter.ranker.checkpoint import SPEC_FILE, has_spec, read_spec, save_spec
+from memsifter.ranker.spec import CANDIDATE_ORDERS, PromptSpec
 
 CUSTOM = dict(
     model="some/model",
@@ -62,7 +56,7 @@ def test_write_and_read_round_trip(tmp_path: Path) -> None:
     spec = PromptSpec(**CUSTOM)  # type: ignore[arg-type]
     folder = tmp_path / "deep" / "ckpt"
     assert not has_spec(folder)
-    path = write_spec(spec, folder)  # makes the folder
+    path = save_spec(spec, folder)  # makes the folder
     assert path == folder / SPEC_FILE and has_spec(folder)
     assert read_spec(folder) == spec
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -70,7 +64,7 @@ def test_write_and_read_round_trip(tmp_path: Path) -> None:
     assert data["chat_template_kwargs"] == {"persona": "archivist", "nested": {"a": [1, 2]}}
     # Writing again is byte-identical (stable key order): checkpoints diff cleanly.
     before = path.read_bytes()
-    write_spec(read_spec(folder), folder)
+    save_spec(read_spec(folder), folder)
     assert path.read_bytes() == before
     assert PromptSpec.from_dict(spec.to_dict()) == spec
     # A spec's dict is a copy: changing it does not change the spec.

@@ -21,7 +21,8 @@ from memsifter.data import load_locomo
 from memsifter.data.splits import SPLITS
 from memsifter.data.types import Query
 from memsifter.errors import DataError, UnknownNameError
-from memsifter.ranker.spec import SPEC_FILE, PromptSpec, read_spec
+from memsifter.ranker.checkpoint import SPEC_FILE, read_spec
+from memsifter.ranker.spec import PromptSpec
 from memsifter.rewards.columns import REWARD_COLUMNS, sessions_from_column
 from memsifter.training.rl_data import (
     POOL_FILE,

@@ -19,7 +19,7 @@ pytest.importorskip("trl")
 from safetensors.torch import load_file  # noqa: E402
 
 from memsifter.errors import DataError  # noqa: E402
-from memsifter.ranker.spec import SPEC_FILE, read_spec  # noqa: E402
+from memsifter.ranker.checkpoint import SPEC_FILE, read_spec  # noqa: E402
 from memsifter.testing.rl import tiny_locomo_recipe  # noqa: E402
 from memsifter.training.config import (  # noqa: E402
     DynamicSamplingSettings,
@@ -365,12 +365,19 @@ def test_validation_feeds_the_prompt_text_as_is(monkeypatch: pytest.MonkeyPatch)
     seen: list[str] = []
 
     class _Backend:
+        name, model_name, tokenizer = "fake", "m", None
+
         def generate(self, texts, sampling):  # noqa: ANN001, ANN202
             seen.extend(texts)
             return [[Generation("<ranking>0</ranking>", 1, 1, "stop", 0.0)] for _ in texts]
 
     monkeypatch.setattr(llm, "build_backend", lambda *a, **k: _Backend())
-    rows = [{"prompt": "<|im_start|>user\nrendered<|im_end|>\n<|im_start|>assistant\n"}]
+    rows = [
+        {
+            "prompt": "<|im_start|>user\nrendered<|im_end|>\n<|im_start|>assistant\n",
+            "n_candidates": 1,
+        }
+    ]
     assert generate_completions("m", rows, max_new_tokens=4) == ["<ranking>0</ranking>"]
     assert seen == [rows[0]["prompt"]]  # not templated again
     with pytest.raises(ValueError, match="rendered prompt text"):
@@ -423,7 +430,7 @@ def test_vllm_validation_builds_one_engine_per_model_and_shuts_it_down(
     cfg.epochs.validation_backend = "vllm"
     cfg.epochs.validation_engine_args = {"gpu_memory_utilization": 0.5, "enforce_eager": True}
     engine = ValidationEngine.from_config(cfg)
-    rows = [{"prompt": "p1"}, {"prompt": "p2"}]
+    rows = [{"prompt": "p1", "n_candidates": 2}, {"prompt": "p2", "n_candidates": 2}]
     assert (
         generate_completions(model, rows, max_new_tokens=7, engine=engine)
         == ["<ranking>1, 0</ranking>"] * 2

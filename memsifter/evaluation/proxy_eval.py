@@ -6,8 +6,9 @@ One split of an RL data folder (``memsifter data rl``: parquet splits, ``prompt_
 prompt positions. Rankers:
 
 * the coarse row (named after ``spec.coarse``, e.g. ``bm25``): the row's ``coarse_order``;
-* model rows (``--model NAME=PATH``): greedy generation on the row's ``prompt``, read by
-  :func:`~memsifter.ranker.parse.parse_ranking`. What the model ranked is its ranking, with **no
+* model rows (``--model NAME=PATH``): the proxy opened by ``Proxy.from_pretrained``, answering
+  the row's ``prompt`` greedily (:meth:`~memsifter.ranker.proxy.Proxy.answer`: generated, or
+  the first-token head's). What the model ranked is its ranking, with **no
   completion from the coarse order**: a partial answer is scored on what it gave, a failed parse
   ranks nothing and scores 0. A model whose folder carries a ``prompt_spec.json`` must have been
   trained on the data's prompt (every field but ``model``); a model without one (an untrained
@@ -41,8 +42,9 @@ from memsifter.coarse.hybrid import rrf
 from memsifter.errors import DataError, MemSifterError
 from memsifter.evaluation.config import N_BOOTSTRAP, ProxyEvalConfig, parse_model_option
 from memsifter.ir_metrics import qrels_from_gold, rankings_to_run
+from memsifter.ranker.checkpoint import SPEC_FILE, read_spec, spec_differences, spec_file
 from memsifter.ranker.parse import parse_ranking
-from memsifter.ranker.spec import PromptSpec, has_spec, read_spec
+from memsifter.ranker.spec import PromptSpec
 
 METRICS: dict[str, Any] = {
     "ndcg@1": nDCG @ 1,
@@ -167,43 +169,25 @@ def load_eval_data(
 # --------------------------------------------------------------------------- model specs
 
 
-def spec_differences(a: PromptSpec, b: PromptSpec) -> dict[str, tuple[Any, Any]]:
-    """Fields (all but ``model``) where the two specs differ: ``{field: (a, b)}``."""
-    da, db = a.to_dict(), b.to_dict()
-    return {k: (da[k], db.get(k)) for k in da if k != "model" and da[k] != db.get(k)}
-
-
-def model_spec_folder(path: str) -> Path | None:
-    """Where a model's ``prompt_spec.json`` would be: the folder itself, or a built-in name's
-    resolved folder; None for a hub id."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        return p
-    from memsifter.models import resolve_model
-
-    resolved = Path(resolve_model(path).path)
-    return resolved if resolved.is_dir() else None
-
-
 def check_model_spec(
     name: str, path: str, data_spec: PromptSpec, data_folder: str | Path, explicit: bool
 ) -> str:
     """Refuse a model that would be evaluated on a prompt it was not trained on. Returns how its
     spec was settled: ``"match"`` or ``"explicit"``."""
-    folder = model_spec_folder(path)
-    if folder is not None and has_spec(folder):
-        diff = spec_differences(read_spec(folder), data_spec)
+    own = spec_file(path)
+    if own is not None:
+        diff = spec_differences(read_spec(own.parent), data_spec)
         if diff:
             fields = "; ".join(f"{k}: model {m!r} vs data {d!r}" for k, (m, d) in diff.items())
             raise MemSifterError(
-                f"model {name!r} ({folder / 'prompt_spec.json'}) was trained on another prompt "
-                f"than the data ({Path(data_folder) / 'prompt_spec.json'}): {fields}"
+                f"model {name!r} ({own}) was trained on another prompt than the data "
+                f"({Path(data_folder) / SPEC_FILE}): {fields}"
             )
         return "match"
     if not explicit:
         raise MemSifterError(
-            f"model {name!r} ({path}) has no prompt_spec.json, so nothing says it was trained on "
-            f"the data's prompt ({Path(data_folder) / 'prompt_spec.json'}); pass "
+            f"model {name!r} ({path}) has no {SPEC_FILE}, so nothing says it was trained on "
+            f"the data's prompt ({Path(data_folder) / SPEC_FILE}); pass "
             f"--explicit-spec {name} to evaluate it on the data's spec"
         )
     return "explicit"
@@ -247,44 +231,41 @@ def default_backend_factory(path: str, batch_size: int, threads: int | None) -> 
 
 def model_run(
     name: str,
+    path: str,
     backend: Any,
     data: EvalData,
     batch_size: int = 4,
     progress: Any = None,
 ) -> RankerRun:
-    """Greedy generation on every scored prompt, ``batch_size`` prompts a call; latency per
-    question is the call's wall time shared by its prompts."""
-    from memsifter.llm import SamplingParams
-    from memsifter.ranker.first_token import backend_rankings, ranking_text
+    """Greedy answers (generated, or the first-token head's) on every scored prompt,
+    ``batch_size`` prompts a call, through the proxy opened on ``path`` (its spec checked
+    against the data's: :func:`check_model_spec`); latency per question is the call's wall time
+    shared by its prompts."""
+    from memsifter.ranker.proxy import Proxy, ProxyParams, RenderedPrompt
 
-    sampling = SamplingParams(max_new_tokens=data.spec.completion_tokens, temperature=0.0)
     qs = data.questions
     task = progress.add_task(name, total=len(qs)) if progress is not None else None
-    texts: list[str] = []
     latency: list[float] = []
-    step = max(batch_size, 1)
-    for start in range(0, len(qs), step):
-        chunk = qs[start : start + step]
-        t0 = time.perf_counter()
-        if data.spec.ranking_head == "first_token":  # one forward pass, no decode
-            orders = backend_rankings(
-                backend, [q.prompt for q in chunk], [q.n_candidates for q in chunk], step
-            )
-            texts += [ranking_text(o) for o in orders]
-        else:
-            gens = backend.generate([q.prompt for q in chunk], sampling)
-            texts += [g[0].text for g in gens]
-        ms = (time.perf_counter() - t0) * 1000 / len(chunk)
-        latency += [ms] * len(chunk)
+
+    def heard(n: int, seconds: float) -> None:
+        latency.extend([seconds * 1000 / n] * n)
         if progress is not None:
-            progress.advance(task, len(chunk))
-    parsed = [parse_ranking(t, q.n_candidates) for t, q in zip(texts, qs, strict=True)]
+            progress.advance(task, n)
+
+    proxy = Proxy.from_pretrained(
+        path,
+        backend=backend,
+        params=ProxyParams(batch_size=max(batch_size, 1)),
+        prompt=data.spec,
+    )
+    answers = proxy.answer([RenderedPrompt(q.prompt, q.n_candidates) for q in qs], heard)
+    parsed = [a.parsed for a in answers]
     return RankerRun(
         name,
         "model",
         [list(p.ids) for p in parsed],  # never completed: a failure ranks nothing
         parsed_ok=[p.ok for p in parsed],
-        completions=texts,
+        completions=[a.generation.text for a in answers],
         errors=[p.error.value if p.error else None for p in parsed],
         latency_ms=latency,
     )
@@ -621,7 +602,7 @@ def run_proxy_eval(
             t0 = time.perf_counter()
             backend = factory(path, cfg.batch_size, cfg.threads)
             load_s = time.perf_counter() - t0
-            run = model_run(name, backend, data, cfg.batch_size, progress)
+            run = model_run(name, path, backend, data, cfg.batch_size, progress)
             run.path, run.spec_check, run.load_seconds = path, checks[name], load_s
             runs.append(run)
             del backend

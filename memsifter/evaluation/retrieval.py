@@ -153,7 +153,7 @@ def evaluate_filter(
 
 def proxy_spec(cfg: RetrievalEvalConfig) -> PromptSpec:
     """The proxy's prompt: the model's own spec, or the explicit one the config gives."""
-    from memsifter.ranker.proxy import merge_settings, resolve_spec
+    from memsifter.ranker.checkpoint import merge_settings, resolve_spec
 
     given = merge_settings(
         ("prompt", cfg.prompt),
@@ -176,14 +176,17 @@ def proxy_spec(cfg: RetrievalEvalConfig) -> PromptSpec:
 
 
 def build_proxy(cfg: RetrievalEvalConfig, spec: PromptSpec | None = None):
-    from memsifter import llm
     from memsifter.ranker.proxy import Proxy, ProxyParams
 
     spec = spec or proxy_spec(cfg)  # before the model loads: a refusal costs nothing
     if cfg.backend == "openai" and not cfg.base_url:
         raise MemSifterError("--backend openai needs --base-url http://host:port/v1")
-    backend = llm.build_backend(cfg.backend_spec())
-    return Proxy(backend, spec, config=ProxyParams(batch_size=cfg.proxy_batch_size))
+    return Proxy.from_pretrained(
+        cfg.model,
+        backend=cfg.backend_spec(),
+        params=ProxyParams(batch_size=cfg.proxy_batch_size),
+        prompt=spec,
+    )
 
 
 def proxy_units(queries: list[Query], spec: PromptSpec) -> list[Query]:

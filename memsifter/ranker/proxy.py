@@ -1,14 +1,23 @@
 """The proxy ranker end to end: coarse filter -> budgeted prompt -> backend -> parser -> Ranking.
 
-Eval and the recall endpoint call ``Proxy.rank_many``; the GRPO trainer uses the same prompt
-builder and parser directly (TRL does the generation there).
+**One front door.** ``Proxy.from_pretrained(name_or_path, backend=..., **spec overrides)`` opens a
+trained proxy (or an untrained base, given its prompt) the way ``SentenceTransformer(name)``
+opens an encoder: validation, ``memsifter eval proxy``, the retrieval and QA benchmarks and the
+recall service all get their proxy there. The GRPO trainers use the same prompt builder and
+parser directly (they generate, or score the head, themselves).
 
-**The prompt is a** :class:`~memsifter.ranker.spec.PromptSpec`. ``Proxy`` renders with
-``spec.builder(backend.tokenizer, coarse)``, the one renderer the RL data is built with, and caps
-generation at ``spec.completion_tokens``. :func:`resolve_spec` is how every caller (eval, the
-recall service) gets that spec: the ``prompt_spec.json`` in the model's folder, used as is, or
-for a model without one (an untrained base) the settings the caller states explicitly. A model
-with neither is refused, and so are explicit settings that contradict the model's own spec.
+**The prompt is a** :class:`~memsifter.ranker.spec.PromptSpec`, settled by
+:func:`~memsifter.ranker.checkpoint.resolve_spec`: the ``prompt_spec.json`` in the model's folder,
+used as is, or for a model without one the settings the caller states explicitly. A model with
+neither is refused, and so are explicit settings that contradict the model's own spec. ``Proxy``
+renders with ``spec.builder(backend.tokenizer, coarse)``, the one renderer the RL data is built
+with, and caps generation at ``spec.completion_tokens``.
+
+**One generate -> parse -> rank path.** :meth:`Proxy.answer` asks the model (greedy generation,
+or with ``ranking_head: first_token`` one forward pass whose ranking is written as the
+completion generate would give) and parses each answer; eval and validation score that, on the
+prompts their RL data holds (:class:`RenderedPrompt`). :meth:`Proxy.rank_many` renders requests,
+takes the same answers and turns them into rankings of session ids.
 
 Backends that take token ids (``accepts_token_ids``: the OpenAI HTTP backend, since vLLM's and
 llama.cpp's ``/v1/completions`` accept a list of ids as ``prompt``) are sent
@@ -24,139 +33,22 @@ parse failure stays a failure.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memsifter.data.types import Ranking, Session
-from memsifter.errors import MemSifterError
-from memsifter.llm import Backend, Generation, SamplingParams
+from memsifter.llm import Backend, BackendSpec, Generation, SamplingParams
+from memsifter.ranker.checkpoint import PromptSettings, merge_settings, resolve_spec
 from memsifter.ranker.parse import ParsedRanking, parse_ranking
-from memsifter.ranker.prompt import BuiltPrompt
-from memsifter.ranker.spec import SPEC_FILE, PromptSpec
+from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
+from memsifter.ranker.spec import PromptSpec
 
-_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(PromptSpec))
-# Settable besides the spec's own fields: the prompt budget, window - completion (the
-# ``--coarse-budget`` of eval), checked against the spec like any field.
-PROMPT_KEYS = (*_SPEC_FIELDS, "budget_tokens")
-
-
-class PromptSpecError(MemSifterError, ValueError):
-    """No prompt spec for a model, or explicit prompt settings that contradict its own."""
-
-
-PromptSettings = Mapping[str, Any] | PromptSpec | str | Path | None
-
-
-def _as_settings(given: PromptSettings, where: str) -> dict[str, Any]:
-    """Explicit prompt settings as a mapping of the keys actually given. A string or path is a
-    ``prompt_spec.json`` file or a folder holding one (an RL data folder, a checkpoint)."""
-    if given is None:
-        return {}
-    if isinstance(given, PromptSpec):
-        return given.to_dict()
-    if isinstance(given, str | Path):
-        path = Path(given).expanduser()
-        if path.is_dir():
-            path = path / SPEC_FILE
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise PromptSpecError(f"{where}: cannot read the prompt spec {path}: {e}") from e
-        if not isinstance(data, dict):
-            raise PromptSpecError(f"{where}: {path} must hold an object")
-        return _as_settings(data, str(path))
-    settings = {k: v for k, v in dict(given).items() if v is not None}
-    unknown = sorted(set(settings) - set(PROMPT_KEYS))
-    if unknown:
-        raise PromptSpecError(
-            f"{where}: unknown prompt setting(s) {unknown}; valid: {', '.join(PROMPT_KEYS)}"
-        )
-    return settings
-
-
-def _value(spec: PromptSpec, key: str) -> Any:
-    return spec.budget_tokens if key == "budget_tokens" else getattr(spec, key)
-
-
-def _differences(spec: PromptSpec, settings: Mapping[str, Any]) -> list[str]:
-    # ``model`` only names whose tokenizer renders; a checkpoint's folder is a different name for
-    # the same tokenizer, so it is not compared.
-    return [
-        f"{k}: {v!r} (the model's spec: {_value(spec, k)!r})"
-        for k, v in settings.items()
-        if k != "model" and _value(spec, k) != v
-    ]
-
-
-def merge_settings(*sources: tuple[str, PromptSettings]) -> dict[str, Any]:
-    """Explicit settings from several places (a ``prompt:`` block, legacy flags), merged; the
-    same key given twice with different values is refused, naming both places."""
-    merged: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    clashes = []
-    for where, given in sources:
-        for k, v in _as_settings(given, where).items():
-            if k in merged and merged[k] != v:
-                clashes.append(f"{k}: {merged[k]!r} ({origin[k]}) vs {v!r} ({where})")
-            merged.setdefault(k, v)
-            origin.setdefault(k, where)
-    if clashes:
-        raise PromptSpecError("conflicting prompt settings: " + "; ".join(clashes))
-    return merged
-
-
-def resolve_spec(
-    model: str,
-    given: PromptSettings = None,
-    *,
-    hint: str = "a `prompt:` block in the config",
-) -> PromptSpec:
-    """The prompt ``model`` is to be shown.
-
-    * Its folder has ``prompt_spec.json`` (a trained checkpoint, an adapter, the shipped proxy):
-      that spec, as is. ``given`` may repeat its values but not contradict them: a difference is
-      an error listing every differing field.
-    * It has none (an untrained base, a hub id): ``given`` is the spec; fields it leaves out take
-      :class:`PromptSpec`'s defaults, ``budget_tokens`` sets the window as budget + completion.
-      No ``given`` either: refused, naming the model; ``hint`` says where to give one.
-    """
-    from memsifter.models import model_spec
-
-    settings = _as_settings(given, "prompt")
-    own = model_spec(model)
-    if own is not None:
-        diff = _differences(own, settings)
-        if diff:
-            raise PromptSpecError(
-                f"model {model!r} carries its own {SPEC_FILE}, and the explicit prompt settings "
-                f"contradict it: {'; '.join(diff)}. Drop them (the model is served the prompt it "
-                "was trained on) or change them to match"
-            )
-        return own
-    if not settings:
-        raise PromptSpecError(
-            f"model {model!r} has no {SPEC_FILE} (an untrained model?), so nothing says which "
-            f"prompt to show it: give a prompt spec explicitly ({hint})"
-        )
-    fields = {k: v for k, v in settings.items() if k != "budget_tokens"}
-    fields.setdefault("model", model)
-    if "budget_tokens" in settings:
-        completion = fields.get("completion_tokens", PromptSpec.completion_tokens)
-        window = settings["budget_tokens"] + completion
-        if "window_tokens" in fields and fields["window_tokens"] != window:
-            raise PromptSpecError(
-                f"prompt budget_tokens {settings['budget_tokens']} + completion_tokens "
-                f"{completion} != window_tokens {fields['window_tokens']}"
-            )
-        fields["window_tokens"] = window
-    try:
-        return PromptSpec(**fields)
-    except (TypeError, ValueError) as e:
-        raise PromptSpecError(f"invalid prompt spec for model {model!r}: {e}") from e
+if TYPE_CHECKING:
+    from memsifter.coarse.base import CoarseFilter
 
 
 @dataclass(frozen=True)
@@ -165,7 +57,31 @@ class ProxyParams:
 
     temperature: float = 0.0
     complete_with_coarse: bool = True
-    batch_size: int = 8  # prompts per backend call
+    # Prompts per backend call. None: all in one call, for backends that batch best themselves
+    # (vLLM schedules them together; transformers sorts them by length before batching).
+    batch_size: int | None = 8
+    # The generation cap; None: the spec's completion budget. Validation caps at the run's own.
+    max_new_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A prompt rendered earlier by the spec's builder (an RL data row's ``prompt``): eval and
+    validation score the very text the model was trained on, never a new rendering."""
+
+    text: str
+    num_candidates: int
+
+
+Prompt = BuiltPrompt | RenderedPrompt
+
+
+@dataclass(frozen=True)
+class ProxyAnswer:
+    """The model's answer to one prompt, as it gave it."""
+
+    generation: Generation  # the completion; the first-token head's written as generate's
+    parsed: ParsedRanking  # never completed: eval and validation measure the model alone
 
 
 @dataclass(frozen=True)
@@ -192,19 +108,20 @@ class RankRequest:
 
 class Proxy:
     """``spec`` decides the prompt (see the module doc); ``coarse`` defaults to
-    ``build_filter(spec.coarse)`` (the recall service passes a thread-safe one)."""
+    ``build_filter(spec.coarse)`` (the recall service passes a thread-safe one). Open a model
+    with :meth:`from_pretrained`; the constructor takes a backend and a spec already settled."""
 
     def __init__(
         self,
         backend: Backend,
         spec: PromptSpec,
-        coarse: Any = None,
+        coarse: CoarseFilter | None = None,
         config: ProxyParams = ProxyParams(),
     ) -> None:
         if not isinstance(spec, PromptSpec):
             raise TypeError(
                 "Proxy(backend, spec, coarse=None, config=ProxyParams()): spec must be a "
-                f"PromptSpec (see resolve_spec), got {type(spec).__name__}"
+                f"PromptSpec (see Proxy.from_pretrained), got {type(spec).__name__}"
             )
         if spec.ranking_head == "first_token":
             from memsifter.ranker.first_token import check_backend
@@ -213,9 +130,56 @@ class Proxy:
         self.backend = backend
         self.spec = spec
         self.config = config
-        self.builder = spec.builder(backend.tokenizer, coarse)
-        self.coarse = self.builder.coarse
+        self._coarse = coarse
         self.name = f"memsifter[{backend.model_name}]"
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        backend: Backend | BackendSpec | str = "transformers",
+        coarse: CoarseFilter | None = None,
+        params: ProxyParams = ProxyParams(),
+        prompt: PromptSettings = None,
+        hint: str = "prompt settings, or keyword arguments of Proxy.from_pretrained",
+        **spec_overrides: Any,
+    ) -> Proxy:
+        """The proxy ``name_or_path`` names (a trained checkpoint or adapter folder, the shipped
+        proxy, an untrained base or hub id), shown the prompt it was trained on.
+
+        The spec is the model's own ``prompt_spec.json``; ``prompt`` (settings, a spec, or a
+        spec file) and ``spec_overrides`` (PromptSpec fields, ``budget_tokens``) may repeat it
+        but not contradict it, and are the spec of a model that has none (see
+        :func:`~memsifter.ranker.checkpoint.resolve_spec`). It is settled before the model
+        loads, so a refusal costs nothing. ``backend``: a kind (``transformers``, ``vllm``) run
+        on ``name_or_path``, a :class:`~memsifter.llm.BackendSpec`, or a backend already built.
+        """
+        given = merge_settings(("prompt", prompt), ("arguments", spec_overrides))
+        spec = resolve_spec(name_or_path, given, hint=hint)
+        if not isinstance(backend, str | BackendSpec):
+            return cls(backend, spec, coarse, params)
+        from memsifter import llm  # the module, so a test may stand in for build_backend
+
+        if isinstance(backend, str):
+            backend = BackendSpec(kind=backend, model=str(name_or_path))
+        return cls(llm.build_backend(backend), spec, coarse, params)
+
+    @cached_property
+    def builder(self) -> PromptBuilder:
+        # Made on first use: eval and validation score prompts rendered when the data was built,
+        # so they need no renderer (nor the coarse filter it builds, a model for a dense one).
+        return self.spec.builder(self.backend.tokenizer, self._coarse)
+
+    @property
+    def coarse(self) -> CoarseFilter:
+        return self.builder.coarse  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Release the backend (an in-process vLLM engine holds most of its GPU until then)."""
+        close: Callable[[], None] | None = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
     def _fallback(self, req: RankRequest, prompt: BuiltPrompt) -> tuple[int, ...]:
         if req.prior is not None:
@@ -234,35 +198,49 @@ class Proxy:
         shown = [by_id[sid] for sid in prompt.candidate_ids]
         return tuple(pos[sid] for sid in self.coarse.score(req.question, shown).ids)
 
-    def _payload(self, prompt: BuiltPrompt) -> Any:
+    def _payload(self, prompt: Prompt) -> Any:
         """What the backend is sent: the prompt's token ids when it takes ids (the ids counted
         are the ids the model sees, and the server skips tokenizing), else the rendered text."""
-        if prompt.token_ids is not None and getattr(self.backend, "accepts_token_ids", False):
-            return list(prompt.token_ids)
+        ids = prompt.token_ids if isinstance(prompt, BuiltPrompt) else None
+        if ids is not None and getattr(self.backend, "accepts_token_ids", False):
+            return list(ids)
         return prompt.text
 
-    def rank_many(self, requests: Sequence[RankRequest]) -> list[ProxyRanking]:
-        prompts = [self.builder.build(r.question, r.sessions, r.question_date) for r in requests]
-        if self.spec.ranking_head == "first_token":
-            return self._rank_by_head(requests, prompts)
-        sampling = SamplingParams(
-            max_new_tokens=self.spec.completion_tokens, temperature=self.config.temperature
-        )
-        out: list[ProxyRanking] = []
-        for start in range(0, len(prompts), self.config.batch_size):
-            chunk = prompts[start : start + self.config.batch_size]
-            gens = self.backend.generate([self._payload(p) for p in chunk], sampling)
-            for req, prompt, gen in zip(requests[start:], chunk, gens, strict=False):
-                out.append(self._read(req, prompt, gen[0]))
+    def answer(
+        self, prompts: Sequence[Prompt], progress: Callable[[int, float], None] | None = None
+    ) -> list[ProxyAnswer]:
+        """The one generate -> parse path: the model's answer to each prompt, read by the
+        parser, ``batch_size`` prompts a backend call. ``progress(n, seconds)`` hears of each
+        call: how many prompts it answered and its wall time."""
+        size = self.config.batch_size or max(len(prompts), 1)
+        out: list[ProxyAnswer] = []
+        for start in range(0, len(prompts), size):
+            chunk = prompts[start : start + size]
+            t0 = time.perf_counter()
+            if self.spec.ranking_head == "first_token":
+                gens = self._head(chunk)
+            else:
+                gens = self._generate(chunk)
+            out += [
+                ProxyAnswer(g, parse_ranking(g.text, p.num_candidates))
+                for p, g in zip(chunk, gens, strict=True)
+            ]
+            if progress is not None:
+                progress(len(chunk), time.perf_counter() - t0)
         return out
 
-    def _rank_by_head(
-        self, requests: Sequence[RankRequest], prompts: list[BuiltPrompt]
-    ) -> list[ProxyRanking]:
+    def _generate(self, prompts: Sequence[Prompt]) -> list[Generation]:
+        cap = self.config.max_new_tokens
+        sampling = SamplingParams(
+            max_new_tokens=self.spec.completion_tokens if cap is None else cap,
+            temperature=self.config.temperature,
+        )
+        gens = self.backend.generate([self._payload(p) for p in prompts], sampling)
+        return [g[0] for g in gens]
+
+    def _head(self, prompts: Sequence[Prompt]) -> list[Generation]:
         """One forward pass a prompt; the ranking is written as the completion ``generate``
         would produce, so it is read (and completed, and mapped to ids) the same way."""
-        import time
-
         from memsifter.ranker.first_token import backend_rankings, ranking_text
 
         t0 = time.perf_counter()
@@ -270,21 +248,29 @@ class Proxy:
             self.backend,
             [p.text for p in prompts],
             [p.num_candidates for p in prompts],
-            self.config.batch_size,
-            payloads=[self._payload(p) for p in prompts],
+            self.config.batch_size or len(prompts),
+            # A prompt rendered earlier is only text: a server is sent the ids the tokenizer
+            # makes of it (backend_rankings' default), as the data's builder counted them.
+            payloads=[self._payload(p) for p in prompts]
+            if all(isinstance(p, BuiltPrompt) for p in prompts)
+            else None,
         )
         latency = time.perf_counter() - t0
-        out = []
-        for req, prompt, order in zip(requests, prompts, orders, strict=True):
-            gen = Generation(
+        return [
+            Generation(
                 text=ranking_text(order),
-                prompt_tokens=prompt.n_tokens,
+                prompt_tokens=p.n_tokens if isinstance(p, BuiltPrompt) else 0,
                 completion_tokens=0,
                 finish_reason="stop",
                 latency_s=latency,
             )
-            out.append(self._read(req, prompt, gen))
-        return out
+            for p, order in zip(prompts, orders, strict=True)
+        ]
+
+    def rank_many(self, requests: Sequence[RankRequest]) -> list[ProxyRanking]:
+        prompts = [self.builder.build(r.question, r.sessions, r.question_date) for r in requests]
+        answers = self.answer(prompts)
+        return [self._rank(r, p, a) for r, p, a in zip(requests, prompts, answers, strict=True)]
 
     def rank(
         self,
@@ -297,8 +283,8 @@ class Proxy:
         """``prior``: see :attr:`RankRequest.prior`."""
         return self.rank_many([RankRequest(question, sessions, question_date, prior)])[0]
 
-    def _read(self, req: RankRequest, prompt: BuiltPrompt, gen: Generation) -> ProxyRanking:
-        parsed = parse_ranking(gen.text, prompt.num_candidates)
+    def _rank(self, req: RankRequest, prompt: BuiltPrompt, answer: ProxyAnswer) -> ProxyRanking:
+        parsed = answer.parsed
         if self.config.complete_with_coarse and len(parsed.ids) < prompt.num_candidates:
             parsed = parsed.complete(self._fallback(req, prompt))
         dropped = tuple(prompt.dropped_ids)
@@ -306,7 +292,10 @@ class Proxy:
             dropped = tuple(dropped[i] for i in _prior_positions(req.prior, dropped))
         ids = prompt.session_ids(parsed) + dropped
         return ProxyRanking(
-            ranking=Ranking(ids=ids, source=self.name), parsed=parsed, prompt=prompt, generation=gen
+            ranking=Ranking(ids=ids, source=self.name),
+            parsed=parsed,
+            prompt=prompt,
+            generation=answer.generation,
         )
 
 

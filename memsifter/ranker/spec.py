@@ -10,8 +10,8 @@ shown in. :class:`PromptSpec` holds exactly that. The RL data recipe embeds one
 :class:`~memsifter.ranker.prompt.PromptBuilder` from it. :class:`PromptBuilder` stays the only
 renderer, so a checkpoint is served byte-identical prompts to the ones it was trained on.
 
-A model folder without ``prompt_spec.json`` is refused by :func:`read_spec` with an error that
-names the folder, unless the caller passes an explicit spec (an untrained base model has none).
+The file, and which spec a model is shown (its own, or explicit settings for a model without
+one), belong to :mod:`memsifter.ranker.checkpoint`.
 
 **Candidate order.** ``chronological`` (the paper's rule): ids are dates order, so they never
 leak the coarse filter's opinion. ``coarse``: candidates are shown in the coarse filter's order,
@@ -30,9 +30,7 @@ Thinking is off in that mode (``ask_think: false``), and every label must be one
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from memsifter.errors import DataError
@@ -41,7 +39,6 @@ if TYPE_CHECKING:
     from memsifter.coarse.base import CoarseFilter
     from memsifter.ranker.prompt import PromptBuilder
 
-SPEC_FILE = "prompt_spec.json"
 CandidateOrder = Literal["chronological", "coarse"]
 CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
 RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
@@ -139,43 +136,4 @@ class PromptSpec:
         return dataclasses.replace(self, model=model)
 
 
-def write_spec(spec: PromptSpec, folder: str | Path) -> Path:
-    path = Path(folder) / SPEC_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return path
-
-
-def has_spec(folder: str | Path) -> bool:
-    return (Path(folder) / SPEC_FILE).is_file()
-
-
-def read_spec(folder: str | Path) -> PromptSpec:
-    """The spec a model folder (checkpoint, adapter, RL data folder) was made with. A folder
-    without one is refused: serving or evaluating a model on a prompt it was not trained on is
-    silently wrong."""
-    path = Path(folder) / SPEC_FILE
-    if not path.is_file():
-        raise DataError(
-            f"{folder} has no {SPEC_FILE}: a proxy checkpoint must carry the prompt it was "
-            "trained on (pass an explicit prompt spec for an untrained model)",
-            file=str(folder),
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{SPEC_FILE} is not valid JSON: {e}", file=str(path)) from e
-    if not isinstance(data, dict):
-        raise DataError(f"{SPEC_FILE} must hold an object", file=str(path))
-    return PromptSpec.from_dict(data, str(path))
-
-
-__all__ = [
-    "CANDIDATE_ORDERS",
-    "SPEC_FILE",
-    "CandidateOrder",
-    "PromptSpec",
-    "has_spec",
-    "read_spec",
-    "write_spec",
-]
+__all__ = ["CANDIDATE_ORDERS", "RANKING_HEADS", "CandidateOrder", "PromptSpec"]

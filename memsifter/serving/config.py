@@ -91,7 +91,7 @@ class ProxySettings:
     def prompt_spec(self) -> PromptSpec:
         """The model's own spec, or the explicit ``prompt:`` one (refused when it has neither,
         or when ``prompt:`` contradicts the model's own)."""
-        from memsifter.ranker.proxy import resolve_spec
+        from memsifter.ranker.checkpoint import resolve_spec
 
         return resolve_spec(self.model, self.prompt, hint="a `proxy.prompt:` block in the config")
 

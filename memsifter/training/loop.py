@@ -118,17 +118,17 @@ def total_steps(cfg: TrainConfig, n_train: int) -> int:
 
 
 def spec_callback(spec: Any) -> Any:
-    """A ``TrainerCallback`` that writes the PromptSpec into every checkpoint TRL saves."""
+    """A ``TrainerCallback`` that saves the PromptSpec into every checkpoint TRL saves."""
     from transformers import TrainerCallback
 
-    from memsifter.ranker.spec import write_spec
+    from memsifter.ranker.checkpoint import save_spec
 
-    class _WriteSpec(TrainerCallback):
+    class _SaveSpec(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.is_world_process_zero:
-                write_spec(spec, Path(args.output_dir) / f"checkpoint-{state.global_step}")
+                save_spec(spec, Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
-    return _WriteSpec()
+    return _SaveSpec()
 
 
 def rank_checkpoints(results: dict[str, Any], metric: str) -> list[str]:
@@ -204,14 +204,14 @@ def merged_for_eval(ckpt: Path, scratch: Path) -> Path:
     """A folder transformers can load: LoRA checkpoints are merged into their base first."""
     if not (ckpt / "adapter_config.json").exists():
         return ckpt
-    from memsifter.ranker.spec import has_spec, read_spec, write_spec
+    from memsifter.ranker.checkpoint import has_spec, read_spec, save_spec
     from memsifter.training.averaging import average_checkpoints
 
     out = scratch / ckpt.name
     if not out.exists():
         average_checkpoints([ckpt], out)
         if has_spec(ckpt):
-            write_spec(read_spec(ckpt), out)
+            save_spec(read_spec(ckpt), out)
     return out
 
 
@@ -227,7 +227,7 @@ def run_training(
     import torch
 
     from memsifter.models import resolve_model
-    from memsifter.ranker.spec import read_spec, write_spec
+    from memsifter.ranker.checkpoint import read_spec, save_spec
     from memsifter.rewards import load_reward_config
     from memsifter.rewards.config import with_endpoints
     from memsifter.rewards.service import RewardService
@@ -341,7 +341,7 @@ def run_training(
                     peft_config=lora_config(cfg, n_layers),
                 )
             if procs.is_main:
-                write_spec(spec, final)
+                save_spec(spec, final)
             state.mark("sft", str(final))
             procs.barrier()  # sft/final is complete before any process loads it
         model_path = state.done("sft")
@@ -393,7 +393,7 @@ def run_training(
 
                 trainer = PLGRPOTrainer(
                     cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
-                    on_save=[partial(write_spec, spec)], log=log,
+                    on_save=[partial(save_spec, spec)], log=log,
                 )  # fmt: skip
             else:
                 trainer = build_trainer(
@@ -409,7 +409,7 @@ def run_training(
             if procs.broadcast(not last.exists()):  # the final step, when save_steps missed it
                 trainer.save_model(str(last))
                 if procs.is_main:
-                    write_spec(spec, last)
+                    save_spec(spec, last)
             if procs.is_main:
                 trainer.state.save_to_json(str(edir / "trainer_state.json"))
             del trainer
@@ -475,7 +475,7 @@ def _validate_and_average(
     """The main process's part of an epoch's end: validate every checkpoint (and the start
     model), average the top-k, validate the average and choose the next epoch's start. Returns
     the state entry's ``averaged``, ``next``, ``top`` and ``validation``."""
-    from memsifter.ranker.spec import write_spec
+    from memsifter.ranker.checkpoint import save_spec
     from memsifter.training.averaging import average_checkpoints
     from memsifter.training.validation import ValidationEngine, result_dict, validate
 
@@ -517,7 +517,7 @@ def _validate_and_average(
     if averaged.exists():
         shutil.rmtree(averaged)  # a crash mid-write; recompute
     average_checkpoints([paths[n] for n in top], averaged)
-    write_spec(spec, averaged)
+    save_spec(spec, averaged)
     log(f"epoch {epoch}: averaged {', '.join(top)} (by {cfg.epochs.select_metric})")
     next_model = str(averaged)
     if cfg.epochs.keep_start_if_better:

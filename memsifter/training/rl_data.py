@@ -65,8 +65,9 @@ from memsifter.data.splits import LOCOMO_TEST, LOCOMO_VALIDATION, SPLITS
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
 from memsifter.errors import DataError, UnknownNameError
+from memsifter.ranker.checkpoint import save_spec
 from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
-from memsifter.ranker.spec import PromptSpec, write_spec
+from memsifter.ranker.spec import PromptSpec
 from memsifter.rewards.columns import reward_columns
 from memsifter.training.curriculum import (
     CurriculumReport,
@@ -729,17 +730,14 @@ def write_rl_dataset(result: RLDataResult, out: str | Path) -> list[Path]:
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # one bar per parquet file is noise in the CLI
     try:
-        for split in SPLITS:
-            path = out_dir / f"{split}.parquet"
-            result.dataset[split].to_parquet(str(path))
-            files.append(path)
-        path = out_dir / POOL_FILE
-        result.pool.to_parquet(str(path))
-        files.append(path)
+        tables = [(f"{s}.parquet", result.dataset[s]) for s in SPLITS]
+        for name, table in [*tables, (POOL_FILE, result.pool)]:
+            table.to_parquet(str(out_dir / name))
+            files.append(out_dir / name)
     finally:
         if bars:
             datasets.enable_progress_bars()
-    files.append(write_spec(result.config.prompt, out_dir))
+    files.append(save_spec(result.config.prompt, out_dir))
     split_path = out_dir / "split.json"
     split_path.write_text(json.dumps(split_json(result), indent=2) + "\n", encoding="utf-8")
     recipe = out_dir / "recipe.yaml"

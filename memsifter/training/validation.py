@@ -7,6 +7,9 @@ order here: we are measuring the model). The reward is the reward function the t
 at a step where the warm-up has decayed (so R = alpha * R_ans), so checkpoints are compared on
 the outcome the paper optimises. The rankings are written out as JSONL
 (``{"qid", "ranking"}``), which the curriculum can score the next round with.
+
+The model is opened by :meth:`~memsifter.ranker.proxy.Proxy.from_pretrained` and answers through
+:meth:`~memsifter.ranker.proxy.Proxy.answer`, the generate -> parse path eval and serving use.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memsifter.ranker.parse import parse_ranking
+from memsifter.ranker.proxy import Proxy, ProxyAnswer, ProxyParams, RenderedPrompt
 from memsifter.rewards.retrieval import retrieval_reward
 from memsifter.rewards.trl import RewardFunction
 from memsifter.training.curriculum import write_rankings
@@ -77,6 +80,17 @@ class ValidationEngine:
     def spec(self, model_path: str | Path) -> BackendSpec:
         from memsifter.llm import BackendSpec
 
+        if self.ranking_head == "first_token":
+            # The head reads logits in process whatever the backend, on the checkpoint as
+            # saved (its own dtype) on the CPU, as validation has always scored it.
+            return BackendSpec(
+                kind="transformers",
+                model=str(model_path),
+                device="cpu",
+                dtype="auto",
+                batch_size=self.batch_size,
+                threads=self.threads,
+            )
         if self.backend == "vllm":
             return BackendSpec(kind="vllm", model=str(model_path), options=dict(self.engine_args))
         if self.backend == "transformers":
@@ -88,6 +102,44 @@ class ValidationEngine:
             )
         raise ValueError(f"validation backend must be transformers or vllm, not {self.backend!r}")
 
+    def proxy(self, model_path: str | Path, max_new_tokens: int) -> Proxy:
+        """The model as validation runs it: greedy, capped at ``max_new_tokens``. The prompts
+        are rendered already, so all it must agree on with a checkpoint's own spec is the head;
+        a generating backend gets every prompt at once and batches them itself."""
+        head = self.ranking_head == "first_token"
+        prompt = {"ranking_head": self.ranking_head, "ask_think": False if head else None}
+        params = ProxyParams(
+            batch_size=self.batch_size if head else None, max_new_tokens=max_new_tokens
+        )
+        return Proxy.from_pretrained(
+            model_path, backend=self.spec(model_path), params=params, prompt=prompt
+        )
+
+
+def answer_rows(
+    model_path: str | Path,
+    rows: Any,
+    *,
+    max_new_tokens: int,
+    engine: ValidationEngine | None = None,
+) -> list[ProxyAnswer]:
+    """Greedy answers of the model at ``model_path`` to the rows' rendered ``prompt`` text, parsed
+    (never completed): the PromptSpec's renderer made that text, so nothing is templated here.
+    The backend is released afterwards (a vLLM engine holds its GPU until then)."""
+    prompts: list[RenderedPrompt] = []
+    for r in rows:
+        if not isinstance(r["prompt"], str):
+            raise ValueError(
+                "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data "
+                "with `memsifter data rl`"
+            )
+        prompts.append(RenderedPrompt(r["prompt"], int(r["n_candidates"])))
+    proxy = (engine or ValidationEngine()).proxy(model_path, max_new_tokens)
+    try:
+        return proxy.answer(prompts)
+    finally:
+        proxy.close()
+
 
 def generate_completions(
     model_path: str | Path,
@@ -96,48 +148,9 @@ def generate_completions(
     max_new_tokens: int,
     engine: ValidationEngine | None = None,
 ) -> list[str]:
-    """Greedy completions of the rows' rendered ``prompt`` text by the model at
-    ``model_path``: the PromptSpec's renderer made that text, so nothing is templated here."""
-    from memsifter import llm
-
-    texts = [r["prompt"] for r in rows]
-    if any(not isinstance(t, str) for t in texts):
-        raise ValueError(
-            "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data with "
-            "`memsifter data rl`"
-        )
-    engine = engine or ValidationEngine()
-    if engine.ranking_head == "first_token":
-        return _head_completions(model_path, rows, engine)
-    backend = llm.build_backend(engine.spec(model_path))
-    try:
-        sampling = llm.SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-        gens = backend.generate(texts, sampling)
-    finally:
-        close = getattr(backend, "close", None)
-        if close is not None:
-            close()
-    return [g[0].text for g in gens]
-
-
-def _head_completions(model_path: str | Path, rows: Any, engine: ValidationEngine) -> list[str]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from memsifter.ranker.first_token import rank_prompts, ranking_text
-
-    if engine.threads:
-        torch.set_num_threads(engine.threads)
-    tok = AutoTokenizer.from_pretrained(str(model_path))
-    model = AutoModelForCausalLM.from_pretrained(str(model_path))
-    orders = rank_prompts(
-        model,
-        tok,
-        [r["prompt"] for r in rows],
-        [int(r["n_candidates"]) for r in rows],
-        batch_size=engine.batch_size,
-    )
-    return [ranking_text(o) for o in orders]
+    """The completions of :func:`answer_rows` (the first-token head's written as generate's)."""
+    answers = answer_rows(model_path, rows, max_new_tokens=max_new_tokens, engine=engine)
+    return [a.generation.text for a in answers]
 
 
 def rank_rows(
@@ -151,15 +164,9 @@ def rank_rows(
     """A previous model's rankings of ``rows`` as a curriculum rankings file (a completion that
     does not parse ranks nothing: NDCG 0). Returns the file and the parse rate."""
     rows = list(rows)
-    completions = generate_completions(
-        model_path, rows, max_new_tokens=max_new_tokens, engine=engine
-    )
-    pairs = []
-    parsed_n = 0
-    for row, text in zip(rows, completions, strict=True):
-        parsed = parse_ranking(text, int(row["n_candidates"]))
-        parsed_n += parsed.ok
-        pairs.append((str(row["qid"]), list(parsed.ids)))
+    answers = answer_rows(model_path, rows, max_new_tokens=max_new_tokens, engine=engine)
+    pairs = [(str(r["qid"]), list(a.parsed.ids)) for r, a in zip(rows, answers, strict=True)]
+    parsed_n = sum(a.parsed.ok for a in answers)
     return write_rankings(out, pairs), parsed_n / max(len(rows), 1)
 
 
@@ -176,9 +183,8 @@ def validate(
 
     t0 = time.perf_counter()
     rows = list(rows)
-    completions = generate_completions(
-        model_path, rows, max_new_tokens=max_new_tokens, engine=engine
-    )
+    answers = answer_rows(model_path, rows, max_new_tokens=max_new_tokens, engine=engine)
+    completions = [a.generation.text for a in answers]
 
     columns = (
         {k: [r.get(k) for r in rows] for k in rows[0] if k not in ("prompt", "prompt_messages")}
@@ -198,9 +204,8 @@ def validate(
     ndcg1 = ndcg5 = useful1 = 0.0
     parsed_n = with_gold = with_useful = 0
     pairs: list[tuple[str, list[int]]] = []
-    for row, text in zip(rows, completions, strict=True):
-        # The RL data rows carry both (memsifter.training.rl_data.build_row).
-        parsed = parse_ranking(text, int(row["n_candidates"]))
+    for row, answer in zip(rows, answers, strict=True):
+        parsed = answer.parsed
         gold = list(row["gold_positions"])
         parsed_n += parsed.ok
         # As in the retrieval benchmark, NDCG averages over questions whose prompt shows gold.
