@@ -63,7 +63,7 @@ def test_bm25_index_is_cached() -> None:
     sessions = LOCOMO.conversations["conv-m1"]
     bm25 = BM25Filter()
     with mock.patch.object(
-        BM25Filter, "_build", autospec=True, side_effect=BM25Filter._build
+        BM25Filter, "build_index", autospec=True, side_effect=BM25Filter.build_index
     ) as spy:
         first = bm25.score("pottery wheel", sessions)
         second = bm25.score("coral reef dive", sessions)
@@ -84,7 +84,7 @@ def test_bm25_cache_is_bounded() -> None:
     bm25 = BM25Filter(cache_size=2)
     for conv in LOCOMO.conversations.values():
         bm25.index(conv)
-    assert len(bm25._indexes) == 2
+    assert len(bm25.cache) == 2
 
 
 def test_bm25_chinese_via_jieba() -> None:
@@ -236,7 +236,7 @@ def test_incremental_bm25_matches_bm25s_after_adds_and_removes() -> None:
     built fresh."""
     import random
 
-    from memsifter.coarse.bm25 import IncrementalBM25
+    from memsifter.coarse import IncrementalBM25
 
     rng = random.Random(0)
     words = "dog cat marathon porto lisbon sister wedding puppy shoes river the a of".split()

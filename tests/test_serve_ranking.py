@@ -1,6 +1,6 @@
 """The service's ranker: a failed proxy parse is completed in the fused coarse + bookmark order,
 so it returns exactly the coarse-only ranking (not a re-score by the plain coarse filter); and
-the cache of request-borne haystacks (``/v1/rank``) is bounded in bytes."""
+the cache of request-borne haystacks (``/v1/rank``) is the byte-bounded one."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from memsifter.coarse import build_filter
-from memsifter.coarse.bm25 import BM25Filter
+from memsifter.coarse import ByteBoundedBM25, build_filter
 from memsifter.data.types import Session, Turn
 from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.config import PagingSettings, ServeConfig
 from memsifter.serving.memory import MemoryService
-from memsifter.serving.ranking import ByteBoundedBM25, ServiceRanker
+from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.store import Principal, Store
 from memsifter.testing.backends import ScriptedBackend
 
@@ -84,33 +83,14 @@ def _haystack(n: int, size: int) -> list[Session]:
     ]
 
 
-def test_the_rank_cache_is_bounded_in_bytes() -> None:
-    plain = BM25Filter()
-    bounded = ByteBoundedBM25(BM25Filter(), max_bytes=200_000)
-    sizes = []
-    for n in range(12):
-        sessions = _haystack(n, 400)  # ~40 KB of text and index each
-        got = bounded.score("haystack page word", sessions)
-        assert got == plain.score("haystack page word", sessions)  # the same ranking, scores
-        sizes.append(bounded._sizes[tuple(s.fingerprint for s in sessions)])
-        assert bounded.held_bytes <= max(200_000, sizes[-1])
-        assert bounded.held_bytes == sum(bounded._sizes.values())
-    assert 10_000 < sizes[0] < 200_000  # the estimate is in the right range
-    assert len(bounded._indexes) < 12 and len(bounded._seen) <= len(bounded._indexes)
-
-
-def test_a_resent_haystack_keeps_one_copy() -> None:
-    bounded = ByteBoundedBM25(BM25Filter(), max_bytes=10_000_000)
-    for _ in range(20):  # each request parses its body into new Session objects
-        bounded.score("word", _haystack(0, 50))
-    assert len(bounded._indexes) == 1 and len(bounded._seen) == 1
-
-
 def test_stateless_rank_goes_through_the_bounded_cache() -> None:
-    ranker = ServiceRanker(build_filter("bm25"), rank_cache_bytes=150_000)
+    # The cache's own bounds are tested with the coarse filters (tests/test_coarse_variants.py).
+    ranker = ServiceRanker(build_filter("bm25"), index_cache_users=10, rank_cache_bytes=150_000)
     inner = ranker.coarse.inner
-    assert isinstance(inner, ByteBoundedBM25)
+    assert isinstance(inner, ByteBoundedBM25) and inner.max_bytes == 150_000
+    assert inner.cache_size == 10 + 64  # raised on the bounded filter, not a discarded one
     for n in range(8):
         outcome = ranker.rank("page word", _haystack(n, 400))
         assert len(outcome.ids) == 20
-    assert inner.held_bytes <= 150_000 or len(inner._indexes) == 1
+    assert inner.held_bytes <= 150_000 or len(inner.cache) == 1
+    assert 0 < len(inner.cache) < 8

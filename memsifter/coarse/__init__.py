@@ -8,6 +8,10 @@ Build one from a spec string (CLI, YAML configs and the server all use this):
 
 ``embedding_cache`` (a folder) keeps the dense filters' passage vectors on disk across runs
 (``memsifter.coarse.dense.EmbeddingCache``); members of a hybrid share it.
+
+Variants for a long-lived process (the recall service): ``LockedCoarse`` shares any filter
+between threads, ``ByteBoundedBM25`` bounds a BM25 filter's ``HaystackCache`` in bytes, and
+``IncrementalBM25`` scores like ``BM25Filter`` over documents added and removed one at a time.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memsifter.coarse.base import CoarseFilter, Selection, rank_by_scores
-from memsifter.coarse.bm25 import BM25Filter
+from memsifter.coarse.bm25 import BM25Filter, ByteBoundedBM25
+from memsifter.coarse.cache import Haystack, HaystackCache, haystack_bytes
 from memsifter.coarse.hybrid import HybridFilter
+from memsifter.coarse.incremental import IncrementalBM25
+from memsifter.coarse.locked import LockedCoarse
 from memsifter.errors import UnknownNameError
 
 if TYPE_CHECKING:
@@ -69,10 +76,16 @@ def build_filter(
 
 __all__ = [
     "BM25Filter",
+    "ByteBoundedBM25",
     "CoarseFilter",
+    "Haystack",
+    "HaystackCache",
     "HybridFilter",
+    "IncrementalBM25",
+    "LockedCoarse",
     "OFFLINE_FILTERS",
     "Selection",
     "build_filter",
+    "haystack_bytes",
     "rank_by_scores",
 ]

@@ -29,7 +29,6 @@ coarse stage alone when the service runs ``coarse-only``.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -38,15 +37,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import overload
 
-import bm25s
 import numpy as np
 
-from memsifter.coarse import build_filter
-from memsifter.coarse.base import CoarseFilter, Selection
-from memsifter.coarse.bm25 import BM25Filter, IncrementalBM25, _Seen
+from memsifter.coarse import (
+    BM25Filter,
+    ByteBoundedBM25,
+    CoarseFilter,
+    IncrementalBM25,
+    LockedCoarse,
+    build_filter,
+)
 from memsifter.coarse.hybrid import rrf
-from memsifter.data.tokens import SessionTokenCache, TokenCounter
-from memsifter.data.types import Ranking, Session
+from memsifter.data.types import Session
 from memsifter.errors import MemSifterError, PromptBudgetError
 from memsifter.llm import Backend
 from memsifter.ranker.proxy import Proxy, ProxyParams
@@ -58,92 +60,6 @@ from memsifter.serving.store import Store
 from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage
 
 COARSE_ONLY = "coarse-only"
-
-
-class LockedCoarse(CoarseFilter):
-    """A coarse filter safe to share between request threads (and with the proxy)."""
-
-    def __init__(self, inner: CoarseFilter) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self._lock = threading.RLock()
-
-    def index(self, sessions: Sequence[Session]) -> None:
-        with self._lock:
-            self.inner.index(sessions)
-
-    def score(self, query: str, sessions: Sequence[Session]) -> Ranking:
-        with self._lock:
-            return self.inner.score(query, sessions)
-
-    def select(
-        self,
-        query: str,
-        sessions: Sequence[Session],
-        budget_tokens: int,
-        counter: TokenCounter | SessionTokenCache | None = None,
-        max_sessions: int | None = None,
-    ) -> Selection:
-        with self._lock:
-            return self.inner.select(query, sessions, budget_tokens, counter, max_sessions)
-
-
-def haystack_bytes(sessions: Sequence[Session], model: object) -> int:
-    """What caching ``sessions``' BM25 index holds, roughly: the sessions (their text, and the
-    turn and string objects around it) and the index's arrays and vocabulary."""
-    held = 0
-    for session in sessions:
-        held += 200 + sys.getsizeof(session.id)
-        for turn in session.turns:
-            held += 150 + sys.getsizeof(turn.text) + sys.getsizeof(turn.speaker)
-    scores = getattr(model, "scores", None) or {}
-    held += sum(int(getattr(v, "nbytes", 0)) for v in scores.values())
-    held += 120 * len(getattr(model, "vocab_dict", None) or {})  # a dict entry, key and int
-    return held
-
-
-class ByteBoundedBM25(BM25Filter):
-    """A ``BM25Filter`` whose haystack cache is bounded in bytes as well as in entries.
-
-    The parent keeps up to ``cache_size`` indexes, and identity memos that each hold the
-    sessions they were built from. A client sending 1.8 MB haystacks to ``/v1/rank`` thus grew
-    the process by over a gigabyte before the entry bound bit; here the least recently used
-    indexes go once their estimated size (``haystack_bytes``) passes ``max_bytes``, memos go
-    with their index, and one haystack keeps one memo however often its content is resent as
-    new objects. The index in use is always kept, even when it alone is over the bound.
-    Not thread-safe, like the parent: the service wraps it in ``LockedCoarse``."""
-
-    def __init__(self, like: BM25Filter, max_bytes: int) -> None:
-        super().__init__(like.k1, like.b, like.method, like.language, like.cache_size)
-        self.max_bytes = max_bytes
-        self.held_bytes = 0
-        self._sizes: dict[tuple[str, ...], int] = {}
-
-    def _resolve(self, sessions: Sequence[Session]) -> _Seen:
-        previous = self._last
-        seen = super()._resolve(sessions)
-        if seen is not previous:  # a new memo may have been made: keep one per haystack
-            for ident, other in list(self._seen.items()):
-                if other is not seen and other.key == seen.key:
-                    del self._seen[ident]
-        return seen
-
-    def _get(self, sessions: Sequence[Session], key: tuple[str, ...]) -> bm25s.BM25:
-        if key in self._indexes:  # the hot path: a hit changes no sizes
-            return super()._get(sessions, key)
-        model = super()._get(sessions, key)
-        size = haystack_bytes(sessions, model)
-        self._sizes[key] = size
-        self.held_bytes += size
-        for old in [k for k in self._sizes if k not in self._indexes]:  # evicted by count
-            self.held_bytes -= self._sizes.pop(old)
-        while self.held_bytes > self.max_bytes and len(self._indexes) > 1:
-            old, _ = self._indexes.popitem(last=False)
-            self.held_bytes -= self._sizes.pop(old)
-        for ident, memo in list(self._seen.items()):
-            if memo.key not in self._indexes:
-                del self._seen[ident]
-        return model
 
 
 @dataclass(frozen=True)
@@ -419,10 +335,15 @@ class ServiceRanker:
         backend: Backend | None = None
         spec: PromptSpec | None = None
         if config.ranker == "proxy":
-            spec = p.prompt_spec()  # ServeConfig checked it against paging at load
-            from memsifter import llm
-
-            backend = llm.build_backend(p.backend_spec())
+            # Opened by the one front door; the ranker re-wraps its backend and spec with the
+            # service's locked coarse filters. ServeConfig checked the spec against paging.
+            loaded = Proxy.from_pretrained(
+                p.model,
+                backend=p.backend_spec(),
+                prompt=p.prompt,
+                hint="a `proxy.prompt:` block in the config",
+            )
+            backend, spec = loaded.backend, loaded.spec
         return cls(
             build_filter(config.coarse),
             backend,
