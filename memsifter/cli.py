@@ -432,7 +432,7 @@ def export_adapter_cmd(
     """Write a trained model as a LoRA adapter of its base (SVD of the weight differences), with
     the model's prompt_spec.json and tokenizer, ready to ship and to load by folder."""
     from memsifter.models import load_tokenizer
-    from memsifter.ranker.spec import read_spec, write_spec
+    from memsifter.ranker.checkpoint import read_spec, save_spec
     from memsifter.training.adapter_export import export_adapter
 
     try:
@@ -441,7 +441,7 @@ def export_adapter_cmd(
             base, tuned, out, rank=rank, max_rel_error=max_rel_error,
             probe="Question: what did Caroline research?",
         )  # fmt: skip
-        write_spec(spec, out)
+        save_spec(spec, out)
         load_tokenizer(base).save_pretrained(str(out))
     except (MemSifterError, ValueError) as e:
         _fail(e)
@@ -549,6 +549,29 @@ def serve(
             log_level=log_level,
             workers=workers,
         )
+    except MemSifterError as e:
+        _fail(e)
+
+
+@app.command("mcp")
+def mcp_cmd(
+    user: Annotated[str, typer.Option(help="the user whose memory the tools read and write")],
+    config: Annotated[
+        Path | None, typer.Option(help="serve config YAML (default configs/serve/default.yaml)")
+    ] = None,
+    key_env: Annotated[
+        str, typer.Option(help="environment variable holding the tenant API key")
+    ] = "MEMSIFTER_API_KEY",
+    log_level: Annotated[
+        str, typer.Option(help="debug | info | warning | error (logs go to stderr)")
+    ] = "warning",
+) -> None:
+    """Serve one user's memory as MCP tools over stdio (recall, remember, add_fact, facts,
+    forget) for an MCP client such as a desktop assistant; see docs/mcp.md."""
+    from memsifter.serving.mcp import run_stdio
+
+    try:
+        run_stdio(config, user=user, key_env=key_env, log_level=log_level)
     except MemSifterError as e:
         _fail(e)
 

@@ -35,6 +35,9 @@ PACKAGE_DATA = (
     "memsifter/resources/serve_default.yaml",
     "memsifter/resources/vllm_cpu_server.sh",
     "memsifter/resources/llamacpp_server.sh",
+    "memsifter/resources/ui/index.html",  # the recall inspector at /ui
+    "memsifter/resources/ui/app.js",
+    "memsifter/resources/ui/style.css",
     "memsifter/serving/migrations/script.py.mako",
     "memsifter/proxies/memsifter-smollm2-135m-locomo/adapter_model.safetensors",
     "memsifter/proxies/memsifter-smollm2-135m-locomo/prompt_spec.json",

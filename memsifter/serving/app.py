@@ -391,12 +391,14 @@ def _sweeper(config: ServeConfig, store: Store, metrics: Metrics, stop: threadin
             logger.exception("fact sweep failed")
 
 
-def create_app(
+def build_services(
     config: ServeConfig,
     ranker: ServiceRanker | None = None,
     *,
     extractor: KeywordExtractor | None = None,
-) -> FastAPI:
+) -> Services:
+    """The store (migrated, bootstrap keys added), ranker and memory layer of a config: what
+    the app serves, and what ``memsifter mcp`` serves over stdio. ``close_services`` ends them."""
     store = Store(config.db_url)
     store.migrate()
     bootstrap_keys(config, store)
@@ -406,9 +408,28 @@ def create_app(
     memory = MemoryService(config, store, ranker, extractor or build_extractor(config, ranker))
     limits = config.limits
     limiter = RateLimiter(limits.rate_per_s, limits.burst) if limits.rate_per_s else None
-    services = Services(
+    return Services(
         config, store, ranker, memory, metrics, limiter, PrincipalCache(config.auth_cache_s)
     )
+
+
+def close_services(services: Services) -> None:
+    services.store.close()
+    if isinstance(services.ranker.backend, OpenAIBackend):
+        services.ranker.backend.close()  # the proxy's kept-alive connections
+
+
+def create_app(
+    config: ServeConfig,
+    ranker: ServiceRanker | None = None,
+    *,
+    extractor: KeywordExtractor | None = None,
+) -> FastAPI:
+    from memsifter.serving.mcp import McpEndpoint  # here: that module builds on this one
+
+    services = build_services(config, ranker, extractor=extractor)
+    store, ranker, metrics = services.store, services.ranker, services.metrics
+    mcp_endpoint = McpEndpoint(services)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -420,14 +441,13 @@ def create_app(
             )
             thread.start()
         try:
-            yield
+            async with mcp_endpoint.running():  # the /mcp transport's session manager
+                yield
         finally:
             stop.set()
             if thread is not None:
                 await asyncio.to_thread(thread.join, 5)
-            store.close()
-            if isinstance(ranker.backend, OpenAIBackend):
-                ranker.backend.close()  # the proxy's kept-alive connections
+            close_services(services)
 
     app = FastAPI(
         title="MemSifter recall service",
@@ -452,6 +472,39 @@ def create_app(
     )
     for router in routers:
         app.include_router(router)
+    # MCP over Streamable HTTP (docs/mcp.md): a plain route, so it stays out of the OpenAPI
+    # schema and behind the request middleware; the endpoint authenticates like the routes.
+    # POST only: the transport is stateless with JSON answers, so a GET (a standing SSE stream
+    # that would idle forever) or a DELETE (ending a session) is the spec's 405.
+    app.add_route("/mcp", mcp_endpoint, methods=["POST"], include_in_schema=False)
+    # The recall inspector (docs/inspector.md): static files at /ui, outside the OpenAPI schema,
+    # behind the request middleware like every route. It shows user text, so its responses carry
+    # a CSP that allows only this origin and no inline script.
+    from fastapi.responses import RedirectResponse
+    from starlette.staticfiles import StaticFiles
+
+    from memsifter.resources import RESOURCES
+
+    ui_files = StaticFiles(directory=RESOURCES / "ui", html=True)
+
+    async def ui_app(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_csp(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers["content-security-policy"] = (
+                    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                    "connect-src 'self'; object-src 'none'; base-uri 'none'; "
+                    "form-action 'none'; frame-ancestors 'none'"
+                )
+                headers["x-content-type-options"] = "nosniff"
+                headers["referrer-policy"] = "no-referrer"
+                headers["cache-control"] = "no-cache"
+            await send(message)
+
+        await ui_files(scope, receive, send_with_csp)
+
+    app.add_api_route("/ui", lambda: RedirectResponse("ui/"), include_in_schema=False)
+    app.mount("/ui", ui_app, name="ui")
     app.add_middleware(
         RequestMiddleware,
         max_body_bytes=config.limits.max_body_bytes,

@@ -26,6 +26,7 @@ from memsifter.serving.schemas import (
     FactPatch,
     SweepOut,
 )
+from memsifter.serving.store import Store
 from memsifter.serving.store.records import Fact, Principal, utcnow
 
 router = APIRouter(prefix="/v1", tags=["facts"])
@@ -48,14 +49,14 @@ def fact_out(f: Fact, score: float | None = None) -> FactOut:
     )
 
 
-def _check_type(who: Principal, fact_type: str, field: str) -> None:
+def check_fact_type(who: Principal, fact_type: str, field: str) -> None:
     if not who.may_see(fact_type):
         raise ServeError(
             f"this key's agent may not use {fact_type!r} facts", field=field, status=403
         )
 
 
-def _subject(raw: str, field: str) -> str:
+def fact_subject(raw: str, field: str) -> str:
     """The supersede key, checked after normalising: lower-casing can lengthen text ("İ" is
     two code points in lower case), and the column holds ``SUBJECT_MAX_CHARS``."""
     subject = normalize_subject(raw)
@@ -69,11 +70,34 @@ def _subject(raw: str, field: str) -> str:
     return subject
 
 
-def _visible(svc: Svc, who: Who, user: str, fact_id: str) -> Fact:
-    fact = svc.store.get_fact(who.tenant_id, user, fact_id)
+def visible_fact(store: Store, who: Principal, user: str, fact_id: str, field: str) -> Fact:
+    """The fact, if this key may see it; else a 404 naming ``field`` (an unseen type reads as
+    unknown, so a key cannot learn that a fact of another agent's type exists)."""
+    fact = store.get_fact(who.tenant_id, user, fact_id)
     if fact is None or not who.may_see(fact.type):
-        raise NotFoundError(f"unknown fact {fact_id!r}", field="path.fact_id")
+        raise NotFoundError(f"unknown fact {fact_id!r}", field=field)
     return fact
+
+
+def store_fact(store: Store, who: Principal, user: str, body: FactIn, where: str) -> FactAddedOut:
+    """Remember ``body`` for ``user`` as the key ``who`` may: its type allowed, its expiry in the
+    future, its subject within the column once normalised. ``where`` prefixes the field names of
+    errors (``body.`` for the route, nothing for an MCP tool's arguments)."""
+    check_fact_type(who, body.type, f"{where}type")
+    if body.expires_at is not None and body.expires_at <= utcnow():
+        raise ServeError("expires_at is in the past", field=f"{where}expires_at", status=422)
+    fact, old = store.add_fact(
+        who.tenant_id,
+        user,
+        type=body.type,
+        subject=fact_subject(body.subject, f"{where}subject"),
+        text=body.text,
+        importance=body.importance,
+        expires_at=body.expires_at,
+        source=who.agent,
+        visible_types=who.fact_types,
+    )
+    return FactAddedOut(fact=fact_out(fact), superseded=old)
 
 
 @router.post(
@@ -83,22 +107,7 @@ def _visible(svc: Svc, who: Who, user: str, fact_id: str) -> Fact:
 def remember(user_id: UserId, body: FactIn, svc: Svc, who: Who) -> FactAddedOut:
     """Remember a fact. A live fact with the same subject is superseded (kept as history,
     never returned again); the response lists those."""
-    _check_type(who, body.type, "body.type")
-    expires = body.expires_at
-    if expires is not None and expires <= utcnow():
-        raise ServeError("expires_at is in the past", field="body.expires_at", status=422)
-    fact, old = svc.store.add_fact(
-        who.tenant_id,
-        user_id,
-        type=body.type,
-        subject=_subject(body.subject, "body.subject"),
-        text=body.text,
-        importance=body.importance,
-        expires_at=expires,
-        source=who.agent,
-        visible_types=who.fact_types,
-    )
-    return FactAddedOut(fact=fact_out(fact), superseded=old)
+    return store_fact(svc.store, who, user_id, body, "body.")
 
 
 @router.get("/users/{user_id}/facts", response_model=FactListOut, responses=FACT_ERRORS)
@@ -120,7 +129,7 @@ def what_do_you_remember(user_id: UserId, svc: Svc, who: Who) -> FactListOut:
 @router.get("/users/{user_id}/facts/{fact_id}", response_model=FactOut, responses=FACT_ERRORS)
 @in_thread
 def get_fact(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> FactOut:
-    return fact_out(_visible(svc, who, user_id, fact_id))
+    return fact_out(visible_fact(svc.store, who, user_id, fact_id, "path.fact_id"))
 
 
 @router.patch(
@@ -131,9 +140,9 @@ def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Wh
     """Correct a fact: the result is a new version that supersedes it (history is kept)."""
     if not body.model_fields_set:
         raise ServeError("nothing to correct: send at least one field", field="body", status=422)
-    old = _visible(svc, who, user_id, fact_id)
+    old = visible_fact(svc.store, who, user_id, fact_id, "path.fact_id")
     fact_type = body.type or old.type
-    _check_type(who, fact_type, "body.type")
+    check_fact_type(who, fact_type, "body.type")
     expires = body.expires_at if "expires_at" in body.model_fields_set else old.expires_at
     if expires is not None and expires <= utcnow():
         raise ServeError("expires_at is in the past", field="body.expires_at", status=422)
@@ -141,7 +150,7 @@ def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Wh
         who.tenant_id,
         user_id,
         type=fact_type,
-        subject=_subject(body.subject, "body.subject") if body.subject else old.subject,
+        subject=fact_subject(body.subject, "body.subject") if body.subject else old.subject,
         text=body.text or old.text,
         importance=old.importance if body.importance is None else body.importance,
         expires_at=expires,
@@ -156,7 +165,7 @@ def correct(user_id: UserId, fact_id: FactId, body: FactPatch, svc: Svc, who: Wh
 @in_thread
 def forget(user_id: UserId, fact_id: FactId, svc: Svc, who: Who) -> DeletedOut:
     """Forget a fact for good: it and the versions it superseded are deleted, not hidden."""
-    _visible(svc, who, user_id, fact_id)
+    visible_fact(svc.store, who, user_id, fact_id, "path.fact_id")
     deleted = svc.store.forget_fact(who.tenant_id, user_id, fact_id, visible_types=who.fact_types)
     if not deleted:  # forgotten by a concurrent request since the check above
         raise NotFoundError(f"unknown fact {fact_id!r}", field="path.fact_id")

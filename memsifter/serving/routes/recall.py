@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from memsifter.serving.deps import Svc, UserId, Who, check_question, check_top_k, in_thread
 from memsifter.serving.errors import ServeError
 from memsifter.serving.logs import request_id_var
+from memsifter.serving.memory import RecallResult
 from memsifter.serving.routes.rank import ERRORS, parse_out, timings_out
 from memsifter.serving.routes.sessions import turn_out
 from memsifter.serving.schemas import (
@@ -29,6 +30,25 @@ router = APIRouter(prefix="/v1/users/{user_id}", tags=["recall"])
 RECALL_ERRORS: dict[int | str, dict[str, Any]] = {**ERRORS, 404: ERRORS[400]}
 
 
+def recall_hits(result: RecallResult) -> list[RecallHit]:
+    return [
+        RecallHit(
+            page_id=h.page.page.id,
+            session_id=h.page.session_id,
+            rank=h.rank,
+            score=h.score,
+            coarse_score=h.coarse_score,
+            bookmark_score=h.bookmark_score,
+            keywords=h.keywords,
+            date=h.page.page.date,
+            date_text=h.page.page.date_text,
+            n_tokens=h.page.n_tokens,
+            text=h.page.page.render(),
+        )
+        for h in result.hits
+    ]
+
+
 @router.post("/recall", response_model=RecallOut, responses=RECALL_ERRORS)
 @in_thread
 def recall(user_id: UserId, body: RecallIn, svc: Svc, who: Who) -> RecallOut:
@@ -42,22 +62,7 @@ def recall(user_id: UserId, body: RecallIn, svc: Svc, who: Who) -> RecallOut:
     )
     return RecallOut(
         ranker=result.outcome.ranker,
-        hits=[
-            RecallHit(
-                page_id=h.page.page.id,
-                session_id=h.page.session_id,
-                rank=h.rank,
-                score=h.score,
-                coarse_score=h.coarse_score,
-                bookmark_score=h.bookmark_score,
-                keywords=h.keywords,
-                date=h.page.page.date,
-                date_text=h.page.page.date_text,
-                n_tokens=h.page.n_tokens,
-                text=h.page.page.render(),
-            )
-            for h in result.hits
-        ],
+        hits=recall_hits(result),
         think=result.outcome.think,
         parse=parse_out(result.outcome),
         timings=timings_out(result.outcome),

@@ -42,7 +42,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _ingested(user: str, records: list[SessionRecord]) -> IngestOut:
+def ingest_out(user: str, records: list[SessionRecord]) -> IngestOut:
     return IngestOut(
         user_id=user,
         sessions=[
@@ -92,7 +92,7 @@ def ingest_sessions(user_id: UserId, body: IngestSessionsIn, svc: Svc, who: Who)
     check_sessions(body.sessions, svc.config.limits)
     sessions = [to_session(s) for s in body.sessions]
     records = svc.memory.ingest_sessions(who, user_id, sessions, replace=body.replace)
-    return _ingested(user_id, records)
+    return ingest_out(user_id, records)
 
 
 @router.post("/turns", response_model=IngestOut, status_code=201, responses=ERRORS)
@@ -109,7 +109,7 @@ def ingest_turns(user_id: UserId, body: IngestTurnsIn, svc: Svc, who: Who) -> In
         max_gap=timedelta(hours=body.max_gap_hours),
         topic_threshold=body.topic_threshold,
     )
-    return _ingested(user_id, records)
+    return ingest_out(user_id, records)
 
 
 @router.get("/sessions", response_model=SessionListOut, responses=ERRORS)

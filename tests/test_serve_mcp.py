@@ -1,0 +1,493 @@
+"""The memory as MCP tools, driven by the official SDK's own client over both transports:
+``memsifter mcp`` on stdio (a child process) and Streamable HTTP at ``/mcp`` on a live service
+(uvicorn on a TCP port), in both of the client's modes (``auto``: the 2026-07-28 single-exchange
+protocol; ``legacy``: the initialize handshake).
+
+Each transport round-trips every tool (remember, then recall finds the page; add_fact, facts
+lists it, forget removes it). A refused call is an ``isError`` result naming the argument, and the
+next call on the same client still works; keys and users never see each other's memory; a
+missing or wrong key is the service's JSON 401 before MCP sees the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from fastapi.testclient import TestClient
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
+from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
+
+from memsifter.serving.app import create_app
+from memsifter.serving.config import AdminSettings, ApiKeySettings, LimitSettings, ServeConfig
+from memsifter.serving.store import hash_key
+from memsifter.testing.server import live_server
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "key-mcp-acme-0123456789"
+KEY_TODO = "key-mcp-acme-todo-0123456789"  # tenant acme's todo agent: task facts only
+KEY_OTHER = "key-mcp-globex-0123456789"
+UNKNOWN_FACT = "00000000-0000-4000-8000-000000000000"
+TOOLS = {"recall", "remember", "add_fact", "facts", "forget"}
+SCRIPT = "<script>alert('x')</script> & <b>bold</b> \"quoted\""
+# Lower than the schema ceilings, so the deployment checks (check_question, check_top_k) answer.
+LIMITS = LimitSettings(max_question_chars=200, max_top_k=10, max_body_bytes=100_000)
+KEYS = [
+    ApiKeySettings(tenant="acme", key_sha256=hash_key(KEY)),
+    ApiKeySettings(
+        tenant="acme", key_sha256=hash_key(KEY_TODO), agent="todo-bot", fact_types=["task"]
+    ),
+    ApiKeySettings(tenant="globex", key_sha256=hash_key(KEY_OTHER)),
+]
+
+
+@pytest.fixture(scope="module")
+def config(serve_db: Callable[[str], str]) -> ServeConfig:
+    return ServeConfig(
+        db_url=serve_db("mcp_http"),
+        admin=AdminSettings(key_env=None),
+        api_keys=KEYS,
+        limits=LIMITS,
+    )
+
+
+@pytest.fixture(scope="module")
+def base_url(config: ServeConfig) -> Iterator[str]:
+    with live_server(config) as url:
+        yield url
+
+
+@asynccontextmanager
+async def over_http(
+    base_url: str, key: str, user: str, mode: str = "auto"
+) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {key}", "X-MemSifter-User": user}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0)) as http:
+        transport = streamable_http_client(f"{base_url}/mcp", http_client=http)
+        async with Client(transport, mode=mode) as client:
+            yield client
+
+
+def ok(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def refused(result: CallToolResult, *needles: str) -> str:
+    assert result.is_error, result.structured_content
+    text = result.content[0].text  # type: ignore[union-attr]
+    for needle in needles:
+        assert needle in text, text
+    return text
+
+
+async def round_trip(client: Client, tag: str) -> None:
+    """Every tool once: what remember stores, recall finds; what add_fact adds, facts lists
+    and forget removes."""
+    assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+    session = {
+        "id": f"{tag}-trip",
+        "date": "2024-05-01T18:00:00Z",
+        "turns": [
+            {"speaker": "user", "text": "My parrot is called Kiwi."},
+            {"speaker": "assistant", "text": f"Kiwi is a lovely name. {SCRIPT}"},
+        ],
+    }
+    stored = ok(await client.call_tool("remember", {"session": session}))
+    assert stored["sessions"][0]["session_id"] == f"{tag}-trip"
+    page = stored["sessions"][0]["page_ids"][0]
+    streamed = ok(
+        await client.call_tool(
+            "remember",
+            {
+                "turns": [{"speaker": "user", "text": "I started learning the cello."}],
+                "session_prefix": f"{tag}-stream",
+            },
+        )
+    )
+    assert streamed["sessions"][0]["session_id"].startswith(f"{tag}-stream")
+
+    found = ok(await client.call_tool("recall", {"question": "What is my parrot called?"}))
+    assert found["ranker"] == "coarse-only"
+    top = found["hits"][0]
+    assert (top["page_id"], top["session_id"], top["rank"]) == (page, f"{tag}-trip", 1)
+    assert top["date_text"] == "2024-05-01 18:00"
+    assert top["score"] > 0 and top["coarse_score"] > 0 and top["keywords"]
+    assert "Kiwi" in top["text"] and SCRIPT in top["text"]  # plain text, nothing escaped
+    assert len(found["hits"]) == 2  # both sessions, parrot first
+
+    added = ok(
+        await client.call_tool(
+            "add_fact",
+            {
+                "type": "preference",
+                "subject": "Drink",
+                "text": "Prefers green tea.",
+                "ttl_seconds": 3600,
+            },
+        )
+    )
+    fact_id = added["fact"]["fact_id"]
+    assert added["fact"]["subject"] == "drink" and added["fact"]["expires_at"] is not None
+    assert [f["fact_id"] for f in ok(await client.call_tool("facts", {}))["facts"]] == [fact_id]
+    assert ok(await client.call_tool("forget", {"fact_id": fact_id})) == {"deleted": 1}
+    assert ok(await client.call_tool("facts", {}))["facts"] == []
+
+
+async def failures_then_recovery(client: Client) -> None:
+    """Each refusal is an error result naming its argument; the client carries on."""
+    refused(await client.call_tool("forget", {"fact_id": UNKNOWN_FACT}), "fact_id", "unknown fact")
+    refused(await client.call_tool("forget", {"fact_id": "not-an-id"}), "fact_id", "not a fact id")
+    refused(
+        await client.call_tool("recall", {"question": "parrot?", "top_k": 11}),
+        "top_k",
+        "over the limit of 10",
+    )
+    refused(
+        await client.call_tool("recall", {"question": "why " * 60}), "question", "the limit is 200"
+    )
+    refused(await client.call_tool("recall", {"question": "  "}), "question", "empty")
+    refused(
+        await client.call_tool("recall", {"question": "parrot?", "topk": 3}),
+        "unknown argument topk",
+    )
+    refused(await client.call_tool("facts", {"user": "bob"}), "unknown argument user")
+    refused(await client.call_tool("remember", {}), "either turns or session")
+    refused(
+        await client.call_tool(
+            "remember",
+            {
+                "session": {"id": "x", "turns": [{"speaker": "u", "text": "hi"}]},
+                "session_prefix": "p",
+            },
+        ),
+        "session_prefix: applies to turns only",
+    )
+    refused(
+        await client.call_tool(
+            "remember", {"turns": [{"speaker": "u", "text": "hi", "mood": "happy"}]}
+        ),
+        "mood",
+    )
+    refused(
+        await client.call_tool(
+            "remember", {"session": {"id": "a/../b", "turns": [{"speaker": "u", "text": "hi"}]}}
+        ),
+        "session.id",
+    )
+    refused(
+        await client.call_tool(
+            "add_fact", {"type": "entity", "subject": "s", "text": "t", "importance": 2}
+        ),
+        "importance",
+    )
+    refused(
+        await client.call_tool("add_fact", {"type": "mood", "subject": "s", "text": "t"}), "type"
+    )
+    refused(
+        await client.call_tool(
+            "add_fact",
+            {"type": "task", "subject": "s", "text": "t", "expires_at": "2001-01-01T00:00:00Z"},
+        ),
+        "expires_at is in the past",
+    )
+    refused(
+        await client.call_tool(
+            "add_fact", {"type": "task", "subject": "s", "text": "t", "ttl_seconds": -1}
+        ),
+        "ttl_seconds",
+    )
+    found = ok(await client.call_tool("recall", {"question": "What is my parrot called?"}))
+    assert "Kiwi" in found["hits"][0]["text"]
+
+
+# ----------------------------------------------------------------------------------------- stdio
+
+
+def _stdio_config(tmp_path: Path, db_url: str) -> Path:
+    path = tmp_path / "serve.yaml"
+    stdio_keys = (KEYS[0], KEYS[2])  # acme's full key and globex's
+    keys = "\n".join(f"  - {{tenant: {k.tenant}, key_sha256: {k.key_sha256}}}" for k in stdio_keys)
+    path.write_text(
+        f"db_url: {json.dumps(db_url)}\n"
+        "admin: {key_env: null}\n"
+        "limits: {max_question_chars: 200, max_top_k: 10}\n"
+        f"api_keys:\n{keys}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _mcp_command(config: Path, user: str, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "memsifter.cli",
+        "mcp",
+        "--user",
+        user,
+        "--config",
+        str(config),
+        *extra,
+    ]
+
+
+def test_stdio_round_trip_and_failures(tmp_path: Path, serve_db: Callable[[str], str]) -> None:
+    config = _stdio_config(tmp_path, serve_db("mcp_stdio"))
+    env = {**os.environ, "MEMSIFTER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
+
+    async def run() -> None:
+        command = _mcp_command(config, "stdio-alice")
+        params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=ROOT)
+        async with Client(params) as client:
+            await round_trip(client, "stdio")
+            await failures_then_recovery(client)
+
+    asyncio.run(asyncio.wait_for(run(), 240))
+
+
+def test_stdio_refuses_to_start_without_a_valid_key(
+    tmp_path: Path, serve_db: Callable[[str], str]
+) -> None:
+    config = _stdio_config(tmp_path, serve_db("mcp_stdio_refused"))
+    env = {k: v for k, v in os.environ.items() if k != "MEMSIFTER_API_KEY"}
+    cases = [
+        ({}, (), "$MEMSIFTER_API_KEY is not set"),
+        ({"MY_KEY": KEY}, (), "$MEMSIFTER_API_KEY is not set"),
+        ({"MEMSIFTER_API_KEY": "key-nobody-has"}, (), "not a valid API key"),
+        ({"MY_KEY": "key-nobody-has"}, ("--key-env", "MY_KEY"), "$MY_KEY is not a valid"),
+    ]
+    for extra_env, flags, message in cases:
+        done = subprocess.run(
+            _mcp_command(config, "alice", *flags),
+            env={**env, **extra_env, "OMP_NUM_THREADS": "1"},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert message in " ".join(done.stderr.split()), done.stderr[-2000:]
+        assert done.stdout == ""  # stdout is the protocol's
+    bad_user = subprocess.run(
+        _mcp_command(config, "../alice"),
+        env={**env, "MEMSIFTER_API_KEY": KEY},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert bad_user.returncode == 2 and "is not a user id" in bad_user.stderr
+
+
+# ------------------------------------------------------------------------------- Streamable HTTP
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_http_round_trip(base_url: str, mode: str) -> None:
+    async def run() -> None:
+        async with over_http(base_url, KEY, f"http-{mode}", mode) as client:
+            await round_trip(client, mode)
+            await failures_then_recovery(client)
+            # auto took the single-exchange protocol, legacy the handshake: both server paths.
+            expected = LATEST_MODERN_VERSION if mode == "auto" else LATEST_HANDSHAKE_VERSION
+            assert client.protocol_version == expected
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def test_http_refusals_are_the_service_json_errors(base_url: str) -> None:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    user = {"X-MemSifter-User": "alice"}
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        for headers, message in (
+            ({}, "missing API key"),
+            ({"Authorization": "Bearer wrong-key"}, "invalid API key"),
+            ({"Authorization": f"Basic {KEY}"}, "missing API key"),
+        ):
+            r = http.post("/mcp", json=init, headers={**accept, **user, **headers})
+            assert r.status_code == 401, r.text
+            assert r.headers["www-authenticate"] == "Bearer" and r.headers["x-request-id"]
+            error = r.json()["error"]
+            assert error["type"] == "unauthorized" and message in error["message"]
+            assert error["fields"][0]["field"] == "header.Authorization"
+
+        auth = {"Authorization": f"Bearer {KEY}"}
+        for headers, message in (
+            ({}, "missing user"),
+            ({"X-MemSifter-User": "../alice"}, "is not a user id"),
+            ({"X-MemSifter-User": "a" * 129}, "is not a user id"),
+        ):
+            r = http.post("/mcp", json=init, headers={**accept, **auth, **headers})
+            assert r.status_code == 422, r.text
+            assert message in r.json()["error"]["message"]
+            assert r.json()["error"]["fields"][0]["field"] == "header.X-MemSifter-User"
+
+        # The service's request middleware still runs first: body limit, request id.
+        big = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "pad": "' + b"x" * 100_000 + b'"}'
+        r = http.post("/mcp", content=big, headers={**accept, **auth, **user})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "payload_too_large"
+        r = http.post(
+            "/mcp", json=init, headers={**accept, **auth, **user, "X-Request-ID": "mcp-1"}
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["x-request-id"] == "mcp-1"
+        assert r.json()["result"]["serverInfo"]["name"] == "memsifter"
+        # Stateless JSON transport: no standing SSE stream, no session to delete.
+        for method in ("GET", "DELETE"):
+            r = http.request(method, "/mcp", headers={**accept, **auth, **user})
+            assert r.status_code == 405, r.text
+
+        # /mcp is no part of the OpenAPI schema, and the routes still are.
+        r = http.get("/openapi.json")
+        assert r.status_code == 200
+        paths = r.json()["paths"]
+        assert not [p for p in paths if p.startswith("/mcp")]
+        assert "/v1/users/{user_id}/recall" in paths and "/v1/users/{user_id}/facts" in paths
+        assert http.get("/healthz").status_code == 200
+
+
+def test_http_script_text_comes_back_as_plain_text(base_url: str) -> None:
+    async def run() -> None:
+        async with over_http(base_url, KEY, "script-user") as client:
+            text = f"{SCRIPT} and my locker is 4417"
+            ok(
+                await client.call_tool(
+                    "remember",
+                    {"session": {"id": "xss", "turns": [{"speaker": "user", "text": text}]}},
+                )
+            )
+            result = await client.call_tool("recall", {"question": "what is my locker number?"})
+            hit = ok(result)["hits"][0]
+            assert hit["text"] == f"user: {text}"
+            # The text block is the same JSON, with the markup as typed (no \\u003c, no &lt;).
+            block = result.content[0].text  # type: ignore[union-attr]
+            assert "<script>alert('x')</script> & <b>bold</b>" in block
+            assert "&lt;" not in block and "\\u003c" not in block
+            assert json.loads(block)["hits"][0]["text"] == hit["text"]
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def test_http_isolation_between_users_tenants_and_agents(base_url: str) -> None:
+    async def run() -> None:
+        async with (
+            over_http(base_url, KEY, "iso-alice") as alice,
+            over_http(base_url, KEY, "iso-bob") as bob,
+            over_http(base_url, KEY_OTHER, "iso-alice") as other_tenant,
+            over_http(base_url, KEY_TODO, "iso-alice") as todo_agent,
+        ):
+            secret = {
+                "id": "locker",
+                "turns": [{"speaker": "user", "text": "My locker code is 4417."}],
+            }
+            ok(await alice.call_tool("remember", {"session": secret}))
+            entity = ok(
+                await alice.call_tool(
+                    "add_fact", {"type": "entity", "subject": "locker", "text": "Code 4417."}
+                )
+            )["fact"]["fact_id"]
+            task = ok(
+                await alice.call_tool(
+                    "add_fact", {"type": "task", "subject": "dentist", "text": "Book the dentist."}
+                )
+            )["fact"]["fact_id"]
+
+            # Another user of the same key: nothing of alice's.
+            refused(await bob.call_tool("recall", {"question": "locker code?"}), "unknown user")
+            assert ok(await bob.call_tool("facts", {}))["facts"] == []
+            refused(await bob.call_tool("forget", {"fact_id": entity}), "unknown fact")
+            ok(
+                await bob.call_tool(
+                    "remember",
+                    {"session": {"id": "bob", "turns": [{"speaker": "user", "text": "locker 9"}]}},
+                )
+            )
+            hits = ok(await bob.call_tool("recall", {"question": "locker code?"}))["hits"]
+            assert {h["session_id"] for h in hits} == {"bob"}
+
+            # Another tenant, same user id: nothing either.
+            refused(await other_tenant.call_tool("recall", {"question": "locker?"}), "unknown user")
+            assert ok(await other_tenant.call_tool("facts", {}))["facts"] == []
+            refused(await other_tenant.call_tool("forget", {"fact_id": task}), "unknown fact")
+
+            # Same tenant and user, a key restricted to task facts: sees and writes only those.
+            listed = ok(await todo_agent.call_tool("facts", {}))["facts"]
+            assert [f["fact_id"] for f in listed] == [task]
+            refused(
+                await todo_agent.call_tool(
+                    "add_fact", {"type": "entity", "subject": "car", "text": "A red car."}
+                ),
+                "type",
+                "may not use 'entity' facts",
+            )
+            refused(await todo_agent.call_tool("forget", {"fact_id": entity}), "unknown fact")
+
+            ids = {f["fact_id"] for f in ok(await alice.call_tool("facts", {}))["facts"]}
+            assert ids == {entity, task}
+            hits = ok(await alice.call_tool("recall", {"question": "locker code?"}))["hits"]
+            assert {h["session_id"] for h in hits} == {"locker"}
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def test_mcp_runs_within_each_lifespan(config: ServeConfig) -> None:
+    """The transport's session manager can run once, so each lifespan starts its own; without
+    one, /mcp says so (503) rather than failing."""
+    app = create_app(config)
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "X-MemSifter-User": "alice",
+        "Accept": "application/json, text/event-stream",
+    }
+    ping = {"jsonrpc": "2.0", "id": 7, "method": "ping"}
+    r = TestClient(app).post("/mcp", json=ping, headers=headers)
+    assert r.status_code == 503 and "not running" in r.json()["error"]["message"]
+    for _ in range(2):
+        with TestClient(app) as client:
+            r = client.post("/mcp", json=ping, headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.json() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+
+
+def test_http_rate_limit_is_the_service_429(config: ServeConfig) -> None:
+    """The endpoint authenticates with the routes' dependency, so a tenant's rate limit counts
+    /mcp requests too."""
+    limited = replace(config, limits=replace(LIMITS, rate_per_s=0.001, burst=1))
+    headers = {
+        "Authorization": f"Bearer {KEY_OTHER}",
+        "X-MemSifter-User": "alice",
+        "Accept": "application/json, text/event-stream",
+    }
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    with TestClient(create_app(limited)) as client:
+        assert client.post("/mcp", json=ping, headers=headers).status_code == 200
+        r = client.post("/mcp", json=ping, headers=headers)
+        assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limited"
+        assert int(r.headers["retry-after"]) >= 1
