@@ -13,7 +13,7 @@
 #                                 outputs/serve/llamacpp.log), serve configs/serve/llamacpp_proxy.yaml
 #                                 (unless MEMSIFTER_SERVE_CONFIG says otherwise), stop it on exit
 # The benchmark evals stay one command each: scripts/eval_retrieval.sh (LoCoMo retrieval), and the
-# README's Evaluation section.
+# commands in docs/evaluation.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,7 +1,7 @@
 """Haystack builder for "LoCoMo 32K / 128K / 1M": pad a question's own sessions with distractor
 sessions from *other* conversations up to a token budget.
 
-How distractors are chosen and ordered (also in the README):
+How distractors are chosen and ordered (also in docs/data.md):
 
 1. The question's own sessions are always all kept, even if they alone exceed the budget.
 2. Candidate distractors are every session of every other conversation in the pool. They are
