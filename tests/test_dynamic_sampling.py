@@ -237,7 +237,7 @@ def test_padding_rows_are_masked_out_of_the_loss_and_the_token_count() -> None:
 def test_metrics_and_table_count_only_the_trained_groups() -> None:
     """A discarded round-0 group (flat, long, truncated completions) must not reach the reward
     means, the lengths or the completions table; a round-1 group that trained must."""
-    from memsifter.training.dynamic_sampling import (
+    from memsifter.training.dynamic_sampling_metrics import (
         recomputed_metrics,
         select_log_rows,
         trained_metrics,
@@ -298,7 +298,7 @@ def test_metrics_and_table_count_only_the_trained_groups() -> None:
 
 
 def test_importance_sampling_stats_cover_trained_rows_only() -> None:
-    from memsifter.training.dynamic_sampling import importance_sampling_stats
+    from memsifter.training.dynamic_sampling_metrics import importance_sampling_stats
 
     batch = {
         "completion_mask": torch.tensor([[1, 1], [1, 0], [1, 1]]),

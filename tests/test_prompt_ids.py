@@ -17,7 +17,8 @@ import pytest
 from memsifter.data.types import Ranking, Session, Turn
 from memsifter.llm.base import Generation, SamplingParams
 from memsifter.llm.openai_http import OpenAIBackend
-from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder, _turns
+from memsifter.ranker.messages import _turns
+from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
 from memsifter.ranker.proxy import Proxy
 from memsifter.ranker.spec import PromptSpec
 
@@ -127,7 +128,7 @@ def test_a_built_prompt_renders_and_tokenizes_its_frame_once(
     """``build`` budgets with the frame (the prompt without candidates) and assembles from the
     same frame: the instructions and question are rendered and tokenized once per prompt, and
     the frame's count is what counting the rendered candidate-less prompt gives."""
-    from memsifter.ranker.prompt import _messages
+    from memsifter.ranker.messages import _messages
 
     builder = PromptBuilder(tokenizer, 32768, 256)  # type: ignore[arg-type]
     sessions = [s for s in _sessions() if _turns(s)[:1].strip() and not _turns(s).startswith("<")]
@@ -158,7 +159,7 @@ def test_a_built_prompt_renders_and_tokenizes_its_frame_once(
 
 
 def test_a_question_holding_the_placeholder_is_tokenized_whole(tokenizer: Any) -> None:
-    from memsifter.ranker.prompt import _BLOCKS
+    from memsifter.ranker.prompt_ids import _BLOCKS
 
     builder = PromptBuilder(tokenizer, 32768, 256)  # type: ignore[arg-type]
     built = builder.build(f"what is {_BLOCKS}?", _sessions())

@@ -15,9 +15,9 @@ import pytest
 
 trl = pytest.importorskip("trl")
 
-from memsifter.training.dynamic_sampling import (  # noqa: E402
+from memsifter.training.dynamic_sampling import _MERGED  # noqa: E402
+from memsifter.training.dynamic_sampling_metrics import (  # noqa: E402
     _LOG_KEYS,
-    _MERGED,
     recomputed_metrics,
 )
 

@@ -26,477 +26,52 @@ handful of sessions a user) to ``locomo`` (20-30 sessions a user, thousands of q
 Users are split into train, validation and test; a world is a pure function of its config, and
 :func:`world_json` writes it byte for byte the same for the same config.
 
-The grammar is this module's: :data:`ATTRIBUTES` holds every template, :func:`parse_statements`
-is its inverse (what the working LLM reads), and :func:`parse_question` reads the questions.
+The grammar lives in :mod:`memsifter.data.gym_grammar` (:data:`ATTRIBUTES` holds every
+template, :func:`parse_statements` is its inverse, what the working LLM reads, and
+:func:`parse_question` reads the questions) and the config in :mod:`memsifter.data.gym_config`;
+this module generates, loads and describes worlds, and re-exports both.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from memsifter.config import from_dict, load_config, setting
+from memsifter.config import from_dict, load_config
 from memsifter.data.dataset import LoadReport, MemoryDataset
+from memsifter.data.gym_config import LEVELS, SIZES, GymConfig
+from memsifter.data.gym_grammar import (
+    _ACKS,
+    _CLOSERS,
+    _FILLERS,
+    _GREETINGS,
+    _SMALL_TALK,
+    ASSISTANT,
+    ATTRIBUTE_NAMES,
+    ATTRIBUTES,
+    DATE_FORMAT,
+    KNOWLEDGE,
+    NAMES,
+    QUESTION_KINDS,
+    RELATIONS,
+    UNKNOWN,
+    Attribute,
+    GymQuestion,
+    Statement,
+    parse_date,
+    parse_question,
+    parse_statements,
+)
 from memsifter.data.splits import SPLITS
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import DataError
 
 SOURCE = "gym"
-LEVELS: tuple[str, ...] = ("single", "stale", "history")
-QUESTION_KINDS: tuple[str, ...] = ("current", "earlier", "none")
-USEFUL_AT: tuple[str, ...] = ("uniform", "early", "late")
-UNKNOWN = "unknown"  # the reader's answer when nothing it sees fits the question
-ASSISTANT = "Assistant"
-DATE_FORMAT = "%d %B %Y"  # "08 May 2023": one spelling, parsed back by the reader
-
-
-@dataclass(frozen=True)
-class Attribute:
-    """One attribute's grammar. ``{value}``/``{prev}``/``{rel}`` are the slots; every template
-    is a whole sentence, and no two templates (of any attribute) can match the same sentence."""
-
-    name: str
-    values: tuple[str, ...]
-    first: str  # the first value the history states
-    change: str  # a change, naming the value before it
-    former: str  # a stale mention of a value the user no longer has
-    other: str  # someone else's value
-    current_q: str
-    earlier_q: str  # {value}: the value whose predecessor is asked
-    chitchat: tuple[str, ...]  # share the question's words, state nothing
-
-
-ATTRIBUTES: tuple[Attribute, ...] = (
-    Attribute(
-        name="home",
-        values=(
-            "Lisbon",
-            "Paris",
-            "Oslo",
-            "Berlin",
-            "Madrid",
-            "Vienna",
-            "Prague",
-            "Dublin",
-            "Warsaw",
-            "Athens",
-            "Rome",
-            "Helsinki",
-            "Zurich",
-            "Brussels",
-            "Amsterdam",
-            "Budapest",
-            "Copenhagen",
-            "Stockholm",
-            "Seville",
-            "Porto",
-            "Krakow",
-            "Munich",
-        ),
-        first="I just moved to {value}.",
-        change="I just moved from {prev} to {value}.",
-        former="I still miss {value}, where I used to live.",
-        other="My {rel} lives in {value} now.",
-        current_q="Where do I live now?",
-        earlier_q="Where did I live before {value}?",
-        chitchat=(
-            "Where do you think people live happiest now?",
-            "I read that more people live alone now. Where do they live, mostly?",
-            "Do I need a big garden where I live? People now say so.",
-        ),
-    ),
-    Attribute(
-        name="job",
-        values=(
-            "nurse",
-            "teacher",
-            "baker",
-            "pilot",
-            "lawyer",
-            "dentist",
-            "plumber",
-            "chef",
-            "designer",
-            "farmer",
-            "journalist",
-            "librarian",
-            "carpenter",
-            "pharmacist",
-            "translator",
-            "photographer",
-            "mechanic",
-            "banker",
-            "surgeon",
-            "tailor",
-        ),
-        first="I just started working as a {value}.",
-        change="I quit being a {prev} and started working as a {value}.",
-        former="I sometimes miss working as a {value}.",
-        other="My {rel} works as a {value} now.",
-        current_q="What do I work as now?",
-        earlier_q="What did I work as before I became a {value}?",
-        chitchat=(
-            "What do most people work as now? I keep wondering.",
-            "I wonder what I would work as now if I were a kid again.",
-            "What do robots work as now? The news was full of it.",
-        ),
-    ),
-    Attribute(
-        name="pet",
-        values=(
-            "dog",
-            "cat",
-            "parrot",
-            "rabbit",
-            "hamster",
-            "turtle",
-            "goldfish",
-            "ferret",
-            "lizard",
-            "canary",
-            "pony",
-            "hedgehog",
-            "gecko",
-            "snake",
-            "tortoise",
-            "cockatoo",
-        ),
-        first="I just adopted a {value}.",
-        change="I rehomed my {prev} and adopted a {value}.",
-        former="I still think about my old {value}.",
-        other="My {rel} has a {value} now.",
-        current_q="What pet do I have now?",
-        earlier_q="What pet did I have before the {value}?",
-        chitchat=(
-            "What pet do you think is the easiest to have now?",
-            "Do I have time for a pet now? What do people have, mostly?",
-            "Which pet do kids have now? It changes every year.",
-        ),
-    ),
-    Attribute(
-        name="partner",
-        values=(
-            "Sam",
-            "Alex",
-            "Jordan",
-            "Taylor",
-            "Morgan",
-            "Casey",
-            "Riley",
-            "Jamie",
-            "Quinn",
-            "Avery",
-            "Robin",
-            "Kai",
-            "Noor",
-            "Lena",
-            "Omar",
-            "Ines",
-            "Yuki",
-            "Mateo",
-        ),
-        first="I just started seeing {value}.",
-        change="I broke up with {prev} and started seeing {value}.",
-        former="I ran into {value}, who I used to date.",
-        other="My {rel} is dating {value} now.",
-        current_q="Who am I dating now?",
-        earlier_q="Who was I dating before {value}?",
-        chitchat=(
-            "Who am I to judge who people are dating now?",
-            "Dating now is all apps. Who even meets people in person?",
-            "Who do you think I should ask about dating now? Just curious.",
-        ),
-    ),
-    Attribute(
-        name="food",
-        values=(
-            "sushi",
-            "pizza",
-            "tacos",
-            "ramen",
-            "curry",
-            "paella",
-            "dumplings",
-            "lasagna",
-            "falafel",
-            "pho",
-            "risotto",
-            "burritos",
-            "pancakes",
-            "goulash",
-            "kimchi",
-            "hummus",
-        ),
-        first="Lately I cannot get enough of {value}.",
-        change="I am tired of {prev}, lately I cannot get enough of {value}.",
-        former="I used to love {value} so much.",
-        other="My {rel} says her favourite food is {value} now.",
-        current_q="What is my favourite food now?",
-        earlier_q="What was my favourite food before {value}?",
-        chitchat=(
-            "What is your favourite food now? Mine changes all the time.",
-            "Is a favourite food now just whatever is trending?",
-            "What food is everyone's favourite now? I keep seeing lists.",
-        ),
-    ),
-)
-ATTRIBUTE_NAMES: tuple[str, ...] = tuple(a.name for a in ATTRIBUTES)
-_BY_NAME = {a.name: a for a in ATTRIBUTES}
-RELATIONS: tuple[str, ...] = ("sister", "brother", "friend", "neighbour", "cousin", "mother")
-# Questions the reader answers without memory (s_0 = 1, whatever it is shown).
-KNOWLEDGE: tuple[tuple[str, str], ...] = (
-    ("How many days are in a week?", "seven"),
-    ("How many legs does a spider have?", "eight"),
-    ("What do bees make?", "honey"),
-    ("How many months are in a year?", "twelve"),
-    ("What is the opposite of hot?", "cold"),
-    ("What colour is a ripe banana?", "yellow"),
-)
-NAMES: tuple[str, ...] = (
-    "Maya",
-    "Liam",
-    "Zoe",
-    "Noah",
-    "Iris",
-    "Owen",
-    "Nina",
-    "Theo",
-    "Ada",
-    "Leo",
-    "Mila",
-    "Eli",
-)
-_GREETINGS = ("Hi!", "Hey there.", "Good morning!", "Hello again.", "Evening!")
-_ACKS = (
-    "Thanks for telling me. How do you feel about it?",
-    "Oh, I see. Tell me more whenever you like.",
-    "That is good to know. Anything else on your mind?",
-    "Interesting. How was the rest of your week?",
-)
-_FILLERS = (
-    "Pretty good, thanks for asking.",
-    "Busy week, but fine overall.",
-    "Not much else, just tired.",
-    "All good here, talk soon.",
-)
-_CLOSERS = ("Glad to hear it.", "Take care!", "Talk to you soon.", "Sounds good.")
-_SMALL_TALK = (
-    "The weather has been strange this week.",
-    "I finally finished that long book.",
-    "My phone battery keeps dying.",
-    "I went for a long walk by the river.",
-)
-
-# -- the grammar, read back ------------------------------------------------------------------
-
-_WORD = r"[A-Za-z][A-Za-z'-]*"
-
-
-def _pattern(template: str) -> re.Pattern[str]:
-    parts = re.split(r"(\{value\}|\{prev\}|\{rel\})", template)
-    out = []
-    for p in parts:
-        if p in ("{value}", "{prev}", "{rel}"):
-            out.append(f"(?P<{p[1:-1]}>{_WORD})")
-        else:
-            out.append(re.escape(p))
-    return re.compile("".join(out))
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One attribute statement read from a turn. ``subject`` is ``self`` or a relation."""
-
-    attribute: str
-    kind: str  # first | change | former | other
-    value: str
-    prev: str | None = None
-    subject: str = "self"
-
-
-_STATEMENT_PATTERNS: tuple[tuple[str, str, re.Pattern[str]], ...] = tuple(
-    (a.name, kind, _pattern(getattr(a, kind)))
-    for a in ATTRIBUTES
-    for kind in ("change", "first", "former", "other")  # change before first: its superset
-)
-
-
-def parse_statements(text: str) -> list[Statement]:
-    """Every statement the grammar finds in ``text``, in order. Text that matches no template
-    states nothing (chit-chat); this never raises."""
-    found: list[tuple[int, Statement]] = []
-    taken: list[tuple[int, int]] = []
-    for name, kind, pat in _STATEMENT_PATTERNS:
-        for m in pat.finditer(text):
-            if any(m.start() < e and s < m.end() for s, e in taken):
-                continue  # a longer template already read this span ("change" holds "first")
-            g = m.groupdict()
-            subject = g.get("rel") or "self"
-            found.append((m.start(), Statement(name, kind, g["value"], g.get("prev"), subject)))
-            taken.append((m.start(), m.end()))
-    return [s for _, s in sorted(found, key=lambda x: x[0])]
-
-
-@dataclass(frozen=True)
-class GymQuestion:
-    kind: str  # current | earlier | none
-    attribute: str | None = None
-    value: str | None = None  # earlier: the value whose predecessor is asked
-    answer: str | None = None  # none: the reader's own knowledge
-
-
-_QUESTION_PATTERNS: tuple[tuple[str, str, re.Pattern[str]], ...] = tuple(
-    (a.name, kind, _pattern(getattr(a, f"{kind}_q")))
-    for a in ATTRIBUTES
-    for kind in ("current", "earlier")
-)
-_KNOWN = dict(KNOWLEDGE)
-
-
-def parse_question(text: str) -> GymQuestion | None:
-    """The question ``text`` asks, or None when the grammar has no such question."""
-    text = text.strip()
-    if text in _KNOWN:
-        return GymQuestion("none", answer=_KNOWN[text])
-    for name, kind, pat in _QUESTION_PATTERNS:
-        m = pat.fullmatch(text)
-        if m:
-            return GymQuestion(kind, name, m.groupdict().get("value"))
-    return None
-
-
-def parse_date(text: str) -> datetime | None:
-    try:
-        return datetime.strptime(text.strip(), DATE_FORMAT)
-    except ValueError:
-        return None
-
-
-# -- the world's config ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GymConfig:
-    """Everything a world depends on. ``size`` picks a preset (:data:`SIZES`); the fields left
-    ``None`` take the preset's value."""
-
-    seed: int = setting(0, help="world seed: one seed, one world, byte for byte")
-    level: str = setting("stale", help="single | stale | history (see the module docstring)")
-    size: str = setting("small", help="preset: ci | small | medium | locomo")
-    users: int | None = setting(None, help="users in all splits (default: the preset's)")
-    attributes_per_user: int | None = setting(
-        None, help="attributes a user has, of the five (default: the preset's)"
-    )
-    filler_sessions: int | None = setting(
-        None, help="extra chit-chat or small-talk sessions a user (default: the preset's)"
-    )
-    stale_mentions: int | None = setting(
-        None, help="stale mentions per attribute, stale and history levels (default: preset's)"
-    )
-    none_questions: int | None = setting(
-        None, help="no-memory questions a user, s_0 = 1 (default: the preset's)"
-    )
-    earlier_questions: bool = setting(True, help='ask "before X" questions (stale, history)')
-    long_sessions: bool = setting(False, help="four turns a session instead of two")
-    useful_at: str = setting(
-        "uniform",
-        help="where the user's updates fall: uniform (no position habit pays), early (before "
-        "every other session) or late (each latest update after them); early and late are "
-        "worlds where a position is the answer, for CI's learning test",
-    )
-    split: tuple[float, float, float] = setting(
-        (0.6, 0.2, 0.2), help="train, validation, test fractions of the users"
-    )
-
-    def resolved(self) -> GymConfig:
-        """The config with the preset filled in and every value checked (named errors)."""
-        if self.level not in LEVELS:
-            raise DataError(
-                f"unknown gym level {self.level!r}; choose one of {LEVELS}", field="level"
-            )
-        if self.useful_at not in USEFUL_AT:
-            raise DataError(
-                f"unknown useful_at {self.useful_at!r}; choose one of {USEFUL_AT}",
-                field="useful_at",
-            )
-        if self.size not in SIZES:
-            raise DataError(
-                f"unknown gym size {self.size!r}; choose one of {tuple(SIZES)}", field="size"
-            )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise DataError(f"seed must be an integer >= 0, got {self.seed!r}", field="seed")
-        preset = SIZES[self.size]
-        cfg = replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
-        _check_int(cfg.users, "users", 3)
-        _check_int(cfg.attributes_per_user, "attributes_per_user", 1, len(ATTRIBUTES))
-        _check_int(cfg.filler_sessions, "filler_sessions", 0, 100)
-        _check_int(cfg.stale_mentions, "stale_mentions", 0, 10)
-        _check_int(cfg.none_questions, "none_questions", 0, 10)
-        split = tuple(cfg.split)
-        if len(split) != 3 or any(not isinstance(x, (int, float)) or x < 0 for x in split):
-            raise DataError(f"split must be three fractions >= 0, got {cfg.split!r}", field="split")
-        if abs(sum(split) - 1.0) > 1e-6 or min(split) <= 0:
-            raise DataError(
-                f"split fractions must be > 0 and sum to 1, got {cfg.split!r}", field="split"
-            )
-        if any(round(f * cfg.users) < 1 for f in split):  # type: ignore[operator]
-            raise DataError(
-                f"{cfg.users} users leave a split empty at {cfg.split!r}", field="users"
-            )
-        return replace(cfg, split=tuple(float(x) for x in split))  # type: ignore[arg-type]
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["split"] = list(d["split"])
-        return d
-
-
-def _check_int(value: Any, name: str, low: int, high: int | None = None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        bound = f">= {low}" if high is None else f"in {low}..{high}"
-        raise DataError(f"{name} must be an integer {bound}, got {value!r}", field=name)
-
-
-# Presets: sessions a user = attributes x (events per attribute) + filler.
-SIZES: dict[str, dict[str, int]] = {
-    "ci": {
-        "users": 60,
-        "attributes_per_user": 1,
-        "filler_sessions": 1,
-        "stale_mentions": 1,
-        "none_questions": 0,
-    },
-    "small": {
-        "users": 400,
-        "attributes_per_user": 2,
-        "filler_sessions": 1,
-        "stale_mentions": 1,
-        "none_questions": 1,
-    },
-    "medium": {
-        "users": 600,
-        "attributes_per_user": 3,
-        "filler_sessions": 2,
-        "stale_mentions": 2,
-        "none_questions": 1,
-    },
-    "locomo": {
-        "users": 400,
-        "attributes_per_user": 5,
-        "filler_sessions": 6,
-        "stale_mentions": 2,
-        "none_questions": 2,
-    },
-}
 
 
 # -- generation ----------------------------------------------------------------------------

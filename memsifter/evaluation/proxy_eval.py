@@ -29,7 +29,7 @@ import json
 import shlex
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,24 @@ import ir_measures
 import numpy as np
 from ir_measures import RR, R, nDCG
 
-from memsifter.coarse.hybrid import rrf
-from memsifter.errors import DataError, MemSifterError
+from memsifter.errors import MemSifterError
+from memsifter.evaluation.bootstrap import paired_bootstrap
 from memsifter.evaluation.config import N_BOOTSTRAP, ProxyEvalConfig, parse_model_option
+from memsifter.evaluation.proxy_data import EvalData, Question, load_eval_data, read_split_lists
+from memsifter.evaluation.proxy_rankers import (
+    RRF_K,
+    BackendFactory,
+    RankerRun,
+    check_model_spec,
+    coarse_run,
+    default_backend_factory,
+    fuse_order,
+    fused_run,
+    model_run,
+    saved_run,
+)
 from memsifter.ir_metrics import qrels_from_gold, rankings_to_run
-from memsifter.ranker.checkpoint import SPEC_FILE, read_spec, spec_differences, spec_file
-from memsifter.ranker.parse import parse_ranking
-from memsifter.ranker.spec import PromptSpec
+from memsifter.ranker.checkpoint import spec_differences
 
 METRICS: dict[str, Any] = {
     "ndcg@1": nDCG @ 1,
@@ -55,299 +66,6 @@ METRICS: dict[str, Any] = {
     "mrr": RR,
 }
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
-RRF_K = 60.0
-
-# (model path, batch_size, threads) -> a backend with ``generate(prompts, SamplingParams)``.
-BackendFactory = Callable[[str, int, "int | None"], Any]
-
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class Question:
-    qid: str
-    prompt: str
-    n_candidates: int
-    coarse_order: tuple[int, ...]
-    gold_positions: tuple[int, ...]
-    conversation: str = ""
-    category: str = ""
-
-
-@dataclass
-class EvalData:
-    folder: Path
-    split: str
-    spec: PromptSpec
-    questions: list[Question]  # the scored ones (gold in prompt, sampled if asked)
-    n_questions: int  # rows in the split
-    n_with_gold_in_prompt: int  # rows in the split whose prompt shows gold
-    conversations: dict[str, Any]  # split.json's lists (see read_split_lists)
-    sampled: bool = False
-
-
-def read_split_lists(folder: str | Path) -> dict[str, Any] | None:
-    """``split.json``'s conversation lists: ``{train, validation, test}`` with one source,
-    ``{source: {train, validation, test}}`` with several; None without the file."""
-    path = Path(folder) / "split.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(f"split.json is not valid JSON: {e}", file=str(path)) from e
-    sources = data.get("sources") if isinstance(data, dict) else None
-    if not isinstance(sources, dict):
-        raise DataError("split.json has no 'sources' object", file=str(path))
-    lists = {
-        name: {k: list(s[k]) for k in ("train", "validation", "test") if k in s}
-        for name, s in sources.items()
-    }
-    return next(iter(lists.values())) if len(lists) == 1 else lists
-
-
-def _question(row: Mapping[str, Any], file: str) -> Question:
-    prompt = row["prompt"]
-    if not isinstance(prompt, str):
-        raise DataError(
-            "column prompt must be the rendered prompt text; this folder has chat messages "
-            "there (an older `memsifter data rl`): rebuild it",
-            file=file,
-            record=row.get("qid"),
-            field="prompt",
-        )
-    n = int(row["n_candidates"])
-    coarse = [int(p) for p in row["coarse_order"]]
-    seen = set(coarse)
-    coarse += [p for p in range(n) if p not in seen]  # every candidate has a coarse rank
-    return Question(
-        qid=str(row["qid"]),
-        prompt=prompt,
-        n_candidates=n,
-        coarse_order=tuple(coarse),
-        gold_positions=tuple(int(p) for p in row["gold_positions"]),
-        conversation=str(row.get("conversation") or ""),
-        category=str(row.get("category") or ""),
-    )
-
-
-def load_eval_data(
-    folder: str | Path, split: str = "test", max_questions: int | None = None, seed: int = 0
-) -> EvalData:
-    """The scored questions of one split: those whose prompt shows gold, all of them or a seeded
-    sample of ``max_questions`` (kept in file order)."""
-    from memsifter.training.rl_data import load_rl_dataset
-
-    folder = Path(folder)
-    spec = read_spec(folder)
-    dataset = load_rl_dataset(folder)
-    if split not in dataset:
-        raise DataError(
-            f"no split {split!r} in {folder}; splits: {', '.join(dataset)}", field="--split"
-        )
-    rows = dataset[split]
-    scoreable = [_question(r, str(folder)) for r in rows if int(r["gold_in_prompt"]) > 0]
-    n_gold = len(scoreable)
-    sampled = max_questions is not None and max_questions < n_gold
-    if sampled:
-        rng = np.random.default_rng(seed)
-        keep = sorted(rng.choice(n_gold, size=max_questions, replace=False).tolist())
-        scoreable = [scoreable[i] for i in keep]
-    return EvalData(
-        folder=folder,
-        split=split,
-        spec=spec,
-        questions=scoreable,
-        n_questions=len(rows),
-        n_with_gold_in_prompt=n_gold,
-        conversations=read_split_lists(folder) or {},
-        sampled=sampled,
-    )
-
-
-# --------------------------------------------------------------------------- model specs
-
-
-def check_model_spec(
-    name: str, path: str, data_spec: PromptSpec, data_folder: str | Path, explicit: bool
-) -> str:
-    """Refuse a model that would be evaluated on a prompt it was not trained on. Returns how its
-    spec was settled: ``"match"`` or ``"explicit"``."""
-    own = spec_file(path)
-    if own is not None:
-        diff = spec_differences(read_spec(own.parent), data_spec)
-        if diff:
-            fields = "; ".join(f"{k}: model {m!r} vs data {d!r}" for k, (m, d) in diff.items())
-            raise MemSifterError(
-                f"model {name!r} ({own}) was trained on another prompt than the data "
-                f"({Path(data_folder) / SPEC_FILE}): {fields}"
-            )
-        return "match"
-    if not explicit:
-        raise MemSifterError(
-            f"model {name!r} ({path}) has no {SPEC_FILE}, so nothing says it was trained on "
-            f"the data's prompt ({Path(data_folder) / SPEC_FILE}); pass "
-            f"--explicit-spec {name} to evaluate it on the data's spec"
-        )
-    return "explicit"
-
-
-# --------------------------------------------------------------------------- rankers
-
-
-@dataclass
-class RankerRun:
-    """One ranker's answers, aligned with ``EvalData.questions``."""
-
-    name: str
-    kind: str  # coarse | model | fused
-    rankings: list[list[int]]
-    parsed_ok: list[bool] | None = None  # model and fused rows
-    completions: list[str] | None = None  # model rows
-    errors: list[str | None] | None = None  # model rows: parse error kinds
-    latency_ms: list[float] | None = None  # model rows, per question
-    path: str | None = None
-    spec_check: str | None = None  # match | explicit
-    load_seconds: float | None = None
-
-    @property
-    def parse_rate(self) -> float | None:
-        if self.kind != "model" or self.parsed_ok is None:
-            return None
-        return sum(self.parsed_ok) / len(self.parsed_ok) if self.parsed_ok else 0.0
-
-
-def coarse_run(data: EvalData) -> RankerRun:
-    return RankerRun(data.spec.coarse, "coarse", [list(q.coarse_order) for q in data.questions])
-
-
-def default_backend_factory(path: str, batch_size: int, threads: int | None) -> Any:
-    from memsifter import llm
-
-    spec = llm.BackendSpec(kind="transformers", model=path, batch_size=batch_size, threads=threads)
-    return llm.build_backend(spec)
-
-
-def model_run(
-    name: str,
-    path: str,
-    backend: Any,
-    data: EvalData,
-    batch_size: int = 4,
-    progress: Any = None,
-) -> RankerRun:
-    """Greedy answers (generated, or the first-token head's) on every scored prompt,
-    ``batch_size`` prompts a call, through the proxy opened on ``path`` (its spec checked
-    against the data's: :func:`check_model_spec`); latency per question is the call's wall time
-    shared by its prompts."""
-    from memsifter.ranker.proxy import Proxy, ProxyParams, RenderedPrompt
-
-    qs = data.questions
-    task = progress.add_task(name, total=len(qs)) if progress is not None else None
-    latency: list[float] = []
-
-    def heard(n: int, seconds: float) -> None:
-        latency.extend([seconds * 1000 / n] * n)
-        if progress is not None:
-            progress.advance(task, n)
-
-    proxy = Proxy.from_pretrained(
-        path,
-        backend=backend,
-        params=ProxyParams(batch_size=max(batch_size, 1)),
-        prompt=data.spec,
-    )
-    answers = proxy.answer([RenderedPrompt(q.prompt, q.n_candidates) for q in qs], heard)
-    parsed = [a.parsed for a in answers]
-    return RankerRun(
-        name,
-        "model",
-        [list(p.ids) for p in parsed],  # never completed: a failure ranks nothing
-        parsed_ok=[p.ok for p in parsed],
-        completions=[a.generation.text for a in answers],
-        errors=[p.error.value if p.error else None for p in parsed],
-        latency_ms=latency,
-    )
-
-
-def saved_run(name: str, path: str | Path, data: EvalData) -> RankerRun:
-    """A model row from a run file this command wrote earlier on the same split: every scored
-    question must be in it; each completion is parsed again and must give the ranking the file
-    records (so a hand-edited file or a changed parser is refused, not silently re-scored)."""
-    file = Path(path)
-    if not file.is_file():
-        raise DataError("saved run file not found", file=str(file))
-    records: dict[str, dict[str, Any]] = {}
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            qid, completion = str(rec["qid"]), rec["completion"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise DataError(
-                f"line {n}: not a run record with qid and completion ({e})", file=str(file)
-            ) from e
-        if not isinstance(completion, str):
-            raise DataError(f"line {n} ({qid}): a model run needs its completion", file=str(file))
-        records[qid] = rec
-    missing = [q.qid for q in data.questions if q.qid not in records]
-    if missing:
-        raise DataError(
-            f"{len(missing)} of the {len(data.questions)} scored questions are not in the run "
-            f"(first: {missing[0]}); it was made on other questions",
-            file=str(file),
-        )
-    rankings, ok, texts, errors, latency = [], [], [], [], []
-    for q in data.questions:
-        rec = records[q.qid]
-        parsed = parse_ranking(rec["completion"], q.n_candidates)
-        if "ranking" in rec and list(rec["ranking"]) != list(parsed.ids):
-            raise DataError(
-                f"{q.qid}: the recorded ranking {rec['ranking']} is not what its completion "
-                f"parses to {list(parsed.ids)}",
-                file=str(file),
-            )
-        rankings.append(list(parsed.ids))
-        ok.append(parsed.ok)
-        texts.append(rec["completion"])
-        errors.append(parsed.error.value if parsed.error else None)
-        latency.append(rec.get("latency_ms"))
-    return RankerRun(
-        name,
-        "model",
-        rankings,
-        parsed_ok=ok,
-        completions=texts,
-        errors=errors,
-        # Runs written before latency was recorded carry none: the row says so rather than 0.
-        latency_ms=None if any(x is None for x in latency) else [float(x) for x in latency],
-        path=str(file),
-        spec_check="saved run",
-    )
-
-
-def fuse_order(
-    model_ids: Sequence[int], coarse_order: Sequence[int], k: float = RRF_K
-) -> list[int]:
-    """RRF of the model's ranking with the coarse order over every candidate (the coarse order
-    lists them all); ties keep the coarse order."""
-    coarse = np.asarray(coarse_order, dtype=np.int64)
-    fused = rrf([np.asarray(model_ids, dtype=np.int64), coarse], len(coarse), k)
-    return coarse[np.argsort(-fused[coarse], kind="stable")].tolist()
-
-
-def fused_run(model: RankerRun, data: EvalData, coarse_name: str) -> RankerRun:
-    return RankerRun(
-        f"{model.name}+{coarse_name}",
-        "fused",
-        [
-            fuse_order(ids, q.coarse_order)
-            for ids, q in zip(model.rankings, data.questions, strict=True)
-        ],
-        parsed_ok=model.parsed_ok,
-    )
 
 
 # --------------------------------------------------------------------------- metrics
@@ -390,43 +108,6 @@ def summarize(run: RankerRun, values: Mapping[str, np.ndarray]) -> dict[str, Any
         row["spec"] = run.spec_check
         row["load_seconds"] = run.load_seconds
     return row
-
-
-def paired_bootstrap(
-    a: Mapping[str, np.ndarray],
-    b: Mapping[str, np.ndarray],
-    n_resamples: int = N_BOOTSTRAP,
-    seed: int = 0,
-    chunk: int = 1000,
-) -> dict[str, dict[str, Any]]:
-    """Paired bootstrap of per-question differences a − b, for every metric both have:
-    ``{metric: {"mean": d, "ci95": [lo, hi]}}``. Every metric is resampled with the same
-    question draws (seeded); the CI is numpy's 2.5 and 97.5 percentiles of the resampled means.
-    A constant difference gives exactly ``[d, d]``."""
-    names = [m for m in a if m in b]
-    if not names:
-        return {}
-    diffs = np.stack([np.asarray(a[m], float) - np.asarray(b[m], float) for m in names], axis=1)
-    n = diffs.shape[0]
-    if n == 0:
-        return {m: {"mean": None, "ci95": None} for m in names}
-    rng = np.random.default_rng(seed)
-    means = []
-    for start in range(0, n_resamples, chunk):
-        size = min(chunk, n_resamples - start)
-        # Resampling n questions with replacement = multinomial counts over the questions.
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=size)
-        means.append(counts @ diffs / n)
-    boot = np.concatenate(means)
-    out = {}
-    for j, m in enumerate(names):
-        col = diffs[:, j]
-        if np.all(col == col[0]):
-            lo = hi = float(col[0])
-        else:
-            lo, hi = (float(x) for x in np.percentile(boot[:, j], [2.5, 97.5]))
-        out[m] = {"mean": float(col.mean()), "ci95": [lo, hi]}
-    return out
 
 
 def split_pair(pair: str, names: Sequence[str], start: str | None = None) -> tuple[str, str]:

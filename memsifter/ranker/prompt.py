@@ -1,9 +1,10 @@
 """The one prompt builder for the proxy: training, evaluation and serving all build through here,
 so the model is served exactly the prompt it was trained on.
 
-``build_messages`` writes the chat messages: instructions, every candidate as ``[Session i]``
-with its date, the question with its date, and the answer format
-``<think>…</think><ranking>i, j, k</ranking>`` with 0-based ids (English or Chinese).
+``build_messages`` (from :mod:`~memsifter.ranker.messages`) writes the chat messages:
+instructions, every candidate as ``[Session i]`` with its date, the question with its date, and
+the answer format ``<think>…</think><ranking>i, j, k</ranking>`` with 0-based ids (English or
+Chinese).
 ``PromptBuilder`` renders them with the model's own chat template and makes them fit the window:
 
 * **Budget.** The prompt gets ``window_tokens - completion_tokens`` tokens. If the whole history
@@ -30,39 +31,13 @@ with its date, the question with its date, and the answer format
   ``PromptBuilder`` breaks each such occurrence with a zero-width space (``<\u200b|im_end|>``),
   which reads the same to a person and tokenizes as plain text.
 * **Token ids, exact by construction.** ``BuiltPrompt.token_ids`` are the ids the prompt is
-  counted by *and* sent as (``OpenAIBackend`` posts them as the completion's ``prompt``), so the
-  budget can never disagree with what the server sees. They are assembled, not re-tokenized:
-  the chat template is rendered once with a placeholder where the candidates go, and the prompt
-  is cut into pieces that are tokenized on their own and concatenated:
-
-      prefix (template, system, intro) | "[Session i]" | " Date: …" + turns | … | "Question: …"
-
-  Every cut but one sits in a line break followed by text (after the intro, after each page's
-  turns, after an undated label); the other sits between a label's ``]`` and the space that starts
-  its date (the probe below covers it too). Byte-level BPE merges only inside the pieces its
-  pre-tokenizer regex splits the text into, so a cut at a regex boundary changes no id, and where
-  that boundary lies is a property of the regex. Qwen2/3's regex keeps newlines with what precedes
-  them (``.\\n\\n`` is one piece), so the cut goes *after* the line break (``cut == "after"``);
-  GPT-2-style regexes (SmolLM2) split a whitespace run before its last character when text
-  follows, so the cut goes just *before* the break's last newline (``cut == "before"``). The
-  builder tries both on a probe prompt at construction (punctuation and whitespace at page ends,
-  CJK, emoji, an empty page, a turn starting with a space) and keeps the one that equals
-  tokenizing the whole (``tests/test_prompt_ids.py``: on SmolLM2's tokenizer the other cut changes
-  the ids). The page piece (its date, its turns and its share of the line breaks) depends on the
-  page alone and is cached by content fingerprint (a history is tokenized once, at ingest in the
-  recall service); labels are cached by position, so a prompt costs one render and one
-  tokenization of its frame (instructions and question), reused by every assembly with as many
-  candidates. A page whose turns begin with whitespace or an added token (which may strip its
-  left) is tokenized together with its header. A tokenizer for which neither cut holds on the
-  probe (SentencePiece adds a space at every encode), or that adds special tokens when encoding (a
-  BOS the server would add to text but not to ids), gets ``token_ids = None`` (``token_ids_off``
-  says why): the rendered text is counted and sent as before.
+  counted by *and* sent as, assembled from pieces tokenized apart rather than re-tokenized;
+  :mod:`memsifter.ranker.prompt_ids` says how, and when a tokenizer gets ``token_ids = None``.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -70,135 +45,25 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from memsifter.data.tokens import HFCounter, SessionTokenCache
-from memsifter.data.types import Query, Session, Turn
+from memsifter.data.types import Query, Session
 from memsifter.errors import PromptBudgetError
+from memsifter.ranker.messages import (
+    LANGUAGES,
+    Language,
+    _block,
+    _header,
+    _messages,
+    _text,
+    _turns,
+    build_messages,
+)
 from memsifter.ranker.parse import RANKING_OPEN, ParsedRanking
+from memsifter.ranker.prompt_ids import PageIds, PromptIdAssembly, _Frame, _NotSplittable
 
 if TYPE_CHECKING:  # importing memsifter.coarse would pull bm25s into every backend import
     from memsifter.coarse.base import CoarseFilter, Selection
 
-Language = Literal["en", "zh"]
-LANGUAGES: tuple[str, ...] = ("en", "zh")
-_EXAMPLE = "<ranking>2, 0, 5</ranking>"
-
-_TEXT: dict[str, dict[str, str]] = {
-    "en": {
-        "system": (
-            "You are a memory assistant. You read a user's past chat sessions and decide which "
-            "of them help to answer a new question."
-        ),
-        "intro": (
-            "Here are {n} past chat sessions between the user and an assistant. Each one starts "
-            "with its id, from [Session 0] to [Session {last}], and its date."
-        ),
-        "date": "Date",
-        "question_date": "Question date: {date}",
-        "question": "Question: {question}",
-        "task": (
-            "Rank the sessions by how useful they are for answering the question, most useful "
-            "first. You may leave out sessions that are clearly irrelevant."
-        ),
-        "format_think": (
-            "First reason step by step inside <think> and </think>. Then write the session ids "
-            "(numbers from 0 to {last}), separated by commas, inside <ranking> and </ranking>. "
-            "Begin your reply with <think>. Example: <think>...</think>" + _EXAMPLE
-        ),
-        "format_plain": (
-            "Write only the session ids (numbers from 0 to {last}), separated by commas, inside "
-            "<ranking> and </ranking>. Example: " + _EXAMPLE
-        ),
-        "truncated": "[… session truncated: {n} tokens omitted …]",
-    },
-    "zh": {
-        "system": (
-            "你是一个记忆助手。你会阅读用户过去的聊天会话，并判断其中哪些有助于回答一个新问题。"
-        ),
-        "intro": (
-            "以下是用户与助手之间的 {n} 个历史聊天会话。每个会话以编号"
-            "（从 [Session 0] 到 [Session {last}]）和日期开头。"
-        ),
-        "date": "日期",
-        "question_date": "提问日期：{date}",
-        "question": "问题：{question}",
-        "task": (
-            "请按照对回答该问题的有用程度对会话排序，最有用的排在最前面。明显无关的会话可以省略。"
-        ),
-        "format_think": (
-            "先在 <think> 和 </think> 之间逐步推理，然后在 <ranking> 和 </ranking> 之间写出"
-            "会话编号（0 到 {last} 的数字），用英文逗号分隔。回复请以 <think> 开头。"
-            "示例：<think>...</think>" + _EXAMPLE
-        ),
-        "format_plain": (
-            "只需在 <ranking> 和 </ranking> 之间写出会话编号（0 到 {last} 的数字），"
-            "用英文逗号分隔。示例：" + _EXAMPLE
-        ),
-        "truncated": "[… 会话已截断：省略了 {n} 个 token …]",
-    },
-}
-
-
-def _text(language: str) -> dict[str, str]:
-    if language not in _TEXT:
-        raise ValueError(f"unknown prompt language {language!r}; use one of {LANGUAGES}")
-    return _TEXT[language]
-
-
-def _dated(session: Session, language: str) -> str:
-    """The date part of a block's header line (`` Date: …``), or "" for an undated session."""
-    date = session.date_text or (session.date.isoformat() if session.date else None)
-    return f" {_text(language)['date']}: {date}" if date else ""
-
-
-def _label(position: int) -> str:
-    return f"[Session {position}]"
-
-
-def _header(position: int, session: Session, language: str) -> str:
-    return _label(position) + _dated(session, language)
-
-
-def _turns(session: Session) -> str:
-    return session.render(with_date=False)
-
-
-def _block(position: int, session: Session, language: str) -> str:
-    return f"{_header(position, session, language)}\n{_turns(session)}"
-
-
-def _messages(
-    question: str,
-    blocks: Sequence[str],
-    n: int,
-    question_date: str | None,
-    language: str,
-    ask_think: bool,
-) -> list[dict[str, str]]:
-    text = _text(language)
-    last = max(n - 1, 0)
-    parts = [text["intro"].format(n=n, last=last), "\n\n".join(blocks)]
-    asked = [text["question"].format(question=question)]
-    if question_date:
-        asked.insert(0, text["question_date"].format(date=question_date))
-    parts.append("\n".join(asked))
-    parts.append(text["task"])
-    parts.append(text["format_think" if ask_think else "format_plain"].format(last=last))
-    return [
-        {"role": "system", "content": text["system"]},
-        {"role": "user", "content": "\n\n".join(p for p in parts if p)},
-    ]
-
-
-def build_messages(
-    question: str,
-    sessions: Sequence[Session],
-    question_date: str | None = None,
-    language: Language = "en",
-    ask_think: bool = True,
-) -> list[dict[str, str]]:
-    """System and user messages ranking ``sessions`` in the given order: ``sessions[i]`` is
-    ``[Session i]``. No budget is applied; use ``PromptBuilder`` for that."""
-    blocks = [_block(i, s, language) for i, s in enumerate(sessions)]
-    return _messages(question, blocks, len(sessions), question_date, language, ask_think)
+__all__ = ["LANGUAGES", "BuiltPrompt", "Language", "PromptBuilder", "build_messages"]
 
 
 @dataclass(frozen=True)
@@ -215,7 +80,7 @@ class BuiltPrompt:
     coarse_order: tuple[int, ...] | None = None  # positions, coarse best first, when it ranked
     # ``text`` as the model's token ids (exactly ``tokenizer(text)`` without special tokens):
     # what n_tokens counts and what a backend that takes ids is sent. None when the tokenizer
-    # fails the builder's probe (see the module doc): backends then get ``text``.
+    # fails the builder's probe (see memsifter.ranker.prompt_ids): backends then get ``text``.
     token_ids: tuple[int, ...] | None = None
 
     @property
@@ -226,24 +91,6 @@ class BuiltPrompt:
         """Map a parsed ranking's positions back to session ids."""
         ids = ranking.ids if isinstance(ranking, ParsedRanking) else ranking
         return tuple(self.candidate_ids[i] for i in ids)
-
-
-@dataclass(frozen=True)
-class _Frame:
-    """The rendered prompt around ``n`` candidate blocks: ``prefix`` (template, system message,
-    intro; it ends with the blank line before the first block) and ``suffix`` (from the question
-    to the generation prompt), as text and as the ids of the pieces the cut makes (see the
-    module doc), so together they are the ids of the prompt without its candidates."""
-
-    n: int
-    prefix: str
-    suffix: str
-    prefix_ids: list[int]
-    suffix_ids: list[int]
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.prefix_ids) + len(self.suffix_ids)
 
 
 class _WithHeader:
@@ -259,48 +106,7 @@ class _WithHeader:
         return self.counter.count(text) + self.extra
 
 
-_BLOCKS = "\u2063MEMSIFTER-CANDIDATES\u2063"  # where the candidates go in a rendered template
-_PROBE_TEXTS = (
-    "I adopted a golden retriever named Max.",
-    "Trailing spaces and a list:   \n- one\n- two  ",
-    "我的猫叫小白，它很喜欢睡觉。!!",
-    "Code: `x = [1, 2]`\n\n\nend.\t",
-    "emoji 🐕‍🦺 and 123456 digits...",
-)
-
-
-class PageIds:
-    """Token ids of each page's prompt piece (its turns and the line break after them; see the
-    module doc), keyed by content fingerprint and bounded like :class:`SessionTokenCache`
-    (``max_size``, least recently used out first). ``piece`` is the text a page is cut to."""
-
-    def __init__(self, encode: Any, piece: Any, max_size: int | None = None) -> None:
-        self._encode = encode
-        self.piece = piece
-        self.max_size = max_size
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __call__(self, session: Session) -> tuple[int, ...]:
-        key = session.fingerprint
-        with self._lock:  # request threads share it; an eviction must not race a hit's move
-            ids = self._cache.get(key)
-            if ids is not None:
-                if self.max_size is not None:
-                    self._cache.move_to_end(key)
-                return ids
-        ids = tuple(self._encode([self.piece(session)])[0])
-        with self._lock:
-            self._cache[key] = ids
-            if self.max_size is not None and len(self._cache) > self.max_size:
-                self._cache.popitem(last=False)
-        return ids
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-
-class PromptBuilder:
+class PromptBuilder(PromptIdAssembly):
     """Builds budgeted proxy prompts for one tokenizer and window.
 
     ``thinking`` says whether the chat template has Qwen3's ``enable_thinking`` switch; ``None``
@@ -378,59 +184,12 @@ class PromptBuilder:
             for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
         )
         self._headers: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        # Where each piece ends (see the module doc): after a line break's last newline
+        # Where each piece ends (see prompt_ids' module doc): after a line break's last newline
         # ("after"), or just before it ("before"); the probe picks the one this tokenizer keeps.
         self.cut: Literal["after", "before"] = "after"
         self.page_ids = PageIds(self._encode, self._page_piece)
         self.token_ids_off: str | None = None  # why prompts are not built as ids, if they are not
         self.token_ids_off = self._check_token_ids()
-
-    def _encode(self, texts: Sequence[str], special: bool = False) -> list[list[int]]:
-        """Token ids of each text (fast path: no offsets computed), no special tokens added."""
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        fast = getattr(backend, "encode_batch_fast", None)
-        if fast is not None:
-            return [e.ids for e in fast(list(texts), add_special_tokens=special)]
-        return [list(self.tokenizer(t, add_special_tokens=special)["input_ids"]) for t in texts]
-
-    def _check_token_ids(self) -> str | None:
-        """None if prompts may be built as ids (see the module doc), else the reason not; picks
-        ``self.cut`` on the way."""
-        if self._encode(["a"], special=True) != self._encode(["a"]):
-            return "the tokenizer adds special tokens when encoding (the server would add them too)"
-        probe = [
-            Session(
-                id=f"probe-{i}",
-                turns=(Turn("user", text), Turn("assistant", text[::-1])),
-                date_text=("8 May, 2023" + " " * (i % 3)) if i % 2 else None,
-            )
-            for i, text in enumerate(_PROBE_TEXTS)
-        ]
-        probe.append(Session(id="probe-empty", turns=()))
-        probe.append(Session(id="probe-space", turns=(Turn(" lead", "x  "),)))
-        question = "What did I name my dog?  \n"
-        for cut in ("after", "before"):
-            self.cut = cut  # type: ignore[assignment]
-            try:
-                ids, text, _ = self._assemble_ids(question, probe, "9 May, 2023", cache=False)
-            except _NotSplittable as e:
-                return str(e)
-            if ids == self._encode([text])[0]:
-                return None
-        self.cut = "after"
-        return (
-            "prompt pieces tokenized apart differ from the whole prompt on a probe (cut after "
-            "or before a line break's last newline)"
-        )
-
-    def _page_piece(self, session: Session) -> str:
-        """A page's own piece: its header's date (a page keeps its date wherever it is shown,
-        so only the ``[Session i]`` label is left to the prompt), its turns and its share of
-        the line breaks around them."""
-        date, turns = _dated(session, self.language), _turns(session)
-        if self.cut == "after":  # an undated label keeps its newline: "]\n" is one Qwen piece
-            return (date + "\n" if date else "") + turns + "\n\n"
-        return date + "\n" + turns + "\n"
 
     def warm(self, session: Session) -> None:
         """Tokenize a page now (at ingest) so a query finds its count and ids cached."""
@@ -438,88 +197,6 @@ class PromptBuilder:
         self.session_tokens(session)
         if self.token_ids_off is None:
             self.page_ids(session)
-
-    def _header_ids(self, header: str) -> tuple[int, ...]:
-        ids = self._headers.get(header)
-        if ids is None:
-            ids = tuple(self._encode([header])[0])
-            self._remember_header(header, ids)
-        return ids
-
-    def _remember_header(self, header: str, ids: tuple[int, ...]) -> None:
-        self._headers[header] = ids
-        self._headers.move_to_end(header)
-        if len(self._headers) > 4096:
-            self._headers.popitem(last=False)
-
-    def _frame(
-        self, question: str, n: int, question_date: str | None, extra: Sequence[str] = ()
-    ) -> tuple[_Frame, list[list[int]]]:
-        """The prompt around ``n`` candidate blocks, and the ids of ``extra`` texts tokenized in
-        the same call (a prompt's header misses)."""
-        lang = self.language
-        messages = _messages(question, [_BLOCKS], n, question_date, lang, self.ask_think)
-        prefix, sep, suffix = self.render(messages).partition(_BLOCKS)
-        if not (sep and _BLOCKS not in suffix and prefix.endswith("\n\n")):
-            raise _NotSplittable("the chat template does not show the user message verbatim")
-        if not suffix.startswith("\n\n"):
-            raise _NotSplittable("the chat template does not show the user message verbatim")
-        before = self.cut == "before"  # pieces end before a line break's last newline
-        texts = [prefix[:-1], suffix[1:]] if before else [prefix, suffix[2:]]
-        encoded = self._encode(texts + list(extra))
-        return _Frame(n, prefix, suffix[2:], encoded[0], encoded[1]), encoded[2:]
-
-    def _assemble_ids(
-        self,
-        question: str,
-        ordered: Sequence[Session],
-        question_date: str | None,
-        cache: bool = True,
-        frame: _Frame | None = None,
-    ) -> tuple[list[int], str, list[str]]:
-        """The prompt of ``ordered`` as token ids, as text and as its candidate blocks, built
-        from cached pieces; ``frame`` is reused when it was made for as many candidates."""
-        before = self.cut == "before"
-        dates = [_dated(session, self.language) for session in ordered]
-        headers = [_label(i) + date for i, date in enumerate(dates)]
-        turns_of = [_turns(session) for session in ordered]
-        # The label part of each header (its date goes with the page's cached piece), or None.
-        keys: list[str | None] = []
-        for i, (date, turns) in enumerate(zip(dates, turns_of, strict=True)):
-            if not turns or turns[0].isspace() or turns.startswith(self._added):
-                keys.append(None)  # no clean cut between header and turns: one piece
-            elif before:
-                keys.append("\n" + _label(i))
-            else:  # an undated label keeps its newline: "]\n" is one Qwen piece
-                keys.append(_label(i) + ("" if date else "\n"))
-        # A label misses the cache only the first time its position is shown: encode misses in
-        # the same call as the frame when there is none yet (one tokenizer call per prompt).
-        missing = list(dict.fromkeys(k for k in keys if k is not None and k not in self._headers))
-        if frame is None or frame.n != len(ordered):
-            frame, encoded = self._frame(question, len(ordered), question_date, missing)
-        else:
-            encoded = self._encode(missing) if missing else []
-        for key, key_ids in zip(missing, encoded, strict=True):
-            self._remember_header(key, tuple(key_ids))
-        ids = list(frame.prefix_ids)
-        pieces = [frame.prefix]
-        blocks = []
-        for i, session in enumerate(ordered):
-            header, turns, key = headers[i], turns_of[i], keys[i]
-            if key is None:
-                block = header + "\n" + turns + "\n\n"
-                ids.extend(self._encode(["\n" + block[:-1] if before else block])[0])
-            else:
-                ids.extend(self._header_ids(key))
-                if cache:
-                    ids.extend(self.page_ids(session))
-                else:
-                    ids.extend(self._encode([self._page_piece(session)])[0])
-            blocks.append(header + "\n" + turns)
-            pieces += (blocks[-1], "\n\n")
-        ids.extend(frame.suffix_ids)
-        pieces.append(frame.suffix)
-        return ids, "".join(pieces), blocks
 
     def defang(self, text: str) -> str:
         """``text`` with every special-token string of this tokenizer broken (see module doc)."""
@@ -788,10 +465,6 @@ class PromptBuilder:
             f"and truncation marker take over {budget} tokens (window {self.window_tokens} - "
             f"completion {self.completion_tokens}; instructions and question alone: {fixed})"
         )
-
-
-class _NotSplittable(ValueError):
-    """The rendered prompt cannot be cut into independently tokenized pieces."""
 
 
 def _chronological(sessions: Sequence[Session], input_order: Sequence[str]) -> list[Session]:

@@ -28,7 +28,7 @@ from memsifter.testing.tiny_models import build_tiny_qwen3
 
 def gym_corpus() -> tuple[str, ...]:
     """Every template with every value, the fixed phrases, and the proxy prompt's text."""
-    from memsifter.ranker.prompt import _TEXT
+    from memsifter.ranker.messages import _TEXT
 
     lines: list[str] = []
     for a in ATTRIBUTES:

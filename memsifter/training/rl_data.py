@@ -1,25 +1,19 @@
 """RL data: loaded datasets -> budgeted proxy prompts -> a parquet DatasetDict for GRPO.
 
-A recipe (``configs/data/*.yaml``, :class:`RLDataConfig`) names the proxy's tokenizer and window,
-the coarse filter, and one or more sources (LoCoMo, LongMemEval, our JSONL), each with a train
-``count``. :func:`prepare_rl_data` builds every question's prompt with the shared
-:class:`~memsifter.ranker.prompt.PromptBuilder` (the coarse filter's budgeted selection included),
-so the proxy trains on exactly the prompt it is served, and writes ``train.parquet``,
-``validation.parquet``, ``test.parquet``, ``split.json``, ``prompt_spec.json`` (the
-:class:`~memsifter.ranker.spec.PromptSpec` every checkpoint trained on this data carries), a
-dataset card ``README.md``, the resolved ``recipe.yaml`` and the curriculum report
-(:mod:`memsifter.training.curriculum`).
+A recipe (``configs/data/*.yaml``, :class:`RLDataConfig`, :mod:`memsifter.training.rl_recipe`)
+names the proxy's tokenizer and window, the coarse filter, and one or more sources (LoCoMo,
+LongMemEval, our JSONL), each with a train ``count``. :func:`prepare_rl_data` builds every
+question's prompt with the shared :class:`~memsifter.ranker.prompt.PromptBuilder` (the coarse
+filter's budgeted selection included), so the proxy trains on exactly the prompt it is served, and
+writes ``train.parquet``, ``validation.parquet``, ``test.parquet``, ``split.json``,
+``prompt_spec.json`` (the :class:`~memsifter.ranker.spec.PromptSpec` every checkpoint trained on
+this data carries), a dataset card ``README.md``, the resolved ``recipe.yaml`` and the curriculum
+report (:mod:`memsifter.training.curriculum`); the folder's files are
+:mod:`memsifter.training.rl_folder`.
 
-**Three splits, by conversation, never by question.** Questions about one conversation share
-its sessions; splitting them would let the proxy see held-out evidence in training. ``train``
-trains; ``validation`` chooses (checkpoints, early stopping, recipe options); ``test`` is only
-reported and never used to choose anything. A source lists ``validation_conversations`` and
-``test_conversations`` (ids or 0-based indexes; ``train_conversations`` too, else train is the
-rest), or gives ``validation_fraction`` / ``test_fraction`` for a seeded hash split, which suits
-LongMemEval, where every question has its own haystack (its "conversation" is the question id).
-The hash depends only on the seed and the conversation id, so the same question lands in the same
-split in LongMemEval S and M, and adding data never moves an old conversation. LoCoMo with no
-lists defaults to conversations 0-6 train, 7 validation, 8-9 test.
+**Three splits, by conversation, never by question**
+(:mod:`memsifter.training.conversation_split`): ``train`` trains, ``validation`` chooses,
+``test`` is only reported and never used to choose anything.
 
 **Candidates** are whole sessions, or with ``unit: page`` pages of a few consecutive turns
 (:mod:`memsifter.data.units`; gold pages are those holding the evidence turns), so that a small
@@ -47,300 +41,52 @@ cut from the prompt are kept, with ``gold_in_prompt = 0``; their NDCG is 0. Colu
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from memsifter.config import load_config
-from memsifter.data import LOADERS, MemoryDataset, load_dataset
-from memsifter.data.locations import DEFAULT_LOCOMO
-from memsifter.data.splits import LOCOMO_TEST, LOCOMO_VALIDATION, SPLITS
+from memsifter.data import MemoryDataset, load_dataset
+from memsifter.data.splits import SPLITS
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
-from memsifter.errors import DataError, UnknownNameError
-from memsifter.ranker.checkpoint import save_spec
+from memsifter.errors import DataError
 from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
-from memsifter.ranker.spec import PromptSpec
 from memsifter.rewards.columns import reward_columns
+from memsifter.training.conversation_split import (
+    ConversationSplit,
+    conversation_of,
+    hash_fraction,
+    split_conversations,
+)
 from memsifter.training.curriculum import (
     CurriculumReport,
-    CurriculumSettings,
     Example,
     read_rankings,
     select,
-    write_report,
+)
+from memsifter.training.rl_folder import (
+    POOL_FILE,
+    RLDataResult,
+    SourceSummary,
+    load_rl_dataset,
+    render_card,
+    split_json,
+    write_rl_dataset,
+)
+from memsifter.training.rl_recipe import (
+    RLDataConfig,
+    SourceSettings,
+    load_rl_data_config,
+    parse_data_overrides,
+    with_data_paths,
 )
 
 if TYPE_CHECKING:
-    from datasets import DatasetDict, Features
+    from datasets import Features
     from rich.console import Console
 
     from memsifter.coarse.base import CoarseFilter
-
-# Datasets that split themselves when the recipe lists nothing: LoCoMo by the project's default
-# (data/splits.py), the memory gym by the user split its world records.
-OWN_SPLITS = ("locomo", "gym")
-POOL_FILE = "train_pool.parquet"  # every train row, before the curriculum's selection
-
-
-@dataclass(frozen=True)
-class SourceSettings:
-    """One dataset in the recipe. Conversations are ids or 0-based indexes in file order."""
-
-    name: str  # the row's ``source`` and the key of --data overrides; unique in the recipe
-    dataset: str = "locomo"  # loader: locomo | longmemeval | jsonl
-    path: str = DEFAULT_LOCOMO
-    count: int | None = None  # train rows kept by the curriculum; null keeps every train row
-    train_conversations: list[int | str] | None = None
-    validation_conversations: list[int | str] | None = None
-    test_conversations: list[int | str] | None = None
-    # Seeded hash split when no lists are given: the fractions held out for each role.
-    validation_fraction: float | None = None
-    test_fraction: float | None = None
-    # Keep questions without any gold session (the gym's no-memory questions, where s_0 > 0);
-    # they train nothing under R_ret, and R_ans gives them the same score for every ranking.
-    keep_without_evidence: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ValueError(f"source name must be non-empty and without '/', got {self.name!r}")
-        if self.dataset not in LOADERS:
-            raise ValueError(
-                f"source {self.name!r}: dataset must be one of {sorted(LOADERS)}, "
-                f"got {self.dataset!r}"
-            )
-        if self.count is not None and self.count < 0:
-            raise ValueError(f"source {self.name!r}: count must be >= 0, got {self.count}")
-        listed = any(
-            x is not None
-            for x in (
-                self.train_conversations,
-                self.validation_conversations,
-                self.test_conversations,
-            )
-        )
-        hashed = self.validation_fraction is not None or self.test_fraction is not None
-        if hashed:
-            if listed:
-                raise ValueError(
-                    f"source {self.name!r}: give conversation lists or fractions, not both"
-                )
-            v, t = self.validation_fraction or 0.0, self.test_fraction or 0.0
-            if not (0.0 <= v <= 1.0 and 0.0 <= t <= 1.0 and v + t <= 1.0):
-                raise ValueError(
-                    f"source {self.name!r}: validation_fraction ({v}) and test_fraction ({t}) "
-                    "must be in [0, 1] and sum to at most 1"
-                )
-        elif listed and self.test_conversations is None:
-            raise ValueError(
-                f"source {self.name!r}: list test_conversations (the split that is only "
-                "reported, never used to choose)"
-            )
-        elif not listed and self.dataset not in OWN_SPLITS:
-            raise ValueError(
-                f"source {self.name!r}: say how to split it: validation_conversations / "
-                "test_conversations, or validation_fraction / test_fraction"
-            )
-
-
-@dataclass(frozen=True)
-class RLDataConfig:
-    """A dataset recipe: the proxy's prompt (one :class:`PromptSpec`: tokenizer, window,
-    completion budget, coarse filter, language, thinking, candidate unit and order), the sources,
-    the curriculum."""
-
-    sources: list[SourceSettings] = field(default_factory=list)
-    prompt: PromptSpec = field(default_factory=PromptSpec)
-    seed: int = 0  # hash split and curriculum tie-breaks / random sampling
-    curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
-
-    def __post_init__(self) -> None:
-        if not self.sources:
-            raise ValueError("the recipe names no sources")
-        names = [s.name for s in self.sources]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"source names must be unique; repeated: {dup}")
-
-    @property
-    def budget_tokens(self) -> int:
-        return self.prompt.budget_tokens
-
-
-def load_rl_data_config(path: str | Path) -> RLDataConfig:
-    """Load a recipe; unknown keys, wrong types and refused values are errors naming the file."""
-    # memsifter.config turns a dataclass's own ValueError into a DataError naming the file.
-    return load_config(RLDataConfig, path)
-
-
-def parse_data_overrides(values: Sequence[str], cfg: RLDataConfig) -> dict[str, str]:
-    """``--data`` values: ``NAME=PATH`` per source, or a bare ``PATH`` when there is one source."""
-    out: dict[str, str] = {}
-    names = [s.name for s in cfg.sources]
-    for value in values:
-        name, sep, path = value.partition("=")
-        if not sep:
-            if len(names) != 1:
-                raise DataError(
-                    f"--data {value!r}: the recipe has {len(names)} sources ({', '.join(names)}); "
-                    "write NAME=PATH",
-                    field="--data",
-                )
-            name, path = names[0], value
-        if name not in names:
-            raise DataError(
-                f"--data {value!r}: no source named {name!r}; sources: {', '.join(names)}",
-                field="--data",
-            )
-        out[name] = path
-    return out
-
-
-def with_data_paths(cfg: RLDataConfig, paths: Mapping[str, str]) -> RLDataConfig:
-    """The recipe with some sources' ``path`` replaced (by source name)."""
-    names = {s.name for s in cfg.sources}
-    unknown = sorted(set(paths) - names)
-    if unknown:
-        raise DataError(f"no source named {unknown}; sources: {sorted(names)}", field="sources")
-    sources = [
-        dataclasses.replace(s, path=paths[s.name]) if s.name in paths else s for s in cfg.sources
-    ]
-    return dataclasses.replace(cfg, sources=sources)
-
-
-@dataclass(frozen=True)
-class ConversationSplit:
-    """Which conversations of one source went where."""
-
-    source: str
-    method: str  # listed | hash | locomo-default | dataset
-    train: tuple[str, ...]
-    validation: tuple[str, ...]
-    test: tuple[str, ...] = ()
-    unused: tuple[str, ...] = ()  # listed in no split (all three lists given)
-    fractions: dict[str, float] | None = None  # hash split: held-out fraction per role
-
-    def of(self, split: str) -> tuple[str, ...]:
-        return {"train": self.train, "validation": self.validation, "test": self.test}[split]
-
-    def assignment(self) -> dict[str, str]:
-        """Conversation id -> split, for the conversations in a split."""
-        return {c: split for split in SPLITS for c in self.of(split)}
-
-
-def _conversation(query: Query) -> str:
-    # A query without a conversation id is its own conversation.
-    return query.conversation_id or query.qid
-
-
-def _conversation_keys(dataset: MemoryDataset) -> list[str]:
-    keys = list(dataset.conversations)
-    seen = set(keys)
-    for q in dataset.queries:
-        c = _conversation(q)
-        if c not in seen:
-            keys.append(c)
-            seen.add(c)
-    return keys
-
-
-def _resolve(raw: Sequence[int | str], keys: list[str], source: str, key: str) -> list[str]:
-    out = []
-    known = set(keys)
-    for item in raw:
-        text = str(item)
-        if text in known:
-            out.append(text)
-        elif text.isdigit() and int(text) < len(keys):
-            out.append(keys[int(text)])
-        else:
-            raise UnknownNameError(
-                f"source {source!r}, {key}: unknown conversation {item!r}; known: "
-                f"{', '.join(keys[:12])}{' …' if len(keys) > 12 else ''} "
-                f"(or indexes 0..{len(keys) - 1})"
-            )
-    return list(dict.fromkeys(out))
-
-
-def hash_fraction(seed: int, conversation: str) -> float:
-    """A uniform number in [0, 1) fixed by the seed and the conversation id."""
-    digest = hashlib.sha256(f"{seed}:{conversation}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
-def split_conversations(
-    dataset: MemoryDataset, source: SourceSettings, seed: int = 0
-) -> ConversationSplit:
-    """Assign every conversation of ``dataset`` to train, validation or test (module doc)."""
-    keys = _conversation_keys(dataset)
-    if source.validation_fraction is not None or source.test_fraction is not None:
-        v, t = source.validation_fraction or 0.0, source.test_fraction or 0.0
-        where = {}
-        for k in keys:
-            h = hash_fraction(seed, k)
-            where[k] = "test" if h < t else "validation" if h < t + v else "train"
-        return ConversationSplit(
-            source=source.name,
-            method="hash",
-            train=tuple(k for k in keys if where[k] == "train"),
-            validation=tuple(k for k in keys if where[k] == "validation"),
-            test=tuple(k for k in keys if where[k] == "test"),
-            fractions={"validation": v, "test": t},
-        )
-    raw = {
-        "train": source.train_conversations,
-        "validation": source.validation_conversations,
-        "test": source.test_conversations,
-    }
-    method = "listed"
-    if all(v is None for v in raw.values()) and dataset.splits:  # the gym (see SourceSettings)
-        where = {k: dataset.splits.get(k, "unused") for k in keys}
-        return ConversationSplit(
-            source=source.name,
-            method="dataset",
-            **{s: tuple(k for k in keys if where[k] == s) for s in ("train", "validation", "test")},
-            unused=tuple(k for k in keys if where[k] == "unused"),
-        )
-    if all(v is None for v in raw.values()):  # LoCoMo (see SourceSettings)
-        if len(keys) != 10:
-            raise DataError(
-                f"source {source.name!r}: the default LoCoMo split (conversations 0-6 train, 7 "
-                f"validation, 8-9 test) is for the 10 conversations of locomo10.json, but this "
-                f"file has {len(keys)}; list validation_conversations / test_conversations",
-                file=source.path,
-                field="test_conversations",
-            )
-        raw = {"train": None, "validation": list(LOCOMO_VALIDATION), "test": list(LOCOMO_TEST)}
-        method = "locomo-default"
-    lists = {
-        k: _resolve(v, keys, source.name, f"{k}_conversations") if v else [] for k, v in raw.items()
-    }
-    for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
-        both = sorted(set(lists[a]) & set(lists[b]))
-        if both:
-            raise DataError(
-                f"source {source.name!r}: conversations in both {a} and {b}: {both}",
-                field=f"{b}_conversations",
-            )
-    if raw["train"] is None:
-        held = set(lists["validation"]) | set(lists["test"])
-        lists["train"] = [k for k in keys if k not in held]
-    used = {c for v in lists.values() for c in v}
-    return ConversationSplit(
-        source=source.name,
-        method=method,
-        train=tuple(lists["train"]),
-        validation=tuple(lists["validation"]),
-        test=tuple(lists["test"]),
-        unused=tuple(k for k in keys if k not in used),
-    )
 
 
 @dataclass
@@ -386,7 +132,7 @@ def plan_sources(cfg: RLDataConfig) -> list[SourcePlan]:
         queries: dict[str, list[Query]] = {k: [] for k in SPLITS}
         dropped = dict.fromkeys(SPLITS, 0)
         for q in ds.queries:
-            where = assignment.get(_conversation(q))
+            where = assignment.get(conversation_of(q))
             if where is None:
                 continue
             if q.has_evidence or s.keep_without_evidence:
@@ -423,7 +169,7 @@ def build_row(
         **reward_columns(query, built),
         "qid": f"{source}/{query.qid}",
         "source": source,
-        "conversation": _conversation(query),
+        "conversation": conversation_of(query),
         "coarse_order": list(_coarse_order(built, query, coarse)),
         "gold_positions": gold_positions,
         # the sessions whose content alone makes the answer right, where the dataset knows them
@@ -466,26 +212,6 @@ def row_features() -> Features:
             "truncated": Value("bool"),
         }
     )
-
-
-@dataclass
-class SourceSummary:
-    source: str
-    dataset: str
-    path: str
-    split: ConversationSplit
-    counts: dict[str, dict[str, int | float]]  # split -> conversations, questions, rows, ...
-
-
-@dataclass
-class RLDataResult:
-    config: RLDataConfig
-    dataset: DatasetDict  # train (the curriculum's selection), validation, test
-    pool: Any  # Dataset: the whole train split before selection (cold-start SFT reads it)
-    sources: list[SourceSummary]
-    curriculum: CurriculumReport
-    seconds: float
-    files: list[Path] = field(default_factory=list)
 
 
 def _split_rows(rows: list[dict[str, Any]]) -> dict[str, int | float]:
@@ -582,175 +308,6 @@ def build_rl_dataset(
     return RLDataResult(cfg, dataset, pool, summaries, report, time.perf_counter() - start)
 
 
-def split_json(result: RLDataResult) -> dict[str, Any]:
-    return {
-        "seed": result.config.seed,
-        "rule": "by conversation: no conversation is in both splits",
-        "sources": {
-            s.source: {
-                "dataset": s.dataset,
-                "path": s.path,
-                "method": s.split.method,
-                "fractions": s.split.fractions,
-                "train": list(s.split.train),
-                "validation": list(s.split.validation),
-                "test": list(s.split.test),
-                "unused": list(s.split.unused),
-                "counts": s.counts,
-            }
-            for s in result.sources
-        },
-    }
-
-
-def _fmt_conversations(ids: Sequence[str], limit: int = 12) -> str:
-    if not ids:
-        return "none"
-    shown = ", ".join(f"`{c}`" for c in ids[:limit])
-    return shown + (f" … ({len(ids)} in all)" if len(ids) > limit else "")
-
-
-def render_card(result: RLDataResult) -> str:
-    """The dataset card: HF front matter (so ``datasets.load_dataset(DIR)`` finds the splits)
-    and what a reader needs to trust the data: recipe, split, drops, curriculum, schema."""
-    cfg, rep = result.config, result.curriculum
-    unit = (
-        "whole sessions"
-        if cfg.prompt.unit == "session"
-        else f"pages of {cfg.prompt.turns_per_page} turns (gold: the pages holding evidence turns)"
-    )
-    splits = [s for s in SPLITS if len(result.dataset[s])]
-    front = ["---", "configs:", "- config_name: default", "  data_files:"]
-    for s in splits:
-        front += [f"  - split: {s}", f"    path: {s}.parquet"]
-    front.append("---")
-    lines = [
-        *front,
-        "",
-        "# MemSifter RL data",
-        "",
-        f"Built by `memsifter data rl` in {result.seconds:.1f} s. Proxy prompts for "
-        f"`{cfg.prompt.model}`: window {cfg.prompt.window_tokens} tokens, completion "
-        f"{cfg.prompt.completion_tokens} (prompts at most {cfg.budget_tokens}), coarse filter "
-        f"`{cfg.prompt.coarse}`, candidates are {unit} shown in {cfg.prompt.order} order, "
-        f"language `{cfg.prompt.language}`, ask_think {cfg.prompt.ask_think}, seed {cfg.seed}. "
-        "The prompt contract is `prompt_spec.json` (every checkpoint trained on this data "
-        "carries it); the resolved recipe is `recipe.yaml`.",
-        "",
-        "## Split",
-        "",
-        "By conversation, never by question: no conversation has questions in two splits "
-        "(`split.json` lists every conversation). `train` trains, `validation` chooses "
-        "(checkpoints, early stopping, recipe options), `test` is only reported and never used "
-        "to choose anything. Questions without any gold session are "
-        "dropped; questions whose gold the coarse filter cut from the prompt are kept "
-        "(`gold_in_prompt = 0`).",
-        "",
-        "| source | split | conversations | questions | dropped (no evidence) | rows | "
-        "no gold in prompt | truncated | selected |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in result.sources:
-        for split in SPLITS:
-            c = s.counts[split]
-            sel = c.get("selected", c["rows"])
-            lines.append(
-                f"| {s.source} | {split} | {c['conversations']} | {c['questions']} | "
-                f"{c['dropped_no_evidence']} | {c['rows']} | {c['no_gold_in_prompt']} | "
-                f"{c['truncated']} | {sel} |"
-            )
-    lines.append("")
-    for s in result.sources:
-        how = {
-            "listed": "conversations listed in the recipe",
-            "locomo-default": "LoCoMo default: conversations 0-6 train, 7 validation, 8-9 test",
-            "hash": f"seeded hash of the conversation id, held-out fractions {s.split.fractions}",
-            "dataset": "the dataset's own split (the memory gym splits by user)",
-        }[s.split.method]
-        lines += [
-            f"- **{s.source}** (`{s.dataset}`, `{s.path}`): {how}.",
-            *(f"  - {split}: {_fmt_conversations(s.split.of(split))}" for split in SPLITS),
-        ]
-        if s.split.unused:
-            lines.append(f"  - unused: {_fmt_conversations(s.split.unused)}")
-    lines += [
-        "",
-        "## Curriculum",
-        "",
-        f"Strategy `{rep.strategy}`, scored by `{rep.scored_by}`: {rep.note}. "
-        f"priority = 1 − |d − τ|, τ = {rep.anchor}, d = NDCG@{rep.k} "
-        + ("on the prompt's attainable range" if rep.scale == "attainable" else "as is")
-        + "; only the train split is selected, validation and test stay whole. Details: "
-        "`curriculum.json`, `curriculum_ndcg.png`.",
-        "",
-        "| source | pool | count | selected | mean NDCG before | mean NDCG after "
-        "| coarse top-1 is gold: pool | selected |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-
-    def fmt(x: float | None) -> str:
-        return "–" if x is None else f"{x:.3f}"
-
-    for sel in rep.sources:
-        count = "all" if sel.count is None else str(sel.count)
-        lines.append(
-            f"| {sel.source} | {sel.n_pool} | {count} | {sel.n_selected} "
-            f"| {fmt(sel.ndcg_mean_before)} | {fmt(sel.ndcg_mean_after)} "
-            f"| {fmt(sel.coarse_top1_gold_before)} | {fmt(sel.coarse_top1_gold_after)} |"
-        )
-    lines += [
-        "",
-        "With candidates shown in the coarse order, the last two columns are the share of "
-        "prompts whose first shown candidate is gold: the position prior GRPO sees.",
-    ]
-    lines += [
-        "",
-        "## Columns",
-        "",
-        "`prompt` (the rendered prompt text, exactly what the proxy is fed), `prompt_messages` "
-        "(its chat messages), the reward columns `question`, `answer`, `question_date`, "
-        "`candidates` (JSON sessions in prompt order: `[Session i]` is `candidates[i]`), "
-        "`gold_ids`, `category`, `data_source`; then `qid`, `source`, `conversation`, "
-        "`coarse_order` (prompt positions, coarse best first), `gold_positions`, "
-        "`gold_in_prompt`, `n_candidates`, `prompt_tokens`, `n_dropped`, `truncated`. "
-        "See `memsifter/training/rl_data.py`.",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def write_rl_dataset(result: RLDataResult, out: str | Path) -> list[Path]:
-    """Write the parquet splits, ``split.json``, ``README.md``, ``recipe.yaml`` and the
-    curriculum report into ``out``."""
-    import datasets
-
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = []
-    bars = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # one bar per parquet file is noise in the CLI
-    try:
-        tables = [(f"{s}.parquet", result.dataset[s]) for s in SPLITS]
-        for name, table in [*tables, (POOL_FILE, result.pool)]:
-            table.to_parquet(str(out_dir / name))
-            files.append(out_dir / name)
-    finally:
-        if bars:
-            datasets.enable_progress_bars()
-    files.append(save_spec(result.config.prompt, out_dir))
-    split_path = out_dir / "split.json"
-    split_path.write_text(json.dumps(split_json(result), indent=2) + "\n", encoding="utf-8")
-    recipe = out_dir / "recipe.yaml"
-    recipe.write_text(
-        yaml.safe_dump(dataclasses.asdict(result.config), sort_keys=False), encoding="utf-8"
-    )
-    card = out_dir / "README.md"
-    card.write_text(render_card(result), encoding="utf-8")
-    files += [split_path, recipe, card, *write_report(result.curriculum, out_dir)]
-    result.files = files
-    return files
-
-
 def prepare_rl_data(
     cfg: RLDataConfig,
     out: str | Path,
@@ -764,28 +321,6 @@ def prepare_rl_data(
     result = build_rl_dataset(cfg, rankings, tokenizer=tokenizer, coarse=coarse, console=console)
     write_rl_dataset(result, out)
     return result
-
-
-def load_rl_dataset(path: str | Path, pool: bool = False) -> DatasetDict:
-    """Read a folder written by :func:`write_rl_dataset`. Unlike ``datasets.load_dataset``, it
-    accepts an empty split and writes nothing to the HF cache. ``pool=True`` gives the whole
-    train split (before the curriculum's selection) as ``train``."""
-    import pyarrow.parquet as pq
-    from datasets import Dataset, DatasetDict
-
-    folder = Path(path)
-    splits = {}
-    for split in SPLITS:
-        f = folder / f"{split}.parquet"
-        if not f.is_file():
-            raise DataError(f"missing split file {f.name}", file=str(f))
-        splits[split] = Dataset(pq.read_table(f))
-    if pool:
-        f = folder / POOL_FILE
-        if not f.is_file():
-            raise DataError(f"missing {POOL_FILE}; rebuild with `memsifter data rl`", file=str(f))
-        splits["train"] = Dataset(pq.read_table(f))
-    return DatasetDict(splits)
 
 
 def reselect_train(folder: str | Path, rankings: str | Path) -> tuple[Any, CurriculumReport]:
@@ -812,6 +347,7 @@ def reselect_train(folder: str | Path, rankings: str | Path) -> tuple[Any, Curri
 
 
 __all__ = [
+    "POOL_FILE",
     "ConversationSplit",
     "RLDataConfig",
     "RLDataResult",
