@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
+import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from memsifter.config import setting
+from memsifter.config import apply_overrides, from_dict, read_yaml, setting
 from memsifter.config_cli import Flag, config_options
 from memsifter.data.gym import GymConfig
 from memsifter.data.locations import locomo_path
@@ -21,6 +25,9 @@ from memsifter.evaluation.config import (
     RetrievalEvalConfig,
     parse_model_option,
 )
+from memsifter.serving.config import DEFAULT_CONFIG, ServeConfig
+from memsifter.training.config import TrainConfig
+from memsifter.training.rl_recipe import RLDataConfig
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -192,8 +199,15 @@ def data_gym(cfg: GymCommand) -> None:
 
 
 @data_app.command("rl")
+@config_options(
+    RLDataConfig,
+    flags={"seed": Flag(help="hash split and curriculum tie-breaks / random sampling")},
+    config_param=Annotated[Path, typer.Option("--recipe", help="configs/data/*.yaml")],
+    config_default=inspect.Parameter.empty,
+    on_error=_fail,
+)
 def data_rl(
-    recipe: Annotated[Path, typer.Option(help="dataset recipe (configs/data/*.yaml)")],
+    cfg: RLDataConfig,
     out: Annotated[Path, typer.Option(help="output folder (parquet splits, card, split.json)")],
     data: Annotated[
         list[str] | None,
@@ -215,17 +229,11 @@ def data_rl(
     from rich.table import Table
 
     from memsifter.data.splits import SPLITS
-    from memsifter.training.rl_data import (
-        load_rl_data_config,
-        parse_data_overrides,
-        plan_sources,
-        prepare_rl_data,
-        with_data_paths,
-    )
+    from memsifter.training.rl_data import parse_data_overrides as overrides
+    from memsifter.training.rl_data import plan_sources, prepare_rl_data, with_data_paths
 
     try:
-        cfg = load_rl_data_config(recipe)
-        cfg = with_data_paths(cfg, parse_data_overrides(data or [], cfg))
+        cfg = with_data_paths(cfg, overrides(data or [], cfg))
         if strategy is not None:
             curriculum = dataclasses.replace(cfg.curriculum, strategy=strategy)
             cfg = dataclasses.replace(cfg, curriculum=curriculum)
@@ -233,13 +241,8 @@ def data_rl(
             table = Table("source", "split", "conversations", "questions", "no evidence")
             for plan in plan_sources(cfg):
                 for split, c in plan.counts().items():
-                    table.add_row(
-                        plan.config.name,
-                        split,
-                        str(c["conversations"]),
-                        str(c["questions"]),
-                        str(c["dropped_no_evidence"]),
-                    )
+                    keys = ("conversations", "questions", "dropped_no_evidence")
+                    table.add_row(plan.config.name, split, *(str(c[k]) for k in keys))
             console.print(table)
             return
         result = prepare_rl_data(cfg, out, rankings, console=console)
@@ -256,14 +259,12 @@ def data_rl(
     for s in result.sources:
         for split in SPLITS:
             c = s.counts[split]
+            keys = ("conversations", "questions", "dropped_no_evidence", "rows")
+            keys += ("no_gold_in_prompt",)
             table.add_row(
                 s.source,
                 split,
-                str(c["conversations"]),
-                str(c["questions"]),
-                str(c["dropped_no_evidence"]),
-                str(c["rows"]),
-                str(c["no_gold_in_prompt"]),
+                *(str(c[k]) for k in keys),
                 f"{c['candidates_mean']:.1f}",
                 str(c.get("selected", c["rows"])),
             )
@@ -324,43 +325,50 @@ def data_rank(
         _fail(e)
 
 
+# source/overrides: the command's own record. --set edits the file, under the typed flags.
+TRAIN_FLAGS = {
+    "output_dir": Flag(help="override output_dir"),
+    "data": Flag(help="the RL data folder (`memsifter data rl --out`)"),
+    "reward": Flag(help="reward config YAML (configs/rewards/*.yaml)"),
+    "threads": Flag(help="torch CPU threads (default: torch's own)"),
+    "barrier_timeout_s": Flag(help="seconds the other processes wait at a barrier"),
+    **dict.fromkeys(("source", "overrides"), Flag(off=True)),
+}
+
+
+def _train_yaml(path: Path | None, own: Mapping[str, Any]) -> Any:
+    data, sets = read_yaml(path or ""), own["set_"] or []
+    return apply_overrides(data, sets, file=str(path)) if sets and isinstance(data, dict) else data
+
+
 @app.command("train")
+@config_options(
+    TrainConfig,
+    flags=TRAIN_FLAGS,
+    config_param=Annotated[Path, typer.Argument(help="configs/train/*.yaml")],
+    config_default=inspect.Parameter.empty,
+    load=_train_yaml,
+    on_error=_fail,
+)
 def train(
-    config: Annotated[Path, typer.Argument(help="configs/train/*.yaml")],
+    cfg: TrainConfig,
+    config: Path,
     vllm_server_host: Annotated[
-        str | None, typer.Option(help="TRL vllm-serve host for rollouts (vllm_mode server)")
+        str | None, typer.Option(help="TRL vllm-serve rollout host")
     ] = None,
-    answerer_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible working LLM for the reward")
-    ] = None,
+    answerer_url: Annotated[str | None, typer.Option(help="the reward's working LLM")] = None,
     judge_url: Annotated[
-        str | None,
-        typer.Option(
-            help="OpenAI-compatible server of the reward config's judge (sources whose task "
-            "metric is judge, e.g. LongMemEval)"
-        ),
+        str | None, typer.Option(help="OpenAI server of the reward's judge")
     ] = None,
-    output_dir: Annotated[str | None, typer.Option(help="override output_dir")] = None,
-    dry_run: Annotated[
-        bool, typer.Option(help="build and print the GRPO config, load no model")
-    ] = False,
+    dry_run: Annotated[bool, typer.Option(help="print the GRPO config, load no model")] = False,
     plan: Annotated[
-        bool,
-        typer.Option(
-            help="print the batch and the memory per GPU (weights, gradients, optimizer, "
-            "activations, logits, vLLM) against the config's plan section; load no model"
-        ),
+        bool, typer.Option(help="print the batch and memory per GPU vs the plan; load no model")
     ] = False,
     vllm_args: Annotated[
-        bool,
-        typer.Option(
-            help="print, one per line, the rollout server's arguments for this config's policy "
-            "(model, --max-model-len, --hf-overrides rope scaling); used by train_multinode.sh"
-        ),
+        bool, typer.Option(help="print the rollout server's arguments (train_multinode.sh)")
     ] = False,
     until: Annotated[
-        str | None,
-        typer.Option(help="stop after this stage: sft (the rest resumes on the next run)"),
+        str | None, typer.Option(help="stop after this stage: sft (resumable)")
     ] = None,
     set_: Annotated[
         list[str] | None,
@@ -371,12 +379,8 @@ def train(
 ) -> None:
     """Train the proxy: cold-start SFT (optional), then GRPO epochs with checkpoint averaging.
     Rerunning the same command resumes where it stopped."""
-    from memsifter.training.config import load_train_config
-
+    cfg.source, cfg.overrides = str(config), list(set_ or [])
     try:
-        cfg = load_train_config(config, set_ or [])
-        if output_dir:
-            cfg.output_dir = output_dir
         if vllm_args:
             from memsifter.training.grpo import vllm_serve_args
 
@@ -518,10 +522,15 @@ def merge(
 
 
 @app.command("serve")
+@config_options(
+    ServeConfig,
+    config_help="serve config YAML (default configs/serve/default.yaml); the flags override it",
+    load=lambda path, _own: read_yaml(path or DEFAULT_CONFIG),
+    on_error=_fail,
+)
 def serve(
-    config: Annotated[
-        Path | None, typer.Option(help="serve config YAML (default configs/serve/default.yaml)")
-    ] = None,
+    cfg: ServeConfig,
+    config: Path | None,
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8080,
     seed_sample: Annotated[
@@ -540,17 +549,22 @@ def serve(
     """Run the recall service (FastAPI; OpenAPI at /docs)."""
     from memsifter.serving.server import serve as run_server
 
+    source, copy = config or DEFAULT_CONFIG, None
     try:
+        # The server (and each --workers process) reads a file: typed flags reach it as a copy
+        # of the config with them applied; without any, the file itself, as before.
+        if cfg != from_dict(ServeConfig, read_yaml(source), file=str(source)):
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+                yaml.safe_dump(dataclasses.asdict(cfg), f, sort_keys=False)
+            config = copy = Path(f.name)
         run_server(
-            config,
-            host=host,
-            port=port,
-            sample=seed_sample,
-            log_level=log_level,
-            workers=workers,
+            config, host=host, port=port, sample=seed_sample, log_level=log_level, workers=workers
         )
     except MemSifterError as e:
         _fail(e)
+    finally:
+        if copy is not None:
+            copy.unlink(missing_ok=True)
 
 
 @app.command("mcp")

@@ -16,7 +16,14 @@ mapping (``dict | str``) the flag takes the scalar arm. Anything else (a mapping
 dataclass) has no flag; the command's help names those fields, and the YAML sets them. Where a
 command's flag predates this module and differs from the field, a :class:`Flag` keeps it: another
 name (``--retriever`` for ``retrievers``), one comma-separated value for a list
-(``--conversations 8,9``), a parser for each value (``--model NAME=PATH``).
+(``--conversations 8,9``), a parser for each value (``--model NAME=PATH``), its own help, or no
+flag at all (a field the command fills itself).
+
+A command may keep options that are no field (``serve --port``): the decorated function's own
+parameters after ``cfg``, declared as typer parameters, are passed through to it; a parameter
+named ``config`` receives the config file's path. ``config_param`` declares the config itself
+differently (``train CONFIG`` is positional, ``data rl --recipe`` required), and ``load`` reads
+it (a default file, ``--set`` overrides applied).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class Flag:
     comma: bool = False  # a list given as one comma-separated value: --conversations 8,9
     parse: Callable[[str, str], Any] | None = None  # (value, flag) -> an item of the field
     default: Any = _UNSET  # the command's default, under the --config file's value
+    help: str | None = None  # instead of the field's metadata["help"]
+    off: bool = False  # no flag: the command sets this field itself (train's source)
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,8 @@ def config_flags(
         if f.name in _RESERVED:
             raise ValueError(f"{cls.__name__}.{f.name}: the name of the command's own parameter")
         spec = flags.get(f.name, Flag())
+        if spec.off:
+            continue
         hint = hints[f.name]
         kind = (str, _is_list(hint)) if spec.parse else _flag_type(hint)
         if kind is None:
@@ -158,7 +169,7 @@ def config_flags(
         if spec.comma and not is_list:
             raise ValueError(f"{cls.__name__}.{f.name}: a comma flag needs a list field")
         default = spec.default if spec.default is not _UNSET else _field_default(f)
-        text = f.metadata.get("help", "")
+        text = spec.help if spec.help is not None else f.metadata.get("help", "")
         if spec.comma:
             text = f"comma-separated: {text}"
         elif is_list:
@@ -186,13 +197,15 @@ def build_config(
     *,
     defaults: Mapping[str, Any] | None = None,
     flags: Mapping[str, str] | None = None,
+    load: Callable[[Path | None], Any] | None = None,
 ) -> T:
     """The config a command runs: ``cls``'s defaults, the command's own ``defaults``, the YAML
-    file ``config``, then ``given`` (field -> a typed value), each over the one before."""
+    file ``config`` (read by ``load`` when given), then ``given`` (field -> a typed value), each
+    over the one before."""
     hints = typing.get_type_hints(cls)
     data: dict[str, Any] = dict(defaults or {})
-    if config is not None:
-        loaded = read_yaml(config)
+    if config is not None or load is not None:
+        loaded = load(Path(config) if config is not None else None) if load else read_yaml(config)
         if not isinstance(loaded, dict):
             raise DataError(f"expected a mapping for {cls.__name__}", file=str(config))
         data.update(loaded)
@@ -226,37 +239,60 @@ def config_options(
     flags: Mapping[str, Flag] | None = None,
     config_help: str = "YAML config: any field by name; the flags override it",
     on_error: Callable[[MemSifterError], NoReturn] | None = None,
-) -> Callable[[Callable[[T], Any]], Callable[..., Any]]:
-    """Decorate ``fn(cfg)`` into a typer command whose options are ``cls``'s fields (see the
-    module docstring); ``on_error`` gets a config that cannot be built (exit, usually)."""
+    config_param: Any = None,
+    config_default: Any = None,
+    load: Callable[[Path | None, Mapping[str, Any]], Any] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate ``fn(cfg, **own)`` into a typer command whose options are ``cls``'s fields (see
+    the module docstring) and ``fn``'s own parameters; ``on_error`` gets a config that cannot be
+    built (exit, usually). ``config_param`` (an ``Annotated`` typer type) and ``config_default``
+    (``inspect.Parameter.empty``: required) replace the ``--config`` option; ``load(path, own)``
+    reads the file's mapping instead of :func:`memsifter.config.read_yaml`."""
     options, yaml_only = config_flags(cls, flags)
     defaults = {
         name: spec.default for name, spec in (flags or {}).items() if spec.default is not _UNSET
     }
     flag_names = {o.field: o.flag for o in options}
 
-    def decorate(fn: Callable[[T], Any]) -> Callable[..., Any]:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        # The function's own options, resolved here: cli.py's annotations are strings.
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
+            for p in list(inspect.signature(fn).parameters.values())[1:]
+            if p.name != "config"
+        ]
+        clash = sorted({p.name for p in own} & ({o.field for o in options} | {"ctx"}))
+        if clash:
+            raise ValueError(f"{fn.__name__}: parameters that are also fields: {clash}")
+        wants_path = "config" in inspect.signature(fn).parameters
+
         def command(ctx: typer.Context, config: Path | None = None, **values: Any) -> Any:
+            extra = {p.name: values.pop(p.name) for p in own}
             try:
                 given = {
                     o.field: o.value(values[o.field]) for o in options if _typed(ctx, o, values)
                 }
-                cfg = build_config(cls, config, given, defaults=defaults, flags=flag_names)
+                reader = None if load is None else (lambda path: load(path, extra))
+                cfg = build_config(
+                    cls, config, given, defaults=defaults, flags=flag_names, load=reader
+                )
             except MemSifterError as e:
                 if on_error is None:
                     raise
                 on_error(e)
-            return fn(cfg)
+            return fn(cfg, **extra, **({"config": config} if wants_path else {}))
 
         params = [
             inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
             inspect.Parameter(
                 "config",
                 inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[Path | None, typer.Option(help=config_help)],
+                default=config_default,
+                annotation=config_param or Annotated[Path | None, typer.Option(help=config_help)],
             ),
             *(o.parameter() for o in options),
+            *own,
         ]
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__name__ = fn.__name__
@@ -264,7 +300,7 @@ def config_options(
         command.__module__ = fn.__module__
         doc = inspect.cleandoc(fn.__doc__ or "")
         if yaml_only:
-            doc += f"\n\nSet in the --config file only (no flag): {', '.join(yaml_only)}."
+            doc += f"\n\nSet in the config file only (no flag): {', '.join(yaml_only)}."
         command.__doc__ = doc
         return command
 

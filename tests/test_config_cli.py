@@ -94,7 +94,7 @@ def test_help_shows_each_fields_help_default_and_the_yaml_only_fields() -> None:
     for text in ("how many", "fast | slow", "--no-on", "--tags", "(repeatable)", "--spec"):
         assert text in res.output
     assert "[default: 2]" in res.output
-    assert "--config file only (no flag): extra" in res.output
+    assert "config file only (no flag): extra" in res.output
     options, yaml_only = config_flags(Toy)
     assert yaml_only == ["extra"] and [o.field for o in options][:2] == ["name", "count"]
 

@@ -27,12 +27,11 @@ import re
 import string
 from collections import Counter
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import regex
 import Stemmer
-from nltk.stem import PorterStemmer
 
 if TYPE_CHECKING:
     from memsifter.qa.judge import LLMJudge
@@ -45,13 +44,21 @@ _LOCOMO_ARTICLES = regex.compile(r"\b(a|an|the|and)\b")
 _LOCOMO_PUNCT = str.maketrans("", "", string.punctuation)
 LOCOMO_CATEGORIES = ("1", "2", "3", "4", "5")
 ADVERSARIAL_MARKERS = ("no information available", "not mentioned")
-_NLTK_PORTER = PorterStemmer()  # default mode: NLTK_EXTENSIONS, as LoCoMo's code uses
+
+
+@lru_cache(maxsize=1)
+def _nltk_porter() -> Any:
+    # Built on first use: importing nltk pulls in scipy and scikit-learn (~1.4 s), which every
+    # command that only reads a reward or data config would otherwise pay at import.
+    from nltk.stem import PorterStemmer
+
+    return PorterStemmer()  # default mode: NLTK_EXTENSIONS, as LoCoMo's code uses
 
 
 @lru_cache(maxsize=200_000)
 def _locomo_stem(word: str) -> str:
     # NLTK's stemmer is pure Python; the reward service scores the same words over and over.
-    return _NLTK_PORTER.stem(word)
+    return _nltk_porter().stem(word)
 
 
 def locomo_normalize(text: str) -> str:

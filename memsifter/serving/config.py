@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memsifter.config import from_dict, read_yaml
+from memsifter.config import from_dict, read_yaml, setting
 from memsifter.errors import DataError
 from memsifter.resources import SERVE_DEFAULT
 
@@ -219,11 +219,13 @@ class AdminSettings:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    db_url: str = "sqlite:///memsifter.db"
-    coarse: str = "bm25"  # any memsifter.coarse.build_filter spec
+    db_url: str = setting(
+        "sqlite:///memsifter.db", help="store URL ($MEMSIFTER_SERVE_DB_URL overrides it)"
+    )
+    coarse: str = setting("bm25", help="coarse filter spec: bm25, minilm, hybrid:bm25+minilm")
     # coarse: the fused coarse order (coarse filter + bookmarks) is the answer, no model runs;
     # proxy: the proxy model re-ranks the fused top candidates (the `proxy:` block).
-    ranker: str = "coarse"
+    ranker: str = setting("coarse", help="coarse | proxy (re-ranks with the proxy: block)")
     proxy: ProxySettings = field(default_factory=ProxySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     paging: PagingSettings = field(default_factory=PagingSettings)
@@ -233,18 +235,23 @@ class ServeConfig:
     admin: AdminSettings = field(default_factory=AdminSettings)
     # A key that authenticated is trusted for this long without a database lookup. A revoked
     # key is refused at once by the worker that revoked it, within this by the others. 0: off.
-    auth_cache_s: float = 1.0
+    auth_cache_s: float = setting(1.0, help="seconds a checked API key skips the store; 0: off")
     # An idle kept-alive connection is closed after this. Longer than clients keep theirs
     # (httpx: 5 s, uvicorn's own default too), so a client never sends on a connection the
     # server is closing at that moment (a reset: httpx ReadError), and a load balancer in
     # front (commonly 60 s idle) closes first.
-    keep_alive_s: float = 75.0
-    index_cache_users: int = 256  # per-user coarse indexes kept in memory (LRU)
-    token_cache_pages: int = 500_000  # pages' proxy-token counts kept in memory (LRU, ~150 B each)
-    # BM25 indexes of request-borne haystacks (/v1/rank), LRU, bounded in estimated bytes.
-    rank_cache_bytes: int = 64_000_000
-    sample_tenant: str = "demo"  # --seed-sample writes here
-    sample_key_env: str = "MEMSIFTER_DEMO_KEY"
+    keep_alive_s: float = setting(75.0, help="seconds an idle kept-alive connection stays open")
+    index_cache_users: int = setting(256, help="per-user coarse indexes kept in memory (LRU)")
+    token_cache_pages: int = setting(
+        500_000, help="pages' proxy-token counts kept in memory (LRU, ~150 B each)"
+    )
+    rank_cache_bytes: int = setting(
+        64_000_000, help="bytes of /v1/rank haystack BM25 indexes kept in memory (LRU)"
+    )
+    sample_tenant: str = setting("demo", help="the tenant --seed-sample writes to")
+    sample_key_env: str = setting(
+        "MEMSIFTER_DEMO_KEY", help="environment variable of --seed-sample's API key"
+    )
 
     def __post_init__(self) -> None:
         if self.keep_alive_s <= 0:
