@@ -16,7 +16,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, SecretStr
 
-from memsifter.integrations import service_url
+from memsifter.integrations import hit_metadata, service_url
 from memsifter.serving.client import MemSifterClient
 
 
@@ -43,17 +43,7 @@ class MemSifterRetriever(BaseRetriever):
             Document(
                 page_content=hit.text,
                 id=hit.page_id,
-                metadata={
-                    "page_id": hit.page_id,
-                    "session_id": hit.session_id,
-                    "rank": hit.rank,
-                    "score": hit.score,
-                    "coarse_score": hit.coarse_score,
-                    "bookmark_score": hit.bookmark_score,
-                    "keywords": list(hit.keywords),
-                    "date_text": hit.date_text,
-                    "ranker": out.ranker,
-                },
+                metadata=hit_metadata(hit, out.ranker),
             )
             for hit in out.hits
         ]

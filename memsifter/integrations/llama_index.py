@@ -14,7 +14,7 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from memsifter.errors import MemSifterError
-from memsifter.integrations import service_url
+from memsifter.integrations import hit_metadata, service_url
 from memsifter.serving.client import MemSifterClient
 
 
@@ -45,15 +45,7 @@ class MemSifterRetriever(BaseRetriever):
                 node=TextNode(
                     id_=hit.page_id,
                     text=hit.text,
-                    metadata={
-                        "session_id": hit.session_id,
-                        "rank": hit.rank,
-                        "coarse_score": hit.coarse_score,
-                        "bookmark_score": hit.bookmark_score,
-                        "keywords": list(hit.keywords),
-                        "date_text": hit.date_text,
-                        "ranker": out.ranker,
-                    },
+                    metadata=hit_metadata(hit, out.ranker),
                 ),
                 score=hit.score,
             )
