@@ -536,8 +536,13 @@ def main(
         f"mean R_ans {rew['mean_r_ans']['paper']:.4f} (paper) vs "
         f"{rew['mean_r_ans']['tail']:.4f} (tail). Of the {rew['groups_with_spread']} groups whose "
         f"R_ans is not constant, {rew['groups_same_order']} order their completions the same "
-        "way under both weightings; the others are groups where `tail` pays a completion for "
-        "a late hit about as much as `paper` pays another for an early one.",
+        "way under both weightings (GRPO's group-relative advantages differ in size, not sign)"
+        + (
+            "; the others are groups where `tail` pays a late hit about as much as `paper` pays "
+            "an early one."
+            if rew["groups_same_order"] < rew["groups_with_spread"]
+            else "."
+        ),
         "",
     ]
     out.write_text("\n".join(lines))
