@@ -23,21 +23,16 @@ import typer
 from bench_load import http_client, ingest_once, recall_once, seed_user
 from benchlib import (
     HERE,
-    ProxyOptions,
     Server,
+    coarse_sqlite_server,
     command_line,
     cpu_seconds,
-    create_database,
-    free_port,
     machine,
     make_question,
     make_session,
-    new_key,
     run_header,
     session_date,
     utc_now_text,
-    workspace,
-    write_config,
     write_report_files,
 )
 
@@ -72,15 +67,8 @@ def main(
     out: Annotated[Path, typer.Option()] = HERE / "bench_request_cpu.md",
 ) -> None:
     info, started = machine(), utc_now_text()
-    with workspace() as ws:
-        db = create_database("sqlite", ws)
-        write_config(ws / "serve.yaml", db.url, ProxyOptions())
-        server = Server(ws / "serve.yaml", free_port(), new_key(), ws / "server.log")
-        server.start()
-        try:
-            got = asyncio.run(measure(server, sessions, requests))
-        finally:
-            server.stop()
+    with coarse_sqlite_server() as server:
+        got = asyncio.run(measure(server, sessions, requests))
     rows = []
     for op in ("recall", "ingest"):
         cpu_s, wall_s, errors = got[op]

@@ -23,23 +23,18 @@ import typer
 from bench_load import http_client
 from benchlib import (
     HERE,
-    ProxyOptions,
     Server,
+    coarse_sqlite_server,
     command_line,
     cpu_seconds,
-    create_database,
     fmt_ms,
-    free_port,
     machine,
     make_question,
     make_session,
-    new_key,
     run_header,
     session_date,
     summarize,
     utc_now_text,
-    workspace,
-    write_config,
     write_report_files,
 )
 
@@ -109,15 +104,8 @@ def main(
     out: Annotated[Path, typer.Option()] = HERE / "bench_rerank.md",
 ) -> None:
     info, started = machine(), utc_now_text()
-    with workspace() as ws:
-        db = create_database("sqlite", ws)
-        write_config(ws / "serve.yaml", db.url, ProxyOptions())
-        server = Server(ws / "serve.yaml", free_port(), new_key(), ws / "server.log")
-        server.start()
-        try:
-            rows = asyncio.run(measure(server, [int(s) for s in sizes.split(",")], requests))
-        finally:
-            server.stop()
+    with coarse_sqlite_server() as server:
+        rows = asyncio.run(measure(server, [int(s) for s in sizes.split(",")], requests))
     result = {
         "date": started,
         "command": command_line(),

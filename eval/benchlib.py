@@ -366,6 +366,21 @@ def workspace(keep: bool = False, prefix: str = "memsifter-bench-") -> Iterator[
             shutil.rmtree(path, ignore_errors=True)
 
 
+@contextmanager
+def coarse_sqlite_server() -> Iterator[Server]:
+    """One coarse-only ``memsifter serve`` on a throwaway SQLite database, started; stopped and
+    its folder removed on exit."""
+    with workspace() as ws:
+        db = create_database("sqlite", ws)
+        write_config(ws / "serve.yaml", db.url, ProxyOptions())
+        server = Server(ws / "serve.yaml", free_port(), new_key(), ws / "server.log")
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 def new_key() -> str:
     return "msk-bench-" + uuid.uuid4().hex
 
