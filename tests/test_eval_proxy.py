@@ -321,6 +321,33 @@ def test_bootstrap_contains_true_mean_and_is_degenerate_for_constant() -> None:
     assert paired_bootstrap(a, b, n_resamples=10_000, seed=0)["ndcg@1"]["ci95"] == [lo, hi]
 
 
+def test_cluster_bootstrap_resamples_users_and_widens_for_shared_questions() -> None:
+    # 100 users x 4 questions that succeed or fail together: the per-question bootstrap
+    # treats 400 draws as independent and is about twice too narrow; the cluster bootstrap
+    # resamples the 100 users and is not.
+    rng = np.random.default_rng(3)
+    per_user = rng.normal(0.2, 0.5, 100)
+    d = np.repeat(per_user, 4)
+    users = np.repeat(np.arange(100), 4).tolist()
+    a, b = {"m": d}, {"m": np.zeros_like(d)}
+    flat = paired_bootstrap(a, b, n_resamples=4000, seed=0)["m"]
+    clus = paired_bootstrap(a, b, n_resamples=4000, seed=0, clusters=users)["m"]
+    assert flat["n_clusters"] == 400 and clus["n_clusters"] == 100 and clus["n"] == 400
+    assert clus["mean"] == pytest.approx(d.mean())
+    width = lambda v: v["ci95"][1] - v["ci95"][0]  # noqa: E731
+    se_users = per_user.std(ddof=1) / math.sqrt(100)
+    assert width(clus) == pytest.approx(2 * 1.96 * se_users, rel=0.15)
+    assert width(clus) > 1.7 * width(flat)
+    # unequal cluster sizes: the statistic stays the mean over questions
+    sizes = paired_bootstrap(
+        {"m": np.array([1.0, 1.0, 1.0, 0.0])}, {"m": np.zeros(4)}, 200, 0, clusters="aaab"
+    )["m"]
+    assert sizes["mean"] == pytest.approx(0.75) and sizes["n_clusters"] == 2
+    assert 0.0 <= sizes["ci95"][0] <= sizes["ci95"][1] <= 1.0
+    with pytest.raises(ValueError, match="3 cluster labels for 4 questions"):
+        paired_bootstrap({"m": np.ones(4)}, {"m": np.zeros(4)}, 10, 0, clusters="abc")
+
+
 def test_split_pair_with_hyphenated_names() -> None:
     names = ["bm25", "qwen3-4b", "qwen3-4b+bm25"]
     assert split_pair("qwen3-4b-bm25", names) == ("qwen3-4b", "bm25")

@@ -130,7 +130,7 @@ def test_spec_first_token_turns_thinking_off_and_the_prompt_ends_at_the_tag(
     from memsifter.ranker.prompt import PromptBuilder
 
     bare = PromptBuilder(tok, 2048, 0, coarse=None, ask_think=False, ranking_head="first_token")
-    with pytest.raises(PromptBudgetError, match="10 single-token labels"):
+    with pytest.raises(PromptBudgetError, match="10 single-token digit labels"):
         bare.build("where do I live?", many)
 
     from memsifter.llm.transformers_backend import TransformersBackend

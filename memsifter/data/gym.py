@@ -23,6 +23,11 @@ Levels, easiest first: ``single`` (one update per attribute, no stale mentions: 
 useful session), ``stale`` (one change, stale mentions of former values), ``history`` (two or
 three changes, stale mentions; older updates now give wrong answers). Sizes run from ``ci`` (a
 handful of sessions a user) to ``locomo`` (20-30 sessions a user, thousands of questions).
+Level ``read`` (:mod:`memsifter.data.gym_read`, its grammar in
+:mod:`memsifter.data.gym_read_grammar`) is where only reading pays: several attributes a user,
+distractors built from the updates' own cue words, held-out phrasings and values, two-session
+``when`` questions and a reader prior that makes s_0 > 0; :func:`generate_world` hands it to
+that module, so the older levels' random draws, and their bytes, are what they were.
 Users are split into train, validation and test; a world is a pure function of its config, and
 :func:`world_json` writes it byte for byte the same for the same config.
 
@@ -44,7 +49,7 @@ from typing import Any
 
 from memsifter.config import from_dict, load_config
 from memsifter.data.dataset import LoadReport, MemoryDataset
-from memsifter.data.gym_config import LEVELS, SIZES, GymConfig
+from memsifter.data.gym_config import ALL_LEVELS, LEVELS, READ_LEVEL, READ_SIZES, SIZES, GymConfig
 from memsifter.data.gym_grammar import (
     _ACKS,
     _CLOSERS,
@@ -67,6 +72,7 @@ from memsifter.data.gym_grammar import (
     parse_question,
     parse_statements,
 )
+from memsifter.data.gym_read import READ_CARD, read_card_rows, read_stats, read_users
 from memsifter.data.splits import SPLITS
 from memsifter.data.types import Query, Session, Turn
 from memsifter.errors import DataError
@@ -119,6 +125,8 @@ def generate_world(config: GymConfig) -> GymWorld:
     n_train = n - n_val - n_test
     splits = ["train"] * n_train + ["validation"] * n_val + ["test"] * n_test
     rng.shuffle(splits)
+    if cfg.level == READ_LEVEL:  # its own generator: the older levels' draws stay as they were
+        return GymWorld(cfg, *read_users(rng, cfg, splits))
     users: list[dict[str, Any]] = []
     sessions: list[dict[str, Any]] = []
     questions: list[dict[str, Any]] = []
@@ -343,11 +351,12 @@ def to_dataset(world: GymWorld) -> MemoryDataset:
                 meta={
                     "kind": q["kind"],
                     "attribute": q["attribute"],
-                    "useful_session_ids": (
-                        (q["useful_session_id"],) if q["useful_session_id"] else ()
-                    ),
+                    "useful_session_ids": _useful(q),
                     "split": split_of[q["user"]],
                     "level": world.config.level,
+                    # read level: whether the no-memory answer is right, and whether a string
+                    # no train user holds is involved (older levels' meta stays as it was)
+                    **{k: q[k] for k in ("s0_prior", "unseen", "anchor") if k in q},
                 },
             )
         )
@@ -356,6 +365,14 @@ def to_dataset(world: GymWorld) -> MemoryDataset:
     return MemoryDataset(
         queries=queries, conversations=conversations, report=report, splits=split_of
     )
+
+
+def _useful(q: dict[str, Any]) -> tuple[str, ...]:
+    """Every useful session of a question record: the read level's list (one or two), or the
+    older levels' single one."""
+    if "useful_session_ids" in q:
+        return tuple(q["useful_session_ids"])
+    return (q["useful_session_id"],) if q["useful_session_id"] else ()
 
 
 def load_world(path: str | Path) -> GymWorld:
@@ -411,7 +428,7 @@ def world_stats(world: GymWorld) -> dict[str, Any]:
         qs = [q for q in world.questions if split_of[q["user"]] == split]
         users = [u for u in world.users if u["split"] == split]
         memory = [q for q in qs if q["kind"] != "none"]
-        disagree = [q for q in memory if set(q["gold_session_ids"]) != {q["useful_session_id"]}]
+        disagree = [q for q in memory if set(q["gold_session_ids"]) != set(_useful(q))]
         counts = [per_user[u["id"]] for u in users]
         out[split] = {
             "users": len(users),
@@ -426,6 +443,8 @@ def world_stats(world: GymWorld) -> dict[str, Any]:
                 else 0.0
             ),
         }
+        if world.config.level == READ_LEVEL:
+            out[split].update(read_stats(qs))
     return out
 
 
@@ -461,7 +480,7 @@ with the same config:
 - Users are split into train, validation and test; sessions are dated and in date order.
 - Level `single`: one update per attribute (labels = useful). `stale`: one change and stale
   mentions of former values. `history`: two or three changes; older updates answer wrongly.
-"""
+""" + (READ_CARD + read_card_rows(stats) + "\n" if cfg.level == READ_LEVEL else "")
 
 
 def write_world(world: GymWorld, out_dir: str | Path) -> Path:
@@ -476,11 +495,14 @@ def write_world(world: GymWorld, out_dir: str | Path) -> Path:
 
 
 __all__ = [
+    "ALL_LEVELS",
     "ATTRIBUTES",
     "ATTRIBUTE_NAMES",
     "KNOWLEDGE",
     "LEVELS",
     "QUESTION_KINDS",
+    "READ_LEVEL",
+    "READ_SIZES",
     "SIZES",
     "UNKNOWN",
     "GymConfig",

@@ -296,9 +296,14 @@ def run_proxy_eval(
     values = {r.name: ranker_values(r, data) for r in runs}
     rows = {r.name: summarize(r, values[r.name]) for r in runs}
     pairs = {}
+    # Questions of one conversation share its history: resample conversations, not questions.
+    convs = [q.conversation for q in data.questions]
+    clusters = convs if all(convs) else None
     for pair in cfg.pairs:
         a, b = split_pair(pair, names, cfg.start)
-        pairs[pair] = paired_bootstrap(values[a], values[b], cfg.n_bootstrap, cfg.seed)
+        pairs[pair] = paired_bootstrap(
+            values[a], values[b], cfg.n_bootstrap, cfg.seed, clusters=clusters
+        )
     result = ProxyEvalResult(cfg, data, runs, rows, pairs, machine_line(), command_line(cfg))
     result.files = write_runs(runs, data, Path(cfg.out) / "runs")
     for path, text in (
@@ -329,13 +334,16 @@ def render_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def render_pairs(pairs: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
-    lines = ["| pair (A − B) | metric | mean difference | 95% CI |", "|---|---|---|---|"]
+    head = "| pair (A − B) | metric | mean difference | 95% CI | resampled units |"
+    lines = [head, "|---|---|---|---|---|"]
     for pair, ms in pairs.items():
         for metric, v in ms.items():
             ci = v["ci95"]
             ci_text = "–" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
             mean = "–" if v["mean"] is None else f"{v['mean']:+.3f}"
-            lines.append(f"| {pair} | {metric} | {mean} | {ci_text} |")
+            units = v.get("n_clusters")
+            unit_text = "–" if units is None else f"{units} of {v['n']} questions"
+            lines.append(f"| {pair} | {metric} | {mean} | {ci_text} | {unit_text} |")
     return "\n".join(lines) + "\n"
 
 

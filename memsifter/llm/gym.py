@@ -13,6 +13,16 @@ grammar (:func:`memsifter.data.gym.parse_statements`), and answers as a careful 
 * a no-memory question: its own knowledge, whatever memory it is shown;
 * ``unknown`` when nothing it sees fits.
 
+Questions of the ``read`` level (:mod:`memsifter.data.gym_read_grammar`, a grammar of its own
+whose questions the older grammar does not read) are answered from that grammar's statements,
+of which only the user's own ``first`` and ``change`` updates count (plans, hypotheticals,
+denials, stale mentions and other people's changes never do): ``current`` as above but, when
+no update fits, the attribute's **prior** (a popular value, so s_0 > 0 where the user's value
+is that prior); ``earlier`` as above; ``when`` ("What did I work as when I moved to Lisbon?"):
+the asked attribute's latest update dated before the anchor update, ``unknown`` unless both
+are shown. The prior applies to read-level ``current`` questions only: on the older levels'
+questions the reader answers exactly as it always did.
+
 It never raises on odd input: a prompt it cannot read, a question outside the grammar or a
 session without a readable date gives ``unknown`` (or skips the session), and each is counted in
 :attr:`GymReader.stats`. It is a pure function of the prompt text, so the reward service's
@@ -39,6 +49,14 @@ from memsifter.data.gym import (
     parse_date,
     parse_question,
     parse_statements,
+)
+from memsifter.data.gym_read_grammar import (
+    READ_BY_NAME,
+    UPDATE_KINDS,
+    ReadQuestion,
+    ReadStatement,
+    parse_read_question,
+    parse_read_statements,
 )
 from memsifter.llm.base import Generation, SamplingParams
 
@@ -99,23 +117,32 @@ class GymReader:
             return self._unknown()
         question = parse_question(m.group("question"))
         if question is None:
-            self.stats["unknown_questions"] += 1
-            return self._unknown()
+            read_question = parse_read_question(m.group("question"))
+            if read_question is None:
+                self.stats["unknown_questions"] += 1
+                return self._unknown()
+            read = self._dated(m.group("memory"), parse_read_statements)
+            answer = self.answer_read(read_question, read)
+            return answer if answer is not None else self._unknown()
         if question.kind == "none":
             return question.answer or self._unknown()
-        memory = m.group("memory")
-        dated: list[tuple[datetime, Statement]] = []
-        if memory != "(no memory)":
-            for block in _BLOCK.split(memory)[1:]:
-                dated += self._statements(block)
+        dated = self._dated(m.group("memory"), parse_statements)
         answer = self.answer(question, dated)
         return answer if answer is not None else self._unknown()
+
+    def _dated(self, memory: str, parse: Any) -> list[tuple[datetime, Any]]:
+        """The user's own statements (``parse``'s grammar) of every memory block, dated."""
+        dated: list[tuple[datetime, Any]] = []
+        if memory != "(no memory)":
+            for block in _BLOCK.split(memory)[1:]:
+                dated += self._statements(block, parse)
+        return dated
 
     def _unknown(self) -> str:
         self.stats["unknown_answers"] += 1
         return UNKNOWN
 
-    def _statements(self, block: str) -> list[tuple[datetime, Statement]]:
+    def _statements(self, block: str, parse: Any) -> list[tuple[datetime, Any]]:
         lines = block.strip("\n").split("\n")
         date = parse_date(lines[0][len("Date: ") :]) if lines[0].startswith("Date: ") else None
         if date is None:
@@ -126,8 +153,32 @@ class GymReader:
             speaker, sep, text = line.partition(": ")
             if not sep or speaker == ASSISTANT:
                 continue
-            out += [(date, s) for s in parse_statements(text) if s.subject == "self"]
+            out += [(date, s) for s in parse(text) if s.subject == "self"]
         return out
+
+    @staticmethod
+    def answer_read(q: ReadQuestion, dated: list[tuple[datetime, ReadStatement]]) -> str | None:
+        """A read-level answer from the user's own dated statements (module docstring)."""
+
+        def updates(attribute: str | None) -> list[tuple[datetime, ReadStatement]]:
+            mine = [(d, s) for d, s in dated if s.attribute == attribute and s.kind in UPDATE_KINDS]
+            return sorted(mine, key=lambda x: x[0])
+
+        asked = updates(q.attribute)
+        target = (q.value or "").lower()
+        if q.kind == "current":
+            return asked[-1][1].value if asked else READ_BY_NAME[q.attribute].prior
+        if q.kind == "earlier":
+            for _, s in asked:
+                if s.kind == "change" and s.value.lower() == target:
+                    return s.prev
+            to_target = [d for d, s in asked if s.value.lower() == target]
+            before = [s for d, s in asked if to_target and d < to_target[0]]
+            return before[-1].value if before else None
+        # when: the asked attribute's value in force at the anchor update's date
+        anchors = [d for d, s in updates(q.anchor) if s.value.lower() == target]
+        before = [s for d, s in asked if anchors and d < anchors[0]]
+        return before[-1].value if before else None
 
     @staticmethod
     def answer(question: GymQuestion, dated: list[tuple[datetime, Statement]]) -> str | None:

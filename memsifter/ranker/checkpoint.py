@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memsifter.errors import DataError, MemSifterError
-from memsifter.ranker.spec import PromptSpec
+from memsifter.ranker.spec import DEFAULT_LABELS, PromptSpec
 
 SPEC_FILE = "prompt_spec.json"
 # Settable besides the spec's own fields: the prompt budget, window - completion (the
@@ -103,7 +103,8 @@ def spec_differences(
     """The keys of ``given`` whose value ``spec`` does not have: ``{key: (spec's, given)}``.
     ``model`` only names whose tokenizer renders, and a checkpoint's folder is another name for
     the same tokenizer, so it is never compared."""
-    settings = given.to_dict() if isinstance(given, PromptSpec) else given
+    # A whole spec is compared field by field, the default labelling included (to_dict drops it).
+    settings = given.fields() if isinstance(given, PromptSpec) else given
     return {
         k: (_value(spec, k), v)
         for k, v in settings.items()
@@ -116,7 +117,7 @@ def _as_settings(given: PromptSettings, where: str) -> dict[str, Any]:
     if given is None:
         return {}
     if isinstance(given, PromptSpec):
-        return given.to_dict()
+        return given.fields()
     if isinstance(given, str | Path):
         path = Path(given).expanduser()
         if path.is_dir():
@@ -127,6 +128,7 @@ def _as_settings(given: PromptSettings, where: str) -> dict[str, Any]:
             raise PromptSpecError(f"{where}: cannot read the prompt spec {path}: {e}") from e
         if not isinstance(data, dict):
             raise PromptSpecError(f"{where}: {path} must hold an object")
+        data.setdefault("labels", DEFAULT_LABELS)  # a spec file without the key is digits
         return _as_settings(data, str(path))
     settings = {k: v for k, v in dict(given).items() if v is not None}
     unknown = sorted(set(settings) - set(PROMPT_KEYS))

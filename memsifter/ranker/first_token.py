@@ -2,10 +2,11 @@
 Plackett–Luce policy.
 
 The prompt ends right after ``<ranking>``; the logits at that one position, restricted to the
-candidates' labels (``0``, ``1``, …, each a single token of the tokenizer), are the candidates'
-scores. Sorting them is the greedy ranking (FIRST's single-token decoding); as a policy they
-define a Plackett–Luce distribution over permutations, sampled without replacement by Gumbel
-top-k. Training (the PL-GRPO trainer), validation and serving all read the head from here.
+candidates' labels (``0``, ``1``, … or ``A``, ``B``, … by the spec's ``labels``; each a single
+token of the tokenizer), are the candidates' scores. Sorting them is the greedy ranking
+(FIRST's single-token decoding); as a policy they define a Plackett–Luce distribution over
+permutations, sampled without replacement by Gumbel top-k. Training (the PL-GRPO trainer),
+validation and serving all read the head from here, at the labels of the data's spec.
 """
 
 from __future__ import annotations
@@ -14,40 +15,89 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsifter.errors import MemSifterError
+from memsifter.ranker.messages import (
+    answer_label,
+    candidate_label,
+    check_labelling,
+    labelling_size,
+)
+from memsifter.ranker.parse import RANKING_OPEN
 
 
 class RankingHeadError(MemSifterError, ValueError):
     """A tokenizer whose candidate labels are not single tokens, or a bad head request."""
 
 
-def label_token_ids(tokenizer: Any, n: int) -> list[int]:
-    """The token id of each candidate label ``0`` … ``n-1``, as it follows ``<ranking>``.
-    Refuses a tokenizer that splits a label: the head scores one position, one token a label."""
+class LabelCapacityError(RankingHeadError):
+    """More candidates than the tokenizer has single-token labels in the spec's labelling."""
+
+
+def _label_ids(tokenizer: Any, labels: str, n: int) -> tuple[list[int], str | None]:
+    """The ids of the first labels that are one token each as they follow ``<ranking>`` (the
+    position the head reads) and distinct, up to ``n``; and why the next one is not, if one
+    failed. Probed in context: a tokenizer may merge a label with the tag before it."""
+    size = labelling_size(labels)
+    n = n if size is None else min(n, size)
+    if n < 1:
+        return [], None
+    strings = [answer_label(i, labels) for i in range(n)]
+    tag = tokenizer(RANKING_OPEN, add_special_tokens=False)["input_ids"]
+    tagged = tokenizer([RANKING_OPEN + s for s in strings], add_special_tokens=False)["input_ids"]
+    ids: list[int] = []
+    for s, toks in zip(strings, tagged, strict=True):
+        if toks[: len(tag)] != tag:
+            return ids, f"merges {s!r} with the {RANKING_OPEN} before it ({toks})"
+        label = toks[len(tag) :]
+        if len(label) != 1:
+            return ids, f"splits {s!r} into {len(label)} tokens ({label})"
+        if label[0] in ids:
+            return ids, f"gives {s!r} the token of {strings[ids.index(label[0])]!r}"
+        ids.append(label[0])
+    return ids, None
+
+
+def _labels_named(labels: str, count: int) -> str:
+    kind = "digit" if labels == "digits" else "letter"
+    span = f" ({candidate_label(0, labels)}..{candidate_label(count - 1, labels)})" if count else ""
+    return f"{count} single-token {kind} labels{span}"
+
+
+def label_token_ids(tokenizer: Any, n: int, labels: str = "digits") -> list[int]:
+    """The token id of each candidate label (``labels``: ``digits`` ``0`` … ``n-1``, or
+    ``letters`` ``A`` …) as it follows ``<ranking>``. Refuses a tokenizer that cannot label
+    ``n`` candidates (:class:`LabelCapacityError`): the head scores one position, one token a
+    label."""
+    check_labelling(labels)
     if n < 1:
         raise RankingHeadError(f"the ranking head needs at least one candidate, got {n}")
-    ids: list[int] = []
-    for i in range(n):
-        toks = tokenizer(str(i), add_special_tokens=False)["input_ids"]
-        if len(toks) != 1:
-            raise RankingHeadError(
-                f"ranking_head: first_token needs every candidate label to be one token; the "
-                f"tokenizer splits {str(i)!r} into {len(toks)} tokens ({toks}); lower the "
-                "candidate count or use ranking_head: generate"
-            )
-        ids.append(toks[0])
-    if len(set(ids)) != n:
-        raise RankingHeadError("ranking_head: first_token: two candidate labels share a token")
+    ids, why = _label_ids(tokenizer, labels, n)
+    if len(ids) < n:
+        if labels == "digits":
+            more = "use labels: letters (52 single-token labels on SmolLM2 and Qwen3)"
+        elif ids:
+            more = f"lower the candidate count to {len(ids)}"
+        else:
+            more = "use labels: digits, or a tokenizer with a token for each space + letter"
+        reason = f": the tokenizer {why}" if why else ""
+        raise LabelCapacityError(
+            f"ranking_head: first_token: {n} candidates but this tokenizer has "
+            f"{_labels_named(labels, len(ids))} (labels: {labels}){reason}; {more}"
+        )
     return ids
 
 
-def label_capacity(tokenizer: Any, limit: int = 100) -> int:
-    """How many candidates the head can label on this tokenizer: the labels ``0``, ``1``, …
-    that are single tokens, counted up to the first that is not (Qwen3 and SmolLM2 split
-    numbers into digits: 10)."""
-    n = 0
-    while n < limit and len(tokenizer(str(n), add_special_tokens=False)["input_ids"]) == 1:
-        n += 1
-    return n
+def label_capacity(tokenizer: Any, labels: str = "digits", limit: int = 100) -> int:
+    """How many candidates the head can label on this tokenizer: the labels (``0``, ``1``, …
+    or ``A``, ``B``, …) that are distinct single tokens after ``<ranking>``, counted up to the
+    first that is not (Qwen3 and SmolLM2 split numbers into digits: 10 digits; 52 letters)."""
+    check_labelling(labels)
+    return len(_label_ids(tokenizer, labels, limit)[0])
+
+
+def check_label_capacity(tokenizer: Any, n: int, labels: str = "digits") -> None:
+    """Refuse, before any prompt is built, a setting that asks for ``n`` candidates a prompt
+    when the tokenizer labels fewer (:class:`LabelCapacityError` names both)."""
+    label_token_ids(tokenizer, n, labels)
 
 
 def gumbel_topk(
@@ -72,36 +122,33 @@ def gumbel_topk(
 def pl_log_prob(scores: Any, rankings: Any, temperature: float = 1.0) -> Any:
     """log PL(σ) of each ranking ``[B, G, k]`` under ``softmax(scores / temperature)`` ``[B, n]``:
     sum over places of (the chosen score − logsumexp of the scores not yet placed). A prefix
-    ranking (k < n) is the probability of that top-k. Differentiable in ``scores``."""
-    import torch
-
-    # Padding (-inf) becomes a finite floor: a padded place then adds a constant, never a NaN
-    # (-inf - -inf) to the value or its gradient.
-    s = (scores / temperature).clamp_min(-1e4).unsqueeze(1).expand(-1, rankings.shape[1], -1)
-    chosen = s.gather(-1, rankings)  # [B, G, k]
-    # Remaining mass at each place: all scores minus those placed before it.
-    placed = torch.zeros_like(s, dtype=torch.bool)
-    out = []
-    for j in range(rankings.shape[-1]):
-        masked = s.masked_fill(placed, float("-inf"))
-        out.append(chosen[..., j] - torch.logsumexp(masked, dim=-1))
-        placed = placed.scatter(-1, rankings[..., j : j + 1], True)
-    return torch.stack(out, -1).sum(-1)
+    ranking (k < n) is the probability of that top-k. Differentiable in ``scores``; the
+    per-place terms are :func:`pl_place_log_probs`."""
+    return pl_place_log_probs(scores, rankings, temperature).sum(-1)
 
 
 def ranking_text(order: Sequence[int]) -> str:
     """The completion a ranking stands for, exactly what ``generate`` mode would write: the
-    reward service and the parser read it unchanged."""
+    reward service and the parser read it unchanged. Positions stay numeric whatever the
+    prompt's labels: this text is an internal record of positions (what rewards, eval and
+    serving map back to session ids), never shown to the model, so one format serves both
+    labellings and every reward and parser stays as it is."""
     return f"<ranking>{', '.join(str(int(i)) for i in order)}</ranking>"
 
 
 def head_scores(
-    model: Any, tokenizer: Any, prompts: Sequence[str], n_candidates: Sequence[int]
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    n_candidates: Sequence[int],
+    *,
+    labels: str = "digits",
 ) -> Any:
     """The head's scores ``[B, max n]`` for rendered prompts that end with ``<ranking>``: the
-    last position's logits at each candidate's label, ``-inf`` past a row's own count.
-    Left-padded, with positions counted from the mask (as ``generate`` counts them), so a
-    prompt scores the same alone or in a batch. Differentiable (the trainer's forward)."""
+    last position's logits at each candidate's label (``labels``: the spec's labelling),
+    ``-inf`` past a row's own count. Left-padded, with positions counted from the mask (as
+    ``generate`` counts them), so a prompt scores the same alone or in a batch.
+    Differentiable (the trainer's forward)."""
     import torch
 
     if len(prompts) != len(n_candidates):
@@ -113,7 +160,7 @@ def head_scores(
             "ranking_head: first_token (rebuild the data with that prompt spec)"
         )
     width_n = max(n_candidates)
-    labels = torch.tensor(label_token_ids(tokenizer, width_n))
+    label_ids = torch.tensor(label_token_ids(tokenizer, width_n, labels))
     enc = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     width = max(map(len, enc))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -130,7 +177,7 @@ def head_scores(
         position_ids=pos.to(device),
         logits_to_keep=1,
     )
-    scores = out.logits[:, -1, :].float()[:, labels.to(device)]
+    scores = out.logits[:, -1, :].float()[:, label_ids.to(device)]
     real = (
         torch.arange(width_n, device=device)[None, :]
         < torch.tensor(list(n_candidates), device=device)[:, None]
@@ -144,6 +191,8 @@ def rank_prompts(
     prompts: Sequence[str],
     n_candidates: Sequence[int],
     batch_size: int = 8,
+    *,
+    labels: str = "digits",
 ) -> list[list[int]]:
     """Greedy rankings (scores sorted, best first) of rendered prompts: one forward pass each."""
     import torch
@@ -155,7 +204,9 @@ def rank_prompts(
         with torch.no_grad():
             for i in range(0, len(prompts), batch_size):
                 ns = list(n_candidates[i : i + batch_size])
-                scores = head_scores(model, tokenizer, prompts[i : i + batch_size], ns)
+                scores = head_scores(
+                    model, tokenizer, prompts[i : i + batch_size], ns, labels=labels
+                )
                 for row, n in zip(scores.tolist(), ns, strict=True):
                     orders.append(order_scores(row[:n]))
     finally:
@@ -186,24 +237,32 @@ def order_scores(scores: Sequence[float]) -> list[int]:
 
 
 def engine_scores(
-    backend: Any, prompts: Sequence[Any], n_candidates: Sequence[int], top: int = 20
+    backend: Any,
+    prompts: Sequence[Any],
+    n_candidates: Sequence[int],
+    top: int = 20,
+    *,
+    labels: str = "digits",
 ) -> list[list[float]]:
-    """Each prompt's label scores read from a server's top-``top`` next-token logprobs. The
-    logprobs are log-softmax over the whole vocabulary, so the labels' order (and their softmax
-    among themselves) is the logits' order, as in process. A label outside the top ``top`` is
-    refused by name: it would have no score, and no score is made up."""
-    labels = label_token_ids(backend.tokenizer, max(n_candidates))
-    tops = backend.label_logprobs(prompts, labels, top)
+    """Each prompt's label scores (``labels``: the spec's labelling) read from a server's top
+    next-token logprobs, at least ``top`` and at least as many as candidates (a vLLM server
+    must then allow that many: ``--max-logprobs 64`` for 52 letters). The logprobs are
+    log-softmax over the whole vocabulary, so the labels' order (and their softmax among
+    themselves) is the logits' order, as in process. A label outside what the server returned
+    is refused by name: it would have no score, and no score is made up."""
+    label_ids = label_token_ids(backend.tokenizer, max(n_candidates), labels)
+    top = max(top, max(n_candidates))
+    tops = backend.label_logprobs(prompts, label_ids, top)
     out = []
     for i, (got, n) in enumerate(zip(tops, n_candidates, strict=True)):
-        missing = [str(j) for j in range(n) if labels[j] not in got]
+        missing = [candidate_label(j, labels) for j in range(n) if label_ids[j] not in got]
         if missing:
             raise RankingHeadError(
                 f"prompt {i}: the labels {', '.join(missing)} are not among the server's top "
                 f"{top} next-token logprobs, so they have no score; raise the top-logprobs "
                 "count (vLLM: --max-logprobs)"
             )
-        out.append([got[labels[j]] for j in range(n)])
+        out.append([got[label_ids[j]] for j in range(n)])
     return out
 
 
@@ -214,6 +273,8 @@ def backend_rankings(
     batch_size: int = 8,
     payloads: Sequence[Any] | None = None,
     top: int = 20,
+    *,
+    labels: str = "digits",
 ) -> list[list[int]]:
     """Greedy head rankings of rendered prompts by a backend: its in-process model, or its
     server's top-``top`` logprobs (``payloads``: what is sent, the prompts' token ids by
@@ -221,8 +282,60 @@ def backend_rankings(
     60 LoCoMo test prompts within its top 10)."""
     reader = check_backend(backend)
     if reader is not backend:
-        return rank_prompts(reader, backend.tokenizer, prompts, n_candidates, batch_size)
+        return rank_prompts(
+            reader, backend.tokenizer, prompts, n_candidates, batch_size, labels=labels
+        )
     if payloads is None:
         tok = backend.tokenizer
         payloads = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    return [order_scores(s) for s in engine_scores(backend, payloads, n_candidates, top)]
+    scores = engine_scores(backend, payloads, n_candidates, top, labels=labels)
+    return [order_scores(s) for s in scores]
+
+
+def pl_place_log_probs(scores: Any, rankings: Any, temperature: float = 1.0) -> Any:
+    """The per-place terms of :func:`pl_log_prob`, ``[B, G, k]``: at place j, log of the chance
+    that the policy picks ``rankings[..., j]`` among the candidates not placed before j. Their
+    sum is log PL(σ); the PL-GRPO trainer reads each place as a "token" (its own ratio and
+    clip), and a mask over places keeps a ranking's prefix."""
+    import torch
+
+    # Padding (-inf) becomes a finite floor: a padded place then adds a constant, never a NaN
+    # (-inf - -inf) to the value or its gradient.
+    s = (scores / temperature).clamp_min(-1e4).unsqueeze(1).expand(-1, rankings.shape[1], -1)
+    chosen = s.gather(-1, rankings)  # [B, G, k]
+    # Remaining mass at each place: all scores minus those placed before it.
+    placed = torch.zeros_like(s, dtype=torch.bool)
+    out = []
+    for j in range(rankings.shape[-1]):
+        masked = s.masked_fill(placed, float("-inf"))
+        out.append(chosen[..., j] - torch.logsumexp(masked, dim=-1))
+        placed = placed.scatter(-1, rankings[..., j : j + 1], True)
+    return torch.stack(out, -1)
+
+
+def pl_prefix_kl(scores: Any, ref_scores: Any, rankings: Any, temperature: float = 1.0) -> Any:
+    """KL(PL_policy ‖ PL_ref) of the rankings' prefix, estimated on the drawn ``rankings``
+    ``[B, G, k]``: per place, the exact KL between the two softmaxes over the candidates not
+    yet placed, summed over places, ``[B, G, k]`` (sum the last axis; mask places to keep a
+    shorter prefix). By the chain rule KL(P_{1..k} ‖ Q_{1..k}) = Σ_j E_{σ<j ~ P}[KL(P(·|σ<j) ‖
+    Q(·|σ<j))], so the mean over rankings drawn from the policy is unbiased for the prefix's
+    KL; the first place alone (j = 0) is the head's first-place KL. Zero when the two
+    agree. Padding (-inf) and placed candidates carry no mass and no NaN gradient."""
+    import torch
+
+    def logp(x: Any) -> Any:
+        return (x / temperature).clamp_min(-1e4).unsqueeze(1).expand(-1, rankings.shape[1], -1)
+
+    p_s, q_s = logp(scores), logp(ref_scores)
+    placed = torch.zeros_like(p_s, dtype=torch.bool)
+    out = []
+    for j in range(rankings.shape[-1]):
+        # -inf for placed candidates, then zeroed before any product: 0 * (-inf - -inf) would
+        # put a NaN into the backward pass even where the value is masked out.
+        p = torch.log_softmax(p_s.masked_fill(placed, float("-inf")), -1)
+        q = torch.log_softmax(q_s.masked_fill(placed, float("-inf")), -1)
+        p, q = p.masked_fill(placed, 0.0), q.masked_fill(placed, 0.0)
+        w = p.exp().masked_fill(placed, 0.0)
+        out.append((w * (p - q)).sum(-1))
+        placed = placed.scatter(-1, rankings[..., j : j + 1], True)
+    return torch.stack(out, -1)

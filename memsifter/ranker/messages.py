@@ -2,6 +2,13 @@
 the question with its date, and the answer format ``<think>…</think><ranking>i, j, k</ranking>``
 with 0-based ids, in English or Chinese.
 
+**Labellings.** A candidate's id is its position written in one of :data:`LABELLINGS`:
+``digits`` (``0``, ``1``, …, the paper's, and the default) or ``letters`` (``A`` … ``Z`` then
+``a`` … ``z``: 52 ids). The first-token head scores each candidate by its id's one token, and
+Qwen3 and SmolLM2 split numbers into digits, so ``digits`` labels at most 10 candidates there;
+``letters`` are single tokens on both, so one prefill ranks a window of 52. The digits prompt is
+the text it always was, byte for byte.
+
 ``build_messages`` writes them as chat messages with no budget applied;
 :class:`~memsifter.ranker.prompt.PromptBuilder` renders them with the model's chat template and
 makes them fit the window. The pieces (label, date, turns) are exposed to the builder so the
@@ -10,6 +17,7 @@ prompt it assembles from separately tokenized pieces is the text written here, b
 
 from __future__ import annotations
 
+import string
 from collections.abc import Sequence
 from typing import Literal
 
@@ -17,7 +25,11 @@ from memsifter.data.types import Session
 
 Language = Literal["en", "zh"]
 LANGUAGES: tuple[str, ...] = ("en", "zh")
+Labelling = Literal["digits", "letters"]
+LABELLINGS: tuple[str, ...] = ("digits", "letters")
+_LETTERS = string.ascii_uppercase + string.ascii_lowercase
 _EXAMPLE = "<ranking>2, 0, 5</ranking>"
+_LETTERS_EXAMPLE = "<ranking> C, A, F</ranking>"  # a space before each id: see answer_label
 
 _TEXT: dict[str, dict[str, str]] = {
     "en": {
@@ -27,7 +39,7 @@ _TEXT: dict[str, dict[str, str]] = {
         ),
         "intro": (
             "Here are {n} past chat sessions between the user and an assistant. Each one starts "
-            "with its id, from [Session 0] to [Session {last}], and its date."
+            "with its id, from [Session {first}] to [Session {last}], and its date."
         ),
         "date": "Date",
         "question_date": "Question date: {date}",
@@ -45,6 +57,10 @@ _TEXT: dict[str, dict[str, str]] = {
             "Write only the session ids (numbers from 0 to {last}), separated by commas, inside "
             "<ranking> and </ranking>. Example: " + _EXAMPLE
         ),
+        "format_letters": (
+            "Write only the session ids (letters from A to {last}), separated by commas, inside "
+            "<ranking> and </ranking>. Example: " + _LETTERS_EXAMPLE
+        ),
         "truncated": "[… session truncated: {n} tokens omitted …]",
     },
     "zh": {
@@ -53,7 +69,7 @@ _TEXT: dict[str, dict[str, str]] = {
         ),
         "intro": (
             "以下是用户与助手之间的 {n} 个历史聊天会话。每个会话以编号"
-            "（从 [Session 0] 到 [Session {last}]）和日期开头。"
+            "（从 [Session {first}] 到 [Session {last}]）和日期开头。"
         ),
         "date": "日期",
         "question_date": "提问日期：{date}",
@@ -69,6 +85,10 @@ _TEXT: dict[str, dict[str, str]] = {
         "format_plain": (
             "只需在 <ranking> 和 </ranking> 之间写出会话编号（0 到 {last} 的数字），"
             "用英文逗号分隔。示例：" + _EXAMPLE
+        ),
+        "format_letters": (
+            "只需在 <ranking> 和 </ranking> 之间写出会话编号（A 到 {last} 的字母），"
+            "用英文逗号分隔。示例：" + _LETTERS_EXAMPLE
         ),
         "truncated": "[… 会话已截断：省略了 {n} 个 token …]",
     },
@@ -87,20 +107,52 @@ def _dated(session: Session, language: str) -> str:
     return f" {_text(language)['date']}: {date}" if date else ""
 
 
-def _label(position: int) -> str:
-    return f"[Session {position}]"
+def check_labelling(labels: str) -> None:
+    if labels not in LABELLINGS:
+        raise ValueError(f"labels must be one of {LABELLINGS}, got {labels!r}")
 
 
-def _header(position: int, session: Session, language: str) -> str:
-    return _label(position) + _dated(session, language)
+def labelling_size(labels: str) -> int | None:
+    """How many ids ``labels`` can write at all (None: no bound; a tokenizer may bound it)."""
+    check_labelling(labels)
+    return len(_LETTERS) if labels == "letters" else None
+
+
+def candidate_label(position: int, labels: str = "digits") -> str:
+    """The id of the candidate at ``position`` as the prompt writes it (``3``, or ``D``)."""
+    if labels == "digits":
+        return str(position)
+    check_labelling(labels)
+    if not 0 <= position < len(_LETTERS):
+        raise ValueError(f"labels: letters has {len(_LETTERS)} ids (A..z), not {position + 1}")
+    return _LETTERS[position]
+
+
+def answer_label(position: int, labels: str = "digits") -> str:
+    """The id as an answer writes it right after ``<ranking>``, the text of the first-token
+    head's one label token: digits bare (``3``), letters after a space (`` D``). The space
+    makes a letter's token the one its ``[Session D]`` header shows it with, on SmolLM2's and
+    Qwen3's tokenizers alike, and it is the only form that is one token on Qwen3: its
+    pre-tokenizer glues a bare letter to the ``>`` before it, and its vocabulary merges most
+    such pairs (``>A``), so a bare letter would not be a token of its own there."""
+    label = candidate_label(position, labels)
+    return " " + label if labels == "letters" else label
+
+
+def _label(position: int, labels: str = "digits") -> str:
+    return f"[Session {candidate_label(position, labels)}]"
+
+
+def _header(position: int, session: Session, language: str, labels: str = "digits") -> str:
+    return _label(position, labels) + _dated(session, language)
 
 
 def _turns(session: Session) -> str:
     return session.render(with_date=False)
 
 
-def _block(position: int, session: Session, language: str) -> str:
-    return f"{_header(position, session, language)}\n{_turns(session)}"
+def _block(position: int, session: Session, language: str, labels: str = "digits") -> str:
+    return f"{_header(position, session, language, labels)}\n{_turns(session)}"
 
 
 def _messages(
@@ -110,16 +162,22 @@ def _messages(
     question_date: str | None,
     language: str,
     ask_think: bool,
+    labels: str = "digits",
 ) -> list[dict[str, str]]:
     text = _text(language)
-    last = max(n - 1, 0)
-    parts = [text["intro"].format(n=n, last=last), "\n\n".join(blocks)]
+    first, last = candidate_label(0, labels), candidate_label(max(n - 1, 0), labels)
+    parts = [text["intro"].format(n=n, first=first, last=last), "\n\n".join(blocks)]
     asked = [text["question"].format(question=question)]
     if question_date:
         asked.insert(0, text["question_date"].format(date=question_date))
     parts.append("\n".join(asked))
     parts.append(text["task"])
-    parts.append(text["format_think" if ask_think else "format_plain"].format(last=last))
+    if labels == "letters":
+        if ask_think:  # the parser reads digits: letters are the first-token head's alone
+            raise ValueError("labels: letters is for ranking_head: first_token (no reasoning)")
+        parts.append(text["format_letters"].format(last=last))
+    else:
+        parts.append(text["format_think" if ask_think else "format_plain"].format(last=last))
     return [
         {"role": "system", "content": text["system"]},
         {"role": "user", "content": "\n\n".join(p for p in parts if p)},
@@ -132,8 +190,10 @@ def build_messages(
     question_date: str | None = None,
     language: Language = "en",
     ask_think: bool = True,
+    labels: Labelling = "digits",
 ) -> list[dict[str, str]]:
     """System and user messages ranking ``sessions`` in the given order: ``sessions[i]`` is
-    ``[Session i]``. No budget is applied; use ``PromptBuilder`` for that."""
-    blocks = [_block(i, s, language) for i, s in enumerate(sessions)]
-    return _messages(question, blocks, len(sessions), question_date, language, ask_think)
+    ``[Session i]`` (``labels``: its id in digits or letters). No budget is applied; use
+    ``PromptBuilder`` for that."""
+    blocks = [_block(i, s, language, labels) for i, s in enumerate(sessions)]
+    return _messages(question, blocks, len(sessions), question_date, language, ask_think, labels)

@@ -4,7 +4,7 @@ so the model is served exactly the prompt it was trained on.
 ``build_messages`` (from :mod:`~memsifter.ranker.messages`) writes the chat messages:
 instructions, every candidate as ``[Session i]`` with its date, the question with its date, and
 the answer format ``<think>…</think><ranking>i, j, k</ranking>`` with 0-based ids (English or
-Chinese).
+Chinese; ids in digits, or for the first-token head in letters, ``[Session A]``).
 ``PromptBuilder`` renders them with the model's own chat template and makes them fit the window:
 
 * **Budget.** The prompt gets ``window_tokens - completion_tokens`` tokens. If the whole history
@@ -49,6 +49,7 @@ from memsifter.data.types import Query, Session
 from memsifter.errors import PromptBudgetError
 from memsifter.ranker.messages import (
     LANGUAGES,
+    Labelling,
     Language,
     _block,
     _header,
@@ -56,6 +57,8 @@ from memsifter.ranker.messages import (
     _text,
     _turns,
     build_messages,
+    check_labelling,
+    labelling_size,
 )
 from memsifter.ranker.parse import RANKING_OPEN, ParsedRanking
 from memsifter.ranker.prompt_ids import PageIds, PromptIdAssembly, _Frame, _NotSplittable
@@ -132,8 +135,12 @@ class PromptBuilder(PromptIdAssembly):
         order: Literal["chronological", "coarse"] = "chronological",
         chat_template_kwargs: dict[str, Any] | None = None,
         ranking_head: str = "generate",
+        labels: Labelling = "digits",
     ) -> None:
         _text(language)
+        check_labelling(labels)
+        if labels != "digits" and ranking_head != "first_token":
+            raise ValueError(f"labels={labels!r} needs ranking_head='first_token'")
         if ranking_head not in ("generate", "first_token"):
             raise ValueError(f"ranking_head must be generate or first_token, got {ranking_head!r}")
         if ranking_head == "first_token" and ask_think:
@@ -157,7 +164,12 @@ class PromptBuilder(PromptIdAssembly):
         self.order = order
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.ranking_head = ranking_head
+        self.labels = labels
         self._labels: int | None = None  # single-token labels (first_token), probed once
+        if ranking_head == "first_token" and not self.max_candidates:
+            from memsifter.ranker.first_token import check_label_capacity
+
+            check_label_capacity(tokenizer, 1, labels)  # refused now, naming why, not per build
         template = getattr(tokenizer, "chat_template", None) or ""
         self.native_thinking = "enable_thinking" in template if thinking is None else thinking
         self.counter = HFCounter.from_tokenizer(tokenizer)
@@ -240,7 +252,7 @@ class PromptBuilder(PromptIdAssembly):
         from memsifter.ranker.first_token import label_token_ids
 
         built = self._build(question, sessions, question_date)
-        label_token_ids(self.tokenizer, built.num_candidates)  # refuses a split label
+        label_token_ids(self.tokenizer, built.num_candidates, self.labels)  # refuses a split label
         return built
 
     @property
@@ -252,7 +264,7 @@ class PromptBuilder(PromptIdAssembly):
         if self._labels is None:
             from memsifter.ranker.first_token import label_capacity
 
-            self._labels = label_capacity(self.tokenizer)
+            self._labels = label_capacity(self.tokenizer, self.labels)
         return self._labels
 
     def _build(
@@ -268,11 +280,15 @@ class PromptBuilder(PromptIdAssembly):
         budget = self.budget_tokens
         # The prompt without candidates: with ids, the frame every assembly of this many
         # candidates reuses (rendered and tokenized once per prompt); else counted as text.
-        frame = self._try_frame(question, len(sessions), question_date)
+        # Letters run out at 52: the frame is the one of as many as the labelling can show
+        # (digits never run out, and keep the count they always had).
+        size = labelling_size(self.labels)
+        n_frame = len(sessions) if size is None else min(len(sessions), size)
+        frame = self._try_frame(question, n_frame, question_date)
         if frame is not None:
             fixed = frame.n_tokens
         else:
-            fixed = self._count_blocks(question, [], len(sessions), question_date)
+            fixed = self._count_blocks(question, [], n_frame, question_date)
         if fixed >= budget:
             raise PromptBudgetError(
                 f"the instructions and question alone take {fixed} tokens, leaving no room for "
@@ -283,9 +299,11 @@ class PromptBuilder(PromptIdAssembly):
         estimate = fixed + sum(self.session_tokens(s) for s in sessions)
         cap = self.max_candidates
         if cap is not None and len(sessions) > cap and self.coarse is None:
+            kind = "digit" if self.labels == "digits" else "letter"
             raise PromptBudgetError(
-                f"{len(sessions)} candidates but this tokenizer has {cap} single-token labels "
-                "for ranking_head: first_token; pass a coarse filter to choose which to keep"
+                f"{len(sessions)} candidates but this tokenizer has {cap} single-token {kind} "
+                f"labels for ranking_head: first_token (labels: {self.labels}); pass a coarse "
+                "filter to choose which to keep"
             )
         fits = cap is None or len(sessions) <= cap
         if fits and estimate <= budget + self._SLACK_PER_SESSION * len(sessions):
@@ -348,7 +366,9 @@ class PromptBuilder(PromptIdAssembly):
     def _count_blocks(
         self, question: str, blocks: Sequence[str], n: int, question_date: str | None
     ) -> int:
-        messages = _messages(question, blocks, n, question_date, self.language, self.ask_think)
+        messages = _messages(
+            question, blocks, n, question_date, self.language, self.ask_think, self.labels
+        )
         return self.counter.count(self.render(messages))
 
     def _assemble(
@@ -372,9 +392,15 @@ class PromptBuilder(PromptIdAssembly):
             except _NotSplittable:  # the question holds the placeholder: tokenize the whole
                 pass
         if blocks is None:
-            blocks = [_block(i, s, self.language) for i, s in enumerate(ordered)]
+            blocks = [_block(i, s, self.language, self.labels) for i, s in enumerate(ordered)]
         messages = _messages(
-            question, blocks, len(ordered), question_date, self.language, self.ask_think
+            question,
+            blocks,
+            len(ordered),
+            question_date,
+            self.language,
+            self.ask_think,
+            self.labels,
         )
         if token_ids is None:
             text = self.render(messages)
@@ -427,7 +453,7 @@ class PromptBuilder(PromptIdAssembly):
         """The prompt with ``session`` alone, its turns cut at a token boundary to fit."""
         budget = self.budget_tokens
         tok = self.tokenizer
-        header = _header(0, session, self.language)
+        header = _header(0, session, self.language, self.labels)
         marker = _text(self.language)["truncated"]
         pieces = tok(_turns(session), add_special_tokens=False)["input_ids"]
         total = len(pieces)

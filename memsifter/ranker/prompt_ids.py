@@ -112,6 +112,7 @@ class PromptIdAssembly:
     tokenizer: Any
     language: str
     ask_think: bool
+    labels: str  # how candidate ids are written: digits | letters
     cut: Literal["after", "before"]
     page_ids: PageIds
     _added: tuple[str, ...]
@@ -187,7 +188,9 @@ class PromptIdAssembly:
         """The prompt around ``n`` candidate blocks, and the ids of ``extra`` texts tokenized in
         the same call (a prompt's header misses)."""
         lang = self.language
-        messages = _messages(question, [_BLOCKS], n, question_date, lang, self.ask_think)
+        messages = _messages(
+            question, [_BLOCKS], n, question_date, lang, self.ask_think, self.labels
+        )
         prefix, sep, suffix = self.render(messages).partition(_BLOCKS)
         if not (sep and _BLOCKS not in suffix and prefix.endswith("\n\n")):
             raise _NotSplittable("the chat template does not show the user message verbatim")
@@ -210,7 +213,7 @@ class PromptIdAssembly:
         from cached pieces; ``frame`` is reused when it was made for as many candidates."""
         before = self.cut == "before"
         dates = [_dated(session, self.language) for session in ordered]
-        headers = [_label(i) + date for i, date in enumerate(dates)]
+        headers = [_label(i, self.labels) + date for i, date in enumerate(dates)]
         turns_of = [_turns(session) for session in ordered]
         # The label part of each header (its date goes with the page's cached piece), or None.
         keys: list[str | None] = []
@@ -218,9 +221,9 @@ class PromptIdAssembly:
             if not turns or turns[0].isspace() or turns.startswith(self._added):
                 keys.append(None)  # no clean cut between header and turns: one piece
             elif before:
-                keys.append("\n" + _label(i))
+                keys.append("\n" + _label(i, self.labels))
             else:  # an undated label keeps its newline: "]\n" is one Qwen piece
-                keys.append(_label(i) + ("" if date else "\n"))
+                keys.append(_label(i, self.labels) + ("" if date else "\n"))
         # A label misses the cache only the first time its position is shown: encode misses in
         # the same call as the frame when there is none yet (one tokenizer call per prompt).
         missing = list(dict.fromkeys(k for k in keys if k is not None and k not in self._headers))

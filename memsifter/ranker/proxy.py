@@ -124,9 +124,11 @@ class Proxy:
                 f"PromptSpec (see Proxy.from_pretrained), got {type(spec).__name__}"
             )
         if spec.ranking_head == "first_token":
-            from memsifter.ranker.first_token import check_backend
+            from memsifter.ranker.first_token import check_backend, check_label_capacity
 
             check_backend(backend)  # the head needs the logits: refused now, not per request
+            # A tokenizer that cannot write the spec's labels at all, too: now, by name.
+            check_label_capacity(backend.tokenizer, 1, spec.labels)
         self.backend = backend
         self.spec = spec
         self.config = config
@@ -254,6 +256,7 @@ class Proxy:
             payloads=[self._payload(p) for p in prompts]
             if all(isinstance(p, BuiltPrompt) for p in prompts)
             else None,
+            labels=self.spec.labels,
         )
         latency = time.perf_counter() - t0
         return [

@@ -25,6 +25,14 @@ is served the same way.
 ends right after ``<ranking>``, and the logits at that one position over the candidates' labels
 are the ranking (:mod:`memsifter.ranker.first_token`): one prefill, no decode, nothing to parse.
 Thinking is off in that mode (``ask_think: false``), and every label must be one token.
+
+**Labels.** How a candidate's id is written (:mod:`memsifter.ranker.messages`): ``digits``
+(``[Session 0]`` …, the default) or ``letters`` (``[Session A]`` … ``[Session z]``, 52). The
+head reads one token per label, and Qwen3's and SmolLM2's tokenizers split numbers into digits,
+so with ``digits`` it ranks at most 10 candidates; ``letters`` lets one prefill rank 52. The
+parser of ``generate`` reads numbers, so ``letters`` is refused with it (:class:`DataError`).
+A ``digits`` spec leaves the key out of :meth:`PromptSpec.to_dict`, so its ``prompt_spec.json``
+is byte-identical to one written before labellings existed.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ if TYPE_CHECKING:
 CandidateOrder = Literal["chronological", "coarse"]
 CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
 RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
+DEFAULT_LABELS = "digits"
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class PromptSpec:
     coarse: str = "bm25"  # the coarse filter that cuts (and with order: coarse, orders)
     order: str = "chronological"  # chronological | coarse
     ranking_head: str = "generate"  # generate | first_token (see the module doc)
+    labels: str = DEFAULT_LABELS  # digits | letters: how candidate ids are written (module doc)
     # Extra chat-template arguments; Qwen3's enable_thinking is derived from ask_think.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -87,6 +97,16 @@ class PromptSpec:
                 "ranking_head: first_token reads the ranking at the position right after "
                 "<ranking>, so there is no reasoning before it: set ask_think: false"
             )
+        from memsifter.ranker.messages import LABELLINGS
+
+        if self.labels not in LABELLINGS:
+            raise ValueError(f"labels must be one of {LABELLINGS}, got {self.labels!r}")
+        if self.labels != DEFAULT_LABELS and self.ranking_head != "first_token":
+            raise ValueError(
+                f"labels: {self.labels} needs ranking_head: first_token; ranking_head: "
+                f"{self.ranking_head} has the model write its ranking, and the parser reads "
+                "numeric ids"
+            )
         if "enable_thinking" in self.chat_template_kwargs:
             raise ValueError(
                 "chat_template_kwargs.enable_thinking is derived from ask_think; set ask_think"
@@ -114,9 +134,20 @@ class PromptSpec:
             order=self.order,  # type: ignore[arg-type]
             chat_template_kwargs=self.chat_template_kwargs,
             ranking_head=self.ranking_head,
+            labels=self.labels,
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as written to ``prompt_spec.json``; the default labelling is left out so a
+        digits spec reads and writes byte-identically to one made before labellings existed
+        (:meth:`fields` has every field, for comparisons)."""
+        data = self.fields()
+        if data["labels"] == DEFAULT_LABELS:
+            del data["labels"]
+        return data
+
+    def fields(self) -> dict[str, Any]:
+        """Every field, the default labelling included: what two specs are compared by."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -136,4 +167,4 @@ class PromptSpec:
         return dataclasses.replace(self, model=model)
 
 
-__all__ = ["CANDIDATE_ORDERS", "RANKING_HEADS", "CandidateOrder", "PromptSpec"]
+__all__ = ["CANDIDATE_ORDERS", "DEFAULT_LABELS", "RANKING_HEADS", "CandidateOrder", "PromptSpec"]

@@ -9,6 +9,7 @@ tokens; ids are single digits as in Qwen's own tokenizer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from memsifter.data.gym import (
@@ -54,6 +55,24 @@ def gym_corpus() -> tuple[str, ...]:
     return tuple(lines)
 
 
+def read_corpus() -> tuple[str, ...]:
+    """:func:`gym_corpus` plus the reading level's templates, values and questions, and the
+    letter labels (``[Session A]`` … ``[Session z]``) the head ranks a whole window with. A
+    separate corpus, so the older levels' proxy (and its committed results) keep their
+    tokenizer."""
+    import string
+
+    from memsifter.data.gym_read_grammar import corpus
+
+    letters = string.ascii_uppercase + string.ascii_lowercase
+    return (
+        *gym_corpus(),
+        *corpus(),
+        *(f"[Session {c}] Date: 01 May 2024" for c in letters),
+        "<ranking>C, A, F</ranking>",
+    )
+
+
 ARCHS = ("gpt2", "qwen3")
 
 
@@ -65,6 +84,7 @@ def build_gym_proxy(
     hidden_size: int = 128,
     layers: int = 2,
     heads: int = 4,
+    corpus: Sequence[str] | None = None,
 ) -> Path:
     """A tiny random proxy for the gym, with the gym-trained tokenizer (Qwen's tokenizer class
     and chat template) either way: ``qwen3`` (the default) is ``build_tiny_qwen3`` with the gym
@@ -75,7 +95,9 @@ def build_gym_proxy(
     width 128 leave chance after ~150 steps of 16 prompts (``eval/gym_pointer_probe.py``,
     ``eval/results/gym_pointer_probe.md``). Deeper models and the nine-candidate world stayed
     at chance in this session's uncommitted exploratory runs: rerun the probe before relying
-    on either."""
+    on either. ``corpus`` trains the tokenizer (default :func:`gym_corpus`; the reading
+    level's worlds take :func:`read_corpus`)."""
+    corpus = tuple(corpus) if corpus is not None else gym_corpus()
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     out_dir = Path(out_dir)
@@ -83,7 +105,7 @@ def build_gym_proxy(
         return build_tiny_qwen3(
             out_dir,
             seed,
-            corpus=gym_corpus(),
+            corpus=corpus,
             vocab_size=1200,
             hidden_size=hidden_size,
             layers=layers,
@@ -96,7 +118,7 @@ def build_gym_proxy(
     from memsifter.testing.tiny_models import _train_qwen_tokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = _train_qwen_tokenizer(out_dir, vocab_size=1200, corpus=gym_corpus())
+    tok = _train_qwen_tokenizer(out_dir, vocab_size=1200, corpus=corpus)
     pad_id = tok.convert_tokens_to_ids("<|endoftext|>")
     eos_id = tok.convert_tokens_to_ids("<|im_end|>")
     config = GPT2Config(
@@ -119,7 +141,12 @@ def build_gym_proxy(
     return out_dir
 
 
-def gym_rl_data(out: Path, world: dict[str, object], recipe: str | Path) -> dict[str, Path]:
+def gym_rl_data(
+    out: Path,
+    world: dict[str, object],
+    recipe: str | Path,
+    corpus: Sequence[str] | None = None,
+) -> dict[str, Path]:
     """A gym world (``GymConfig`` fields), the tiny proxy and the RL data of ``recipe`` rendered
     for that proxy on that world, all under ``out``: the setup of the gym's learning tests."""
     import dataclasses
@@ -131,7 +158,7 @@ def gym_rl_data(out: Path, world: dict[str, object], recipe: str | Path) -> dict
     out.mkdir(parents=True, exist_ok=True)
     world_file = out / "world.yaml"
     world_file.write_text(yaml.safe_dump(dict(world)), encoding="utf-8")
-    proxy = build_gym_proxy(out / "proxy")
+    proxy = build_gym_proxy(out / "proxy", corpus=corpus)
     cfg = load_rl_data_config(recipe)
     cfg = dataclasses.replace(
         cfg,

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memsifter.config import load_config
+from memsifter.config import load_config, setting
 from memsifter.errors import DataError
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
 SFT_TARGETS = ("coarse", "gold", "random")
 SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
 VALIDATION_BACKENDS = ("transformers", "vllm")
+PL_DEPTHS = ("auto", "full")
 
 
 @dataclass
@@ -124,12 +125,27 @@ class GRPOSettings:
     log_completions: bool = False
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # passed to GRPOConfig as is
+    pl_depth: str | int = setting(
+        "auto",
+        help="ranking_head first_token only: how many places of each Plackett-Luce ranking "
+        "are drawn, scored and trained. auto: the run's reward's own depth, per row and step "
+        "(R_ans's deepest tier, R_ret's retrieval_k while the warm-up weighs it), since places "
+        "below it cannot change the reward and only add noise to the gradient; an int: that "
+        "many places; full: every candidate (the estimator before the prefix).",
+    )
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"grpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.num_generations < 2:
             raise ValueError("grpo.num_generations must be >= 2: GRPO's baseline is the group")
+        depth = self.pl_depth
+        if isinstance(depth, str) and depth not in PL_DEPTHS:
+            raise ValueError(
+                f"grpo.pl_depth must be one of {PL_DEPTHS} or an int >= 1, got {depth!r}"
+            )
+        if isinstance(depth, int) and depth < 1:
+            raise ValueError(f"grpo.pl_depth must be >= 1, got {depth}")
         if "max_prompt_length" in self.extra:
             raise ValueError(
                 "grpo.extra.max_prompt_length: GRPOConfig no longer accepts it; prompts are "

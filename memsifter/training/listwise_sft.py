@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from memsifter.errors import DataError
+from memsifter.ranker.checkpoint import read_spec
 from memsifter.ranker.first_token import head_scores
 
 Log = Callable[[str], None]
@@ -109,6 +110,7 @@ def run_listwise_sft(
             f"the head's cold start has no training rows with a {settings.target} target"
         )
     model, tok, peft_config = load_policy(cfg, model_path, cuda)
+    labels = read_spec(cfg.data).labels  # the labels the data's prompts were rendered with
     if peft_config is not None:
         from peft import get_peft_model
 
@@ -138,7 +140,8 @@ def run_listwise_sft(
                 random.Random(f"listwise-sft:{cfg.grpo.seed}:{n_pass}").shuffle(order)
                 orders = {n_pass: order}
             take = [rows[i] for i in orders[n_pass][slot * batch : (slot + 1) * batch]]
-            scores = head_scores(model, tok, [r["prompt"] for r in take], [r["n"] for r in take])
+            prompts, ns = [r["prompt"] for r in take], [r["n"] for r in take]
+            scores = head_scores(model, tok, prompts, ns, labels=labels)
             targets = [r["targets"] for r in take]
             loss = listwise_loss(scores, targets)
             (loss / accum).backward()

@@ -7,11 +7,32 @@ replacement by Gumbel top-k. Each ranking is written as the completion ``generat
 produce (``<ranking>3, 0, 4</ranking>``) and scored by the run's reward function, unchanged:
 the R_ret warm-up, R_ans with its tiers and s_0, shaping, the gym's reader or a real answerer.
 Advantages are group-relative with GRPO's ``scale_rewards`` choices (``group``: the group's
-std; ``batch``: the batch's; ``none``), and the loss is the clipped surrogate
-``-min(ρA, clip(ρ, 1-ε, 1+ε_high)A)`` with ``ρ = PL(σ) / PL_old(σ)``: on the first pass over a
-batch ρ = 1 and the gradient is exactly ``-A ∇log PL(σ)``; ``num_iterations > 1`` reuses the
-batch under the clip, as TRL does. ``beta > 0`` adds the KL of the head's first-place
-distribution to the start model's.
+std; ``batch``: the batch's; ``none``), as TRL computes them.
+
+**Only the places the reward reads are drawn and trained** (``grpo.pl_depth``, default
+``auto``). R_ans reads the top ``max_k`` (its deepest Fibonacci tier; ``tier_max_k`` per data
+source) and R_ret the top ``retrieval_k``, and only while the warm-up's beta is above 0. The
+log-probability of the places below that depth has zero mean given the prefix and is
+independent of the reward, so multiplying it by the advantage adds variance and nothing else
+(both estimators have the same expectation; ``eval/gym_pl_variance.py`` measures the
+difference). So each row draws the top-``d`` prefix by Gumbel top-k (an exact PL sample of the
+top d), the completion names those ``d`` candidates (the reward service completes a short
+ranking for scoring with orders that sit below every tier and below NDCG's cut-off:
+:mod:`memsifter.rewards.omission`), and the loss reads log PL of the prefix. ``d`` is read
+from the run's reward config per row and per step, never guessed: a reward function without
+one must be given an int or ``full``.
+
+**Each place is a token.** The loss is TRL's clipped surrogate taken per place,
+``-Σ_j min(ρ_j A, clip(ρ_j, 1-ε, 1+ε_high) A)`` with ``ρ_j = π(σ_j | σ_<j) / π_old(σ_j | σ_<j)``,
+summed over the prefix's places and averaged over rankings. On the first pass over a batch
+every ρ_j = 1 and the gradient is exactly ``-A ∇log PL(prefix)``, the same step size as the
+whole-ranking loss before (a mean over places would divide it by the depth). With
+``num_iterations > 1`` each place's ratio is clipped on its own: the ratio of a whole ranking
+is a product over places, which a single clip lets explode or vanish.
+
+``beta > 0`` adds the KL of the policy's prefix distribution to the start model's
+(:func:`memsifter.ranker.first_token.pl_prefix_kl`: the exact per-place KL over the candidates
+not yet placed, summed over the drawn prefix: unbiased for the prefix's KL by the chain rule).
 
 There is no decode, no format to learn and nothing to parse, so a step costs one forward and
 one backward per prompt rather than per completion. No format SFT is needed; ``sft.enabled``
@@ -34,7 +55,15 @@ from pathlib import Path
 from typing import Any
 
 from memsifter.errors import DataError
-from memsifter.ranker.first_token import gumbel_topk, head_scores, pl_log_prob, ranking_text
+from memsifter.ranker.checkpoint import read_spec
+from memsifter.ranker.first_token import (
+    gumbel_topk,
+    head_scores,
+    pl_place_log_probs,
+    pl_prefix_kl,
+    ranking_text,
+)
+from memsifter.rewards.tiers import fibonacci_tiers
 
 Log = Callable[[str], None]
 SCALES = ("group", "batch", "none")
@@ -51,6 +80,35 @@ def group_advantages(rewards: Any, scale: str) -> Any:
     elif scale == "batch":
         adv = adv / (rewards.std() + 1e-4)
     return adv
+
+
+def pl_grpo_loss(
+    logp: Any, old: Any, adv: Any, mask: Any, epsilon: float, epsilon_high: float
+) -> Any:
+    """The clipped surrogate with each place a token: ``logp``/``old`` ``[B, G, k]`` per-place
+    log-probabilities, ``adv`` ``[B, G]``, ``mask`` ``[B, 1 or G, k]`` the places that count.
+    Summed over places (so at ρ = 1 the gradient is ``-A ∇log PL(prefix)``, not a
+    depth-scaled fraction of it), averaged over rankings."""
+    import torch
+
+    ratio = torch.exp(logp - old)
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+    a = adv.unsqueeze(-1)
+    per_place = -torch.minimum(ratio * a, clipped * a)
+    return (per_place * mask).sum(-1).mean()
+
+
+def reward_depth(rcfg: Any, beta: float, n: int, data_source: Any, category: Any) -> int:
+    """How many top places of a ranking of ``n`` candidates the reward of ``rcfg``
+    (:class:`memsifter.rewards.RewardConfig`) reads for one row, with the warm-up at ``beta``:
+    R_ans's deepest tier (unless R_ans is off for the row), R_ret's ``retrieval_k`` while beta
+    is above 0. At least 1 (a reward that reads nothing is flat: any depth trains nothing)."""
+    depth = 0
+    if rcfg.alpha != 0 and not rcfg.answer_excluded(data_source, category):
+        depth = fibonacci_tiers(min(rcfg.max_k_for(data_source), n))[-1]
+    if beta > 0:
+        depth = max(depth, rcfg.retrieval_k)
+    return max(1, min(depth, n))
 
 
 def check_settings(cfg: Any) -> None:
@@ -125,6 +183,18 @@ class PLGRPOTrainer:
         self.cfg = cfg
         self.g = cfg.grpo
         self.reward_fn = reward_fn
+        self.reward_config = None
+        if self.g.pl_depth == "auto":
+            service = getattr(reward_fn, "service", None)
+            self.reward_config = getattr(service, "config", None)
+            if self.reward_config is None or not hasattr(service, "shaping"):
+                raise DataError(
+                    f"grpo.pl_depth: auto reads how deep the reward looks from the reward "
+                    f"service's config; this reward function ({type(reward_fn).__name__}) has "
+                    "none. Set grpo.pl_depth to the number of top places your reward reads, or "
+                    "full",
+                    field="grpo.pl_depth",
+                )
         self.output_dir = Path(output_dir)
         self.on_save = list(on_save)
         self.log = log
@@ -133,6 +203,7 @@ class PLGRPOTrainer:
             raise DataError("the first-token trainer has no training prompts")
         self.columns = [c for c in self.rows[0] if c not in ("prompt", "prompt_messages")]
         self.model, self.tok, peft_config = load_policy(cfg, model_path, cuda)
+        self.labels = read_spec(cfg.data).labels  # the data prompts' labels
         self.lora = peft_config is not None
         if self.lora:
             from peft import get_peft_model
@@ -187,6 +258,21 @@ class PLGRPOTrainer:
             raise DataError(f"the reward function returned {len(bad)} unusable rewards: {bad[:3]}")
         return torch.tensor(values, dtype=torch.float32).view(len(rows), -1)
 
+    def _depths(self, rows: list[dict[str, Any]], ns: list[int], step: int) -> list[int]:
+        """Each row's prefix depth (``grpo.pl_depth``) at ``step``: on the reward's clock (the
+        epoch loop's ``step_offset`` plus this trainer's step), as the warm-up's beta is."""
+        depth = self.g.pl_depth
+        if depth == "full":
+            return list(ns)
+        if isinstance(depth, int):
+            return [min(depth, n) for n in ns]
+        service = self.reward_fn.service
+        beta = service.shaping.beta(step + getattr(self.reward_fn, "step_offset", 0))
+        return [
+            reward_depth(self.reward_config, beta, n, r.get("data_source"), r.get("category"))
+            for r, n in zip(rows, ns, strict=True)
+        ]
+
     def _step(self, step: int) -> dict[str, Any]:
         import torch
 
@@ -194,32 +280,41 @@ class PLGRPOTrainer:
         rows = self._batch(step)
         prompts = [r["prompt"] for r in rows]
         ns = [int(r["n_candidates"]) for r in rows]
+        depths = self._depths(rows, ns, step)
         gen = torch.Generator().manual_seed(g.seed * 1_000_003 + step)
-        scores = head_scores(self.model, self.tok, prompts, ns)
-        drawn = gumbel_topk(scores, g.num_generations, temperature=g.temperature, generator=gen)
-        # A row with fewer candidates than the batch's widest draws its padding (-inf) last.
-        rankings = [[o[:n] for o in group] for group, n in zip(drawn.tolist(), ns, strict=True)]
+        scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
+        # The batch's deepest prefix is drawn; each row keeps its own depth. Depths never pass
+        # a row's candidate count, so padding (-inf, drawn last) never enters a prefix.
+        drawn = gumbel_topk(
+            scores, g.num_generations, k=max(depths), temperature=g.temperature, generator=gen
+        )
+        rankings = [[o[:d] for o in group] for group, d in zip(drawn.tolist(), depths, strict=True)]
         rewards = self._rewards(rows, rankings)
         adv = group_advantages(rewards, g.scale_rewards).to(scores.device)
-        # Padded places add one constant to a row's log PL, the same for all its rankings:
-        # group-relative advantages sum to 0 within the row, so it cancels.
-        old = pl_log_prob(scores, drawn, g.temperature).detach()
-        losses = []
+        places = torch.arange(drawn.shape[-1], device=scores.device)
+        mask = (places[None, :] < torch.tensor(depths, device=scores.device)[:, None]).float()
+        mask = mask.unsqueeze(1)  # [B, 1, k]: every ranking of a row has the row's depth
+        old = pl_place_log_probs(scores, drawn, g.temperature).detach()
+        ref = None
+        if self.ref is not None:
+            with torch.no_grad():
+                ref = head_scores(self.ref, self.tok, prompts, ns, labels=self.labels)
+        losses, kls, clipped_frac = [], [], []
         for it in range(g.num_iterations):
             if it:
-                scores = head_scores(self.model, self.tok, prompts, ns)
-            logp = pl_log_prob(scores, drawn, g.temperature)
-            ratio = torch.exp(logp - old)
-            clipped = ratio.clamp(1 - g.epsilon, 1 + g.epsilon_high)
-            loss = -torch.minimum(ratio * adv, clipped * adv).mean()
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref = head_scores(self.ref, self.tok, prompts, ns)
-                # Padding as a finite floor: exp() of it is 0, and no -inf - -inf NaN.
-                p = torch.log_softmax((scores / g.temperature).clamp_min(-1e4), -1)
-                q = torch.log_softmax((ref / g.temperature).clamp_min(-1e4), -1)
-                kl = (p.exp() * (p - q)).sum(-1).mean()
+                scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
+            logp = pl_place_log_probs(scores, drawn, g.temperature)
+            loss = pl_grpo_loss(logp, old, adv, mask, g.epsilon, g.epsilon_high)
+            with torch.no_grad():
+                ratio = torch.exp(logp - old)
+                out = (ratio < 1 - g.epsilon) | (ratio > 1 + g.epsilon_high)
+                clipped_frac.append(
+                    float((out.float() * mask).sum() / (mask.sum() * len(drawn[0])))
+                )
+            if ref is not None:
+                kl = (pl_prefix_kl(scores, ref, drawn, g.temperature) * mask).sum(-1).mean()
                 loss = loss + g.beta * kl
+                kls.append(float(kl.detach()))
             self.opt.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -230,7 +325,7 @@ class PLGRPOTrainer:
         with torch.no_grad():
             p = torch.softmax(scores.detach() / g.temperature, -1)
             entropy = float(-(p * torch.log(p.clamp_min(1e-12))).sum(-1).mean())
-        return {
+        entry = {
             "step": self.state.global_step + 1,
             "loss": sum(losses) / len(losses),
             "reward": float(rewards.mean()),
@@ -238,8 +333,13 @@ class PLGRPOTrainer:
             "frac_reward_zero_std": float((rewards.std(1) < 1e-6).float().mean()),
             "entropy": entropy,
             "grad_norm": float(grad_norm),
+            "pl_depth": sum(depths) / len(depths),
+            "clip_ratio": sum(clipped_frac) / len(clipped_frac),
             **{f"rewards/{k}": v for k, v in (self.reward_fn.last_metrics or {}).items()},
         }
+        if kls:
+            entry["kl"] = sum(kls) / len(kls)
+        return entry
 
     # -- the loop's surface ------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | None = None) -> None:

@@ -210,9 +210,9 @@ def write_rl_dataset(result: RLDataResult, out: str | Path) -> list[Path]:
     split_path = out_dir / "split.json"
     split_path.write_text(json.dumps(split_json(result), indent=2) + "\n", encoding="utf-8")
     recipe = out_dir / "recipe.yaml"
-    recipe.write_text(
-        yaml.safe_dump(dataclasses.asdict(result.config), sort_keys=False), encoding="utf-8"
-    )
+    resolved = dataclasses.asdict(result.config)
+    resolved["prompt"] = result.config.prompt.to_dict()  # a digits spec as it always was
+    recipe.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
     card = out_dir / "README.md"
     card.write_text(render_card(result), encoding="utf-8")
     files += [split_path, recipe, card, *write_report(result.curriculum, out_dir)]

@@ -63,10 +63,15 @@ class ValidationEngine:
     # The PromptSpec's ranking head: ``first_token`` ranks by one forward pass (transformers),
     # whatever the backend, and writes the ranking as the completion ``generate`` would.
     ranking_head: str = "generate"
+    # The data's labelling (digits | letters) for the head; None: the checkpoint's own spec's
+    # (digits for a model without one). A checkpoint trained with the other one is refused.
+    labels: str | None = None
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, ranking_head: str = "generate") -> ValidationEngine:
-        """``ranking_head`` is the run's data's (``read_spec(cfg.data).ranking_head``)."""
+        """``ranking_head`` is the run's data's (``read_spec(cfg.data).ranking_head``); with the
+        head, so are its labels, read here so every model validated (the start model too, with
+        no spec of its own) is read at the labels its prompts were rendered with."""
         args = dict(cfg.epochs.validation_engine_args)
         if cfg.epochs.validation_backend == "vllm" and cfg.model.context_tokens is not None:
             args.setdefault("max_model_len", cfg.model.context_tokens)
@@ -75,6 +80,7 @@ class ValidationEngine:
             engine_args=args,
             threads=cfg.threads,
             ranking_head=ranking_head,
+            labels=_data_labels(cfg.data) if ranking_head == "first_token" else None,
         )
 
     def spec(self, model_path: str | Path) -> BackendSpec:
@@ -107,13 +113,24 @@ class ValidationEngine:
         are rendered already, so all it must agree on with a checkpoint's own spec is the head;
         a generating backend gets every prompt at once and batches them itself."""
         head = self.ranking_head == "first_token"
-        prompt = {"ranking_head": self.ranking_head, "ask_think": False if head else None}
+        prompt = {
+            "ranking_head": self.ranking_head,
+            "ask_think": False if head else None,
+            "labels": self.labels if head else None,
+        }
         params = ProxyParams(
             batch_size=self.batch_size if head else None, max_new_tokens=max_new_tokens
         )
         return Proxy.from_pretrained(
             model_path, backend=self.spec(model_path), params=params, prompt=prompt
         )
+
+
+def _data_labels(data: str | Path) -> str | None:
+    """The labels of the RL data folder's prompt spec, or None when it carries none."""
+    from memsifter.ranker.checkpoint import has_spec, read_spec
+
+    return read_spec(data).labels if has_spec(data) else None
 
 
 def answer_rows(

@@ -1,0 +1,697 @@
+"""The reading gym's ladder: does a pretrained proxy learn to *read* a world built so that only
+reading pays (level ``read``: several attributes a user, misleading cues, held-out phrasings and
+values, two-session questions, s_0 > 0 on a stated share)?
+
+    python eval/gym_reading.py --size small                  # every stage of one rung
+    python eval/gym_reading.py --size small --stage probe    # the supervised pointing probe only
+    python eval/gym_reading.py --size small --recipe outcome --max-steps 120
+
+One rung = one world size (``configs/gym/read_<size>.yaml``). Stages, each resumable (outputs
+under ``outputs/gym_reading/<size>/``; a killed run picks up at the last checkpoint):
+
+1. ``data``: ``configs/data/gym_read_first_token.yaml`` on the rung's world, rendered for
+   SmolLM2-135M-Instruct, candidates in chronological order, labelled ``A``… (the first-token
+   head's letters: one prefill ranks the whole window);
+2. ``probe``: supervised pointing, the noiseless upper bound on what the budget allows:
+   cross-entropy of the head's first place against the useful session(s), on train users,
+   validation NDCG@1 by step. It uses the useful label, so it is a probe (how many steps
+   pointing needs, at which learning rate and layers), never a row of the table;
+3. ``train``: each recipe of :data:`RECIPES` with ``memsifter train`` from SmolLM2 (the head's
+   Plackett–Luce GRPO), R_ans (``outcome``), R_ret on the annotator labels (``labels``) and R_ans
+   without s_0 (``outcome_absolute``);
+4. ``eval``: every ranker on the **test users** (they never choose anything): BM25, each
+   shortcut rule of the audit (``eval/gym_shortcuts.py``), the start model, each trained model
+   and the oracle; NDCG@1 against the useful session(s) and answer accuracy from the top 1 and
+   3 (the gym's reader); seen vs unseen phrasing/value; the s_0 > 0 share; cluster-bootstrap
+   CIs that resample **users** (their questions share one history).
+
+Writes the rung into ``eval/results/gym_reading.json`` (one entry per size under ``rungs``) and
+regenerates ``eval/results/gym_reading.md`` from that JSON; each run's training log goes to
+``eval/results/gym_reading_runs/<size>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODEL = "smollm2-135m-instruct"
+DATA_RECIPE = "configs/data/gym_read_first_token.yaml"
+RECIPES: dict[str, str] = {
+    "outcome": "configs/train/gym_read_pl_outcome.yaml",
+    "labels": "configs/train/gym_read_pl_labels.yaml",
+    "outcome_absolute": "configs/train/gym_read_pl_outcome_absolute.yaml",
+}
+SIZES = ("ci", "small", "medium", "locomo")
+STAGES = ("data", "probe", "train", "eval")
+# validation NDCG@1 (useful session) a run must reach for "steps to learn": the issue's goal
+LEARNED = 0.8
+RESULTS = ROOT / "eval/results"
+
+
+def world_config(size: str) -> str:
+    return f"configs/gym/read_{size}.yaml"
+
+
+def code_version() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
+
+
+# -- 1. data ---------------------------------------------------------------------------------
+
+
+def build_data(size: str, out: Path) -> Path:
+    from memsifter.models import resolve_model
+    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+
+    data = out / "data"
+    if not (data / "prompt_spec.json").is_file():
+        cfg = load_rl_data_config(ROOT / DATA_RECIPE)
+        cfg = dataclasses.replace(
+            cfg,
+            prompt=dataclasses.replace(cfg.prompt, model=MODEL),
+            sources=[
+                dataclasses.replace(s, path=str(ROOT / world_config(size))) for s in cfg.sources
+            ],
+        )
+        resolve_model(MODEL)  # converts the GGUF once, before any worker needs it
+        prepare_rl_data(cfg, data)
+    return data
+
+
+def load_split(data: Path, split: str) -> list[dict[str, Any]]:
+    from datasets import load_dataset
+
+    path = data / f"{split}.parquet"
+    return list(load_dataset("parquet", data_files=str(path), split="train"))
+
+
+# -- 2. the supervised pointing probe -----------------------------------------------------
+
+
+def probe(
+    data: Path, out: Path, steps: int, lr: float, top_layers: int, batch: int, log: Any = print
+) -> dict[str, Any]:
+    """Cross-entropy of the head's first place against the useful set (log of the summed
+    probability of the useful labels), LoRA on the top ``top_layers`` layers as the recipes
+    train, validation NDCG@1 every ``steps // 6`` steps on 100 validation questions."""
+    import random
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.models import resolve_model
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.ranker.first_token import head_scores
+
+    spec = read_spec(data)
+    path = resolve_model(MODEL).path
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.pad_token = tok.pad_token or tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    layers = model.config.num_hidden_layers
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=16,
+            lora_alpha=32,
+            lora_dropout=0.0,
+            target_modules=[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+            layers_to_transform=list(range(layers - top_layers, layers)),
+            task_type="CAUSAL_LM",
+        ),
+    )
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    train = [r for r in load_split(data, "train") if r["useful_positions"]]
+    val = [r for r in load_split(data, "validation") if r["useful_positions"]][:100]
+    rng = random.Random(0)
+
+    def scores(rows: list[dict[str, Any]]) -> Any:
+        return head_scores(
+            model,
+            tok,
+            [r["prompt"] for r in rows],
+            [int(r["n_candidates"]) for r in rows],
+            labels=spec.labels,
+        )
+
+    def evaluate() -> float:
+        model.eval()
+        hits = 0
+        with torch.no_grad():
+            for i in range(0, len(val), 8):
+                rows = val[i : i + 8]
+                top = scores(rows).argmax(-1).tolist()
+                hits += sum(t in r["useful_positions"] for t, r in zip(top, rows, strict=True))
+        model.train()
+        return hits / len(val)
+
+    curve = [(0, evaluate())]
+    log(f"probe step 0: validation NDCG@1 {curve[-1][1]:.3f} (n = {len(val)})")
+    every = max(1, steps // 6)
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        rows = rng.sample(train, batch)
+        logp = torch.log_softmax(scores(rows).clamp_min(-1e4), -1)
+        useful = torch.zeros_like(logp, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            useful[i, list(r["useful_positions"])] = True
+        loss = -torch.logsumexp(logp.masked_fill(~useful, float("-inf")), -1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % every == 0 or step == steps:
+            curve.append((step, evaluate()))
+            log(
+                f"probe step {step}: loss {float(loss):.3f}, validation NDCG@1 "
+                f"{curve[-1][1]:.3f}, {time.perf_counter() - t0:.0f} s"
+            )
+    return {
+        "what": "supervised pointing probe (uses the useful label: not a recipe)",
+        "lr": lr,
+        "lora_top_layers": top_layers,
+        "batch": batch,
+        "steps": steps,
+        "split": "validation",
+        "n_questions": len(val),
+        "curve": curve,
+        "seconds": round(time.perf_counter() - t0),
+    }
+
+
+# -- 3. training -----------------------------------------------------------------------------
+
+
+def train(
+    name: str, data: Path, out: Path, max_steps: int | None, log: Any = print
+) -> dict[str, Any]:
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    run_dir = out / "train" / name
+    over = [f"output_dir={run_dir}", f"data={data}", f"model.name={MODEL}"]
+    if max_steps is not None:
+        over.append(f"epochs.max_steps={max_steps}")
+    cfg = load_train_config(ROOT / RECIPES[name], over)
+    t0 = time.perf_counter()
+    result = run_training(cfg, log=log)
+    return {
+        "model": str(result["model"]),
+        "config": RECIPES[name],
+        "overrides": over[3:],
+        "seconds": round(time.perf_counter() - t0),
+    }
+
+
+def curve_of(run_dir: Path) -> list[tuple[int, float]]:
+    """Validation NDCG@1 (useful session) by step, from the loop's validation file."""
+    vfile = run_dir / "epoch-0" / "validation.json"
+    if not vfile.is_file():
+        return []
+    points = []
+    for key, res in json.loads(vfile.read_text()).items():
+        if res.get("ndcg_1_useful") is None:
+            continue
+        if key == "start":
+            points.append((0, res["ndcg_1_useful"]))
+        elif key.startswith("checkpoint-"):
+            points.append((int(key.split("-")[1]), res["ndcg_1_useful"]))
+    return sorted(points)
+
+
+def steps_to_learn(curve: list[tuple[int, float]]) -> int | None:
+    return next((s for s, v in curve if v >= LEARNED), None)
+
+
+def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
+    """The run's log history (per step: reward, entropy, loss, seconds) and its validation,
+    committed beside the table."""
+    dest = RESULTS / "gym_reading_runs" / size
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    states = sorted(
+        run_dir.glob("epoch-0/checkpoint-*/trainer_state.json"),
+        key=lambda p: int(p.parent.name.split("-")[1]),
+    )
+    if states:
+        log_history = json.loads(states[-1].read_text())["log_history"]
+        path = dest / f"{name}_log.jsonl"
+        path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in log_history))
+        written.append(str(path.relative_to(ROOT)))
+    vfile = run_dir / "epoch-0" / "validation.json"
+    if vfile.is_file():
+        path = dest / f"{name}_validation.json"
+        shutil.copyfile(vfile, path)
+        written.append(str(path.relative_to(ROOT)))
+    return written
+
+
+# -- 4. evaluation on test users -----------------------------------------------------------
+
+
+def rank_with(model: str | Path, rows: list[dict[str, Any]], spec: Any) -> list[list[int]]:
+    from memsifter.ranker.parse import parse_ranking
+    from memsifter.training.validation import ValidationEngine, generate_completions
+
+    engine = ValidationEngine(batch_size=8, ranking_head=spec.ranking_head, labels=spec.labels)
+    texts = generate_completions(model, rows, max_new_tokens=1, engine=engine)
+    return [
+        list(parse_ranking(t, int(r["n_candidates"])).ids) for r, t in zip(rows, texts, strict=True)
+    ]
+
+
+def question_facts(size: str) -> dict[str, dict[str, Any]]:
+    """World question id -> its record (kind, unseen, s0_prior, user)."""
+    from memsifter.data.gym import load_world
+
+    world = load_world(ROOT / world_config(size))
+    return {q["id"]: q for q in world.questions}
+
+
+def sample_per_user(rows: list[dict[str, Any]], per_user: int | None) -> list[dict[str, Any]]:
+    """At most ``per_user`` memory questions a test user, drawn by a seeded shuffle of each
+    user's questions (their ids only: no ranker's result chooses), kept in file order. Each
+    ranker costs a forward pass a question on 2 cores; users, not questions, are the unit the
+    CIs resample, so the sample keeps every user."""
+    if per_user is None:
+        return rows
+    import random
+
+    by_user: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_user.setdefault(str(r["conversation"]), []).append(i)
+    keep: set[int] = set()
+    for user, idx in by_user.items():
+        random.Random(f"gym-reading/{user}").shuffle(idx)
+        keep.update(idx[:per_user])
+    return [r for i, r in enumerate(rows) if i in keep]
+
+
+def shuffled_order(seed: int = 0) -> Any:
+    """A stand-in coarse filter whose "ranking" is a seeded random permutation: with
+    ``order: coarse`` the builder shows candidates in that order, so a ranker that answers a
+    position habit (not the content) loses its score."""
+    import random
+
+    from memsifter.coarse.base import CoarseFilter, rank_by_scores
+
+    class ShuffledOrder(CoarseFilter):
+        name = "shuffled"
+
+        def score(self, query: str, sessions: Any) -> Any:
+            rng = random.Random(f"{seed}/{query}/{','.join(s.id for s in sessions)}")
+            scores = np.array([rng.random() for _ in sessions])
+            return rank_by_scores(sessions, scores, "shuffled")
+
+    return ShuffledOrder()
+
+
+def permuted_rows(
+    size: str, rows: list[dict[str, Any]], spec: Any, seed: int
+) -> list[dict[str, Any]]:
+    """The same test questions rendered with their candidates in a seeded random order (the
+    spec otherwise unchanged), with the useful sessions' new positions."""
+    from transformers import AutoTokenizer
+
+    from memsifter.data.gym import load_gym
+    from memsifter.models import resolve_model
+
+    dataset = load_gym(ROOT / world_config(size))
+    queries = {f"gym/{q.qid}": q for q in dataset.queries}
+    tok = AutoTokenizer.from_pretrained(resolve_model(spec.model).path)
+    builder = dataclasses.replace(spec, order="coarse").builder(tok, coarse=shuffled_order(seed))
+    out = []
+    for r in rows:
+        q = queries[str(r["qid"])]
+        built = builder.build_query(q)
+        useful = set(q.meta["useful_session_ids"])
+        out.append(
+            {
+                "prompt": built.text,
+                "n_candidates": built.num_candidates,
+                "useful_positions": [
+                    i for i, sid in enumerate(built.candidate_ids) if sid in useful
+                ],
+            }
+        )
+    return out
+
+
+def subset(values: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[mask] for k, v in values.items()}
+
+
+def evaluate(
+    size: str, data: Path, out: Path, names: list[str], per_user: int | None
+) -> dict[str, Any]:
+    from gym_shortcuts import shortcut_rankings  # eval/ is this script's sys.path[0]
+
+    from memsifter.data.gym import load_world
+    from memsifter.evaluation.bootstrap import paired_bootstrap
+    from memsifter.evaluation.gym import means, score_rankings
+    from memsifter.ranker.checkpoint import read_spec
+
+    spec = read_spec(data)
+    rows = sample_per_user([r for r in load_split(data, "test") if r["useful_positions"]], per_user)
+    facts = question_facts(size)
+    qfacts = [facts[str(r["qid"]).split("/", 1)[1]] for r in rows]
+    users = [q["user"] for q in qfacts]
+    cache = out / "eval"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def cached(name: str, make: Any) -> list[list[int]]:
+        path = cache / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        rankings = make()
+        path.write_text(json.dumps(rankings) + "\n")
+        return rankings
+
+    runs: dict[str, list[list[int]]] = {"bm25": [list(r["coarse_order"]) for r in rows]}
+    world = load_world(ROOT / world_config(size))
+    shortcuts = shortcut_rankings(world, rows)
+    runs["start"] = cached("start", lambda: rank_with(MODEL, rows, spec))
+    trained = {}
+    for name in names:
+        final = out / "train" / name / "final"
+        meta = out / "train" / name / "result.json"
+        if meta.is_file():
+            final = Path(json.loads(meta.read_text())["model"])
+        if final.is_dir():
+            trained[name] = final
+            runs[name] = cached(name, lambda f=final: rank_with(f, rows, spec))
+    runs["oracle"] = [
+        list(r["useful_positions"])
+        + [i for i in range(int(r["n_candidates"])) if i not in r["useful_positions"]]
+        for r in rows
+    ]
+    # Content, not position: the trained rankers again, on the same questions with their
+    # candidates shown in a seeded random order.
+    permuted: dict[str, Any] = {}
+    if trained:
+        prow = permuted_rows(size, rows, spec, seed=1)
+        for name in ["start", *trained]:
+            model = MODEL if name == "start" else trained[name]
+            rk = cached(f"{name}_permuted", lambda m=model: rank_with(m, prow, spec))
+            hits = [
+                bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
+            ]
+            firsts = [k[0] for k in rk if k]
+            permuted[name] = {
+                "ndcg@1_useful": float(np.mean(hits)),
+                "n": len(hits),
+                "most_common_first_share": max(np.bincount(firsts)) / len(firsts)
+                if firsts
+                else None,
+            }
+    values = {n: score_rankings(rows, rk) for n, rk in runs.items()}
+    short_values = {n: score_rankings(rows, rk) for n, rk in shortcuts.items()}
+    headline = ("ndcg@1_useful", "answer_acc@1", "answer_acc@3")
+    rankers: dict[str, Any] = {
+        n: {k: v for k, v in means(values[n]).items() if k in headline} for n in runs
+    }
+    rankers["shortcuts"] = {
+        n: {"ndcg@1_useful": means(v)["ndcg@1_useful"]} for n, v in short_values.items()
+    }
+    best_shortcut = max(short_values, key=lambda n: means(short_values[n])["ndcg@1_useful"])
+    unseen = np.array([bool(q.get("unseen")) for q in qfacts])
+    prior = np.array([bool(q.get("s0_prior")) for q in qfacts])
+    two = np.array([len(r["useful_positions"]) > 1 for r in rows])
+
+    def ci(a: dict[str, np.ndarray], b: dict[str, np.ndarray], mask: Any = None) -> Any:
+        keep = np.ones(len(rows), bool) if mask is None else mask
+        cl = [u for u, k in zip(users, keep, strict=True) if k]
+        return paired_bootstrap(subset(a, keep), subset(b, keep), clusters=cl)
+
+    pairs: dict[str, Any] = {}
+    main = "outcome" if "outcome" in values else None
+    if main:
+        pairs["outcome-start"] = ci(values[main], values["start"])
+        pairs["outcome-best_shortcut"] = ci(values[main], short_values[best_shortcut])
+        pairs["outcome-bm25"] = ci(values[main], values["bm25"])
+        if "labels" in values:
+            pairs["outcome-labels"] = ci(values[main], values["labels"])
+        if "outcome_absolute" in values and prior.any():
+            pairs["outcome-outcome_absolute (s_0 > 0 share)"] = ci(
+                values[main], values["outcome_absolute"], prior
+            )
+    split_rows = {}
+    for name in runs:
+        if name in ("oracle",):
+            continue
+        split_rows[name] = {
+            part: {
+                "ndcg@1_useful": float(np.nanmean(values[name]["ndcg@1_useful"][mask]))
+                if mask.any()
+                else None,
+                "answer_acc@3": float(np.mean(values[name]["answer_acc@3"][mask]))
+                if mask.any()
+                else None,
+                "n": int(mask.sum()),
+            }
+            for part, mask in (
+                ("unseen", unseen),
+                ("seen", ~unseen),
+                ("s0_prior", prior),
+                ("two_session", two),
+            )
+        }
+    curves = {n: curve_of(out / "train" / n) for n in RECIPES}
+    return {
+        "split": "test",
+        "n_questions": len(rows),
+        "n_users": len(set(users)),
+        "n_candidates_mean": float(np.mean([int(r["n_candidates"]) for r in rows])),
+        "n_unseen": int(unseen.sum()),
+        "n_s0_prior": int(prior.sum()),
+        "n_two_session": int(two.sum()),
+        "rankers": rankers,
+        "best_shortcut": best_shortcut,
+        "by_subset": split_rows,
+        "unseen_phrasing_or_value": {
+            n: {"ndcg@1_useful": v["unseen"]["ndcg@1_useful"], "n": v["unseen"]["n"]}
+            for n, v in split_rows.items()
+        },
+        "seen": {
+            n: {"ndcg@1_useful": v["seen"]["ndcg@1_useful"], "n": v["seen"]["n"]}
+            for n, v in split_rows.items()
+        },
+        "cluster_ci95": {
+            p: {m: d[m]["ci95"] for m in headline if m in d} for p, d in pairs.items()
+        },
+        "cluster_mean": {
+            p: {m: d[m]["mean"] for m in headline if m in d} for p, d in pairs.items()
+        },
+        "bootstrap": "cluster bootstrap over test users, 10,000 resamples",
+        "sample": (
+            f"at most {per_user} memory questions a test user (seeded by user id)"
+            if per_user
+            else "every memory question of the test users"
+        ),
+        "permuted_order": permuted,
+        "curves": {n: c for n, c in curves.items() if c},
+        "steps_to_learn": steps_to_learn(curves["outcome"]) if curves.get("outcome") else None,
+        "steps_to_learn_by_recipe": {n: steps_to_learn(c) for n, c in curves.items() if c},
+        "models": {
+            n: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+            for n, p in trained.items()
+        },
+    }
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def _f(x: Any) -> str:
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "-"
+    return f"{x:.3f}"
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        "# The reading gym: does a pretrained proxy learn to read?",
+        "",
+        "Generated from `eval/results/gym_reading.json` by `eval/gym_reading.py` (never typed by "
+        "hand). One rung per world size; every number is on **test users** (they choose "
+        "nothing), NDCG@1 against the useful session(s); CIs are cluster bootstraps over users.",
+        "",
+    ]
+    for rung in results["rungs"]:
+        lines += [
+            f"## Rung `{rung['size']}` (`{rung['world_config']}`, level `{rung['level']}`)",
+            "",
+            f"`{rung['command']}` at code version `{rung['code_version']}`; {rung['machine']}. "
+            f"Model {rung['model']}; split {rung['split']}, n = {rung['n_questions']} memory "
+            f"questions from {rung['n_users']} users, {rung['n_candidates_mean']:.1f} candidates "
+            f"a prompt on average ({rung['n_two_session']} two-session, {rung['n_unseen']} with "
+            f"an unseen phrasing or value, {rung['n_s0_prior']} with s_0 > 0).",
+            "",
+            "| ranker | NDCG@1 useful | answer acc@1 | answer acc@3 |",
+            "|---|---|---|---|",
+        ]
+        for name, m in rung["rankers"].items():
+            if name == "shortcuts":
+                continue
+            lines.append(
+                f"| {name} | {_f(m.get('ndcg@1_useful'))} | {_f(m.get('answer_acc@1'))} | "
+                f"{_f(m.get('answer_acc@3'))} |"
+            )
+        for name, m in rung["rankers"].get("shortcuts", {}).items():
+            lines.append(f"| shortcut: {name} | {_f(m['ndcg@1_useful'])} | - | - |")
+        if rung.get("cluster_ci95"):
+            lines += ["", "| pair (A − B) | metric | mean | 95% CI (users) |", "|---|---|---|---|"]
+            for pair, cis in rung["cluster_ci95"].items():
+                for metric, (lo, hi) in cis.items():
+                    mean = rung["cluster_mean"][pair][metric]
+                    lines.append(f"| {pair} | {metric} | {mean:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
+        if rung.get("by_subset"):
+            lines += [
+                "",
+                "| ranker | unseen NDCG@1 (n) | seen NDCG@1 (n) | s_0 > 0 acc@3 (n) | "
+                "two-session acc@3 (n) |",
+                "|---|---|---|---|---|",
+            ]
+            for name, parts in rung["by_subset"].items():
+                cells = [
+                    f"{_f(parts['unseen']['ndcg@1_useful'])} ({parts['unseen']['n']})",
+                    f"{_f(parts['seen']['ndcg@1_useful'])} ({parts['seen']['n']})",
+                    f"{_f(parts['s0_prior']['answer_acc@3'])} ({parts['s0_prior']['n']})",
+                    f"{_f(parts['two_session']['answer_acc@3'])} ({parts['two_session']['n']})",
+                ]
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if rung.get("permuted_order"):
+            lines += [
+                "",
+                "Candidates in a seeded random order instead of by date (same questions):",
+                "",
+            ]
+            for name, v in rung["permuted_order"].items():
+                lines.append(
+                    f"- `{name}`: NDCG@1 {_f(v['ndcg@1_useful'])} (n = {v['n']}); the most "
+                    f"common first label takes {_f(v['most_common_first_share'])} of the prompts"
+                )
+        if rung.get("curves"):
+            lines += ["", "Validation NDCG@1 (useful) by step (validation users, n as logged):", ""]
+            for name, pts in rung["curves"].items():
+                text = ", ".join(f"{s}: {v:.3f}" for s, v in pts)
+                lines.append(
+                    f"- `{name}`: {text}; steps to reach {LEARNED}: "
+                    f"{rung['steps_to_learn_by_recipe'].get(name) or 'not reached'}"
+                )
+        if rung.get("probe"):
+            p = rung["probe"]
+            text = ", ".join(f"{s}: {v:.3f}" for s, v in p["curve"])
+            lines += [
+                "",
+                f"Supervised pointing probe (a probe, not a recipe: it trains on the useful "
+                f"label): LoRA top {p['lora_top_layers']} layers, lr {p['lr']}, batch "
+                f"{p['batch']}; validation n = {p['n_questions']}: {text} ({p['seconds']} s).",
+            ]
+        if rung.get("notes"):
+            lines += [""] + [f"- {n}" for n in rung["notes"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def merge(rung: dict[str, Any]) -> dict[str, Any]:
+    path = RESULTS / "gym_reading.json"
+    results = json.loads(path.read_text()) if path.is_file() else {"rungs": []}
+    rungs = [r for r in results["rungs"] if r["size"] != rung["size"]] + [rung]
+    results["rungs"] = sorted(rungs, key=lambda r: SIZES.index(r["size"]))
+    path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    (RESULTS / "gym_reading.md").write_text(render(results))
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", choices=SIZES, default="small")
+    ap.add_argument("--stage", action="append", choices=STAGES, help="default: all, in order")
+    ap.add_argument("--recipe", action="append", choices=list(RECIPES), help="default: all")
+    ap.add_argument("--max-steps", type=int, default=None, help="override the recipes' budget")
+    ap.add_argument(
+        "--per-user", type=int, default=2, help="test questions a user scored (0: every one)"
+    )
+    ap.add_argument("--probe-steps", type=int, default=120)
+    ap.add_argument("--probe-lr", type=float, default=3e-4)
+    ap.add_argument("--probe-layers", type=int, default=6)
+    ap.add_argument("--probe-batch", type=int, default=8)
+    args = ap.parse_args()
+    stages = args.stage or list(STAGES)
+    names = args.recipe or list(RECIPES)
+
+    from memsifter.data.gym import load_world
+    from memsifter.machine import machine_facts, machine_line
+
+    out = ROOT / "outputs/gym_reading" / args.size
+    out.mkdir(parents=True, exist_ok=True)
+    data = build_data(args.size, out)
+    rung_file = out / "rung.json"
+    rung: dict[str, Any] = json.loads(rung_file.read_text()) if rung_file.is_file() else {}
+    world = load_world(ROOT / world_config(args.size))
+    rung.update(
+        {
+            "size": args.size,
+            "level": world.config.level,
+            "world_config": world_config(args.size),
+            "model": MODEL,
+            "code_version": code_version(),
+            "command": "python eval/gym_reading.py " + " ".join(sys.argv[1:]),
+            "machine": machine_line(machine_facts(), run=True),
+        }
+    )
+    if "probe" in stages:
+        rung["probe"] = probe(
+            data, out, args.probe_steps, args.probe_lr, args.probe_layers, args.probe_batch
+        )
+        rung_file.write_text(json.dumps(rung, indent=1) + "\n")
+    if "train" in stages:
+        runs = rung.setdefault("runs", {})
+        for name in names:
+            runs[name] = train(name, data, out, args.max_steps)
+            (out / "train" / name / "result.json").write_text(json.dumps(runs[name]) + "\n")
+            runs[name]["logs"] = copy_logs(name, out / "train" / name, args.size)
+            rung_file.write_text(json.dumps(rung, indent=1) + "\n")
+    if "eval" in stages:
+        rung.update(evaluate(args.size, data, out, names, args.per_user or None))
+        rung_file.write_text(json.dumps(rung, indent=1) + "\n")
+    if rung.get("split"):
+        print(render(merge(rung)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The reading gym end to end on the tiny proxy, CI's fast check of the pipeline that
+``eval/gym_reading.py`` runs with SmolLM2: a ``read`` world, RL data labelled by letters
+(one prefill ranks the window), the head's Plackett–Luce GRPO on the gym reader's outcome
+reward, validation against the useful session(s), and the test-time rankers of the report.
+
+It checks wiring, not learning: whether a model learns to read is measured by the ladder's
+committed runs (``eval/results/gym_reading.md``); the learning tests with negative controls are
+``tests/test_gym_learning.py``'s."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def read_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import yaml
+
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    return gym_rl_data(
+        tmp_path_factory.mktemp("gym_read"),
+        world,
+        ROOT / "configs/data/gym_read_first_token.yaml",
+        corpus=read_corpus(),
+    )
+
+
+def test_read_data_is_labelled_by_letters_with_both_useful_sessions(
+    read_world: dict[str, Path],
+) -> None:
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.training.loop import load_rl_data
+
+    spec = read_spec(read_world["data"])
+    assert spec.labels == "letters" and spec.ranking_head == "first_token"
+    train, held_out = load_rl_data(read_world["data"])
+    rows = list(train)
+    assert rows and all(r["prompt"].endswith("<ranking>") for r in rows)
+    assert all("[Session A]" in r["prompt"] and "[Session 0]" not in r["prompt"] for r in rows)
+    sizes = {len(r["useful_positions"]) for r in rows}
+    assert sizes == {1, 2}  # `when` questions need two sessions; the rest one
+    assert max(int(r["n_candidates"]) for r in rows) >= 10  # past the digits' capacity
+
+
+def test_read_world_trains_and_validates_on_the_tiny_proxy(read_world: dict[str, Path]) -> None:
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    out = read_world["tmp"] / "outcome"
+    cfg = load_train_config(
+        ROOT / "configs/train/gym_read_pl_outcome.yaml",
+        [
+            f"output_dir={out}",
+            f"data={read_world['data']}",
+            f"model.name={read_world['proxy']}",
+            "model.lora.top_layers=2",
+            "epochs.max_steps=4",
+            "epochs.save_steps=2",
+            "epochs.validation_max_questions=16",
+        ],
+    )
+    result = run_training(cfg, log=lambda _: None)
+    assert Path(result["model"]).is_dir()
+    state = json.loads((out / "epoch-0" / "checkpoint-4" / "trainer_state.json").read_text())
+    log = state["log_history"]
+    assert [e["step"] for e in log] == [1, 2, 3, 4]
+    # R_ans reads the top 8 (tiers to 8): only that prefix is drawn and trained
+    assert all(e["pl_depth"] == 8 for e in log), log
+    assert all(-2.0 <= e["reward"] <= 2.0 and e["entropy"] > 0 for e in log)
+    validation = json.loads((out / "epoch-0" / "validation.json").read_text())
+    assert all(v["ndcg_1_useful"] is not None for v in validation.values()), validation
+
+
+def test_the_reports_sample_and_steps_to_learn_choose_by_ids_only() -> None:
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    rows = [{"conversation": f"u{i % 5}", "qid": f"q{i}"} for i in range(40)]
+    sample = gym_reading.sample_per_user(rows, 2)
+    assert len(sample) == 10 and {r["conversation"] for r in sample} == {f"u{i}" for i in range(5)}
+    assert sample == gym_reading.sample_per_user(list(rows), 2)  # seeded by the user id
+    assert gym_reading.sample_per_user(rows, None) == rows
+    assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.79), (40, 0.8), (60, 0.95)]) == 40
+    assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.5)]) is None

@@ -1,0 +1,304 @@
+"""The first-token head's labellings: ``digits`` (the default, 10 candidates on SmolLM2 and
+Qwen3) and ``letters`` (52): capacity on the real tokenizers, the rendered prompt, the spec
+file's byte-identity for digits, and what is refused (a tokenizer that cannot label the
+candidates, a checkpoint served with the other labelling, letters with ``generate``)."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memsifter.data.types import Session, Turn
+from memsifter.ranker.first_token import (
+    LabelCapacityError,
+    RankingHeadError,
+    backend_rankings,
+    head_scores,
+    label_capacity,
+    label_token_ids,
+    rank_prompts,
+    ranking_text,
+)
+from memsifter.ranker.spec import PromptSpec
+
+SMOLLM2 = Path(__file__).parent.parent / "memsifter" / "proxies" / "memsifter-smollm2-135m-locomo"
+LETTERS = string.ascii_uppercase + string.ascii_lowercase
+
+
+def _sessions(n: int) -> list[Session]:
+    return [
+        Session(id=f"s{i}", turns=(Turn("user", f"note {i} about topic {i % 7}"),),
+                date_text=f"{i % 28 + 1} May 2023")
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def _letters_spec(model: str, window: int = 8192) -> PromptSpec:
+    return PromptSpec(
+        model=model, window_tokens=window, completion_tokens=0, ask_think=False,
+        ranking_head="first_token", labels="letters",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def smollm2_tok() -> Any:
+    from transformers import AutoTokenizer
+
+    if not (SMOLLM2 / "tokenizer.json").is_file():
+        pytest.skip("the shipped proxy's tokenizer is not in this checkout")
+    return AutoTokenizer.from_pretrained(str(SMOLLM2))
+
+
+def _qwen_style_tokenizer() -> Any:
+    """A byte-level BPE with Qwen2/3's own pre-tokenizer regex and the merges that matter here:
+    Qwen's vocabulary merges ``>`` with most bare letters (``>A`` is one token), and has a token
+    for every space + letter. Measured on Qwen2's merges (the same as Qwen3's): 41 of the 52
+    bare letters merge with the ``>`` of ``<ranking>``; all 52 space + letter are one token."""
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    merges = []
+    for pair in [(">", c) for c in LETTERS] + [("Ġ", c) for c in LETTERS]:
+        merges.append(pair)
+        vocab["".join(pair)] = len(vocab)
+    raw = Tokenizer(BPE(vocab=vocab, merges=merges))
+    raw.normalizer = normalizers.NFC()
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=raw)
+
+
+def test_letters_label_52_candidates_on_smollm2(smollm2_tok: Any) -> None:
+    assert label_capacity(smollm2_tok) == 10
+    assert label_capacity(smollm2_tok, "letters") == 52
+    ids = label_token_ids(smollm2_tok, 52, "letters")
+    assert len(set(ids)) == 52
+    # The label token is the very token its [Session D] header shows the id with.
+    header = smollm2_tok("[Session D] Date", add_special_tokens=False)["input_ids"]
+    assert ids[3] in header
+
+
+def test_letters_label_52_candidates_on_a_qwen3_style_tokenizer() -> None:
+    tok = _qwen_style_tokenizer()
+    # A bare letter would be glued to the tag's '>' (why letters are written after a space).
+    assert tok.convert_ids_to_tokens(tok("<ranking>A")["input_ids"])[-1] == ">A"
+    assert label_capacity(tok, "letters") == 52
+    assert len(set(label_token_ids(tok, 52, "letters"))) == 52
+
+
+def test_real_qwen3_tokenizer_if_cached() -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained("Qwen/Qwen3-0.6B", local_files_only=True)
+    except (OSError, ValueError):
+        pytest.skip("no Qwen3 tokenizer in the local Hugging Face cache")
+    assert label_capacity(tok) == 10 and label_capacity(tok, "letters") == 52
+
+
+def test_a_tokenizer_that_cannot_label_is_refused_at_start(
+    smollm2_tok: Any, tiny_qwen3: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from memsifter.coarse.bm25 import BM25Filter
+    from memsifter.errors import PromptBudgetError
+    from memsifter.llm.transformers_backend import TransformersBackend
+    from memsifter.ranker.prompt import PromptBuilder
+    from memsifter.ranker.proxy import Proxy
+
+    with pytest.raises(
+        LabelCapacityError,
+        match=r"52 candidates but this tokenizer has 10 single-token digit labels \(0\.\.9\)",
+    ):
+        label_token_ids(smollm2_tok, 52)
+    with pytest.raises(
+        LabelCapacityError, match=r"53 candidates .* 52 single-token letter labels \(A\.\.z\)"
+    ):
+        label_token_ids(smollm2_tok, 53, "letters")
+    assert issubclass(LabelCapacityError, RankingHeadError)
+    # The tiny Qwen3's 600-piece vocabulary has no space + letter token: no letter labels, and
+    # both the renderer and the proxy refuse it when they are made, naming why.
+    tok = AutoTokenizer.from_pretrained(tiny_qwen3)
+    assert label_capacity(tok, "letters") == 0 and label_capacity(tok) == 10
+    spec = _letters_spec(str(tiny_qwen3))
+    with pytest.raises(LabelCapacityError, match=r"0 single-token letter labels.*splits ' A'"):
+        spec.builder(tok, BM25Filter())
+    with pytest.raises(LabelCapacityError, match="labels: letters"):
+        Proxy(TransformersBackend(str(tiny_qwen3)), spec, BM25Filter())
+    # More candidates than labels with no coarse filter to choose: refused by the builder.
+    bare = PromptBuilder(
+        smollm2_tok, 8192, 0, coarse=None, ask_think=False, ranking_head="first_token",
+        labels="letters",
+    )  # fmt: skip
+    with pytest.raises(PromptBudgetError, match="52 single-token letter labels"):
+        bare.build("what about topic 3?", _sessions(53))
+
+
+def test_a_letters_prompt_names_every_candidate_by_letter(smollm2_tok: Any) -> None:
+    from memsifter.coarse.bm25 import BM25Filter
+
+    builder = _letters_spec("smollm2").builder(smollm2_tok, BM25Filter())
+    built = builder.build("what about topic 3?", _sessions(30), "2023/06/01")
+    text = built.text
+    assert built.num_candidates == 30 and text.endswith("<ranking>")
+    assert "from [Session A] to [Session d], and its date" in text
+    assert "[Session A] Date: 1 May 2023" in text and "[Session b] Date:" in text
+    assert "[Session 0]" not in text and "[Session e]" not in text
+    assert "(letters from A to d)" in text and "Example: <ranking> C, A, F</ranking>" in text
+    # Assembled ids are the tokenized text, as for digits.
+    assert list(built.token_ids or ()) == smollm2_tok(text, add_special_tokens=False)["input_ids"]
+    # A window of 60: the coarse filter keeps its best 52, the labels' capacity.
+    cut = builder.build("what about topic 3?", _sessions(60))
+    best = set(BM25Filter().score("what about topic 3?", _sessions(60)).ids[:52])
+    assert cut.num_candidates == 52 and set(cut.candidate_ids) == best
+    assert "[Session z]" in cut.text
+    # The Chinese words name letters too.
+    zh = PromptSpec(**{**_letters_spec("smollm2").fields(), "language": "zh"})
+    zh_text = zh.builder(smollm2_tok, BM25Filter()).build("话题?", _sessions(3)).text
+    assert "（从 [Session A] 到 [Session C]）" in zh_text and "A 到 C 的字母" in zh_text
+
+
+def test_a_digits_spec_is_byte_identical(smollm2_tok: Any, tmp_path: Path) -> None:
+    from memsifter.coarse.bm25 import BM25Filter
+    from memsifter.ranker.checkpoint import read_spec, save_spec
+    from memsifter.ranker.messages import build_messages
+
+    spec = read_spec(SMOLLM2)  # written before labellings existed: digits
+    assert spec.labels == "digits" and "labels" not in spec.to_dict()
+    # A digits spec file is what it was before: every other field, no labels key.
+    saved = save_spec(spec, tmp_path / "a")
+    assert json.loads(saved.read_text()) == {
+        k: v for k, v in spec.fields().items() if k != "labels"
+    }
+    assert save_spec(read_spec(saved.parent), tmp_path / "b").read_bytes() == saved.read_bytes()
+    # Explicit digits render what the default renders.
+    s = _sessions(4)
+    assert build_messages("q?", s, labels="digits") == build_messages("q?", s)
+    head = PromptSpec(window_tokens=4096, completion_tokens=0, ask_think=False,
+                      ranking_head="first_token")  # fmt: skip
+    text = head.builder(smollm2_tok, BM25Filter()).build("q?", s).text
+    assert "from [Session 0] to [Session 3]" in text and "(numbers from 0 to 3)" in text
+
+
+def test_letters_need_the_first_token_head() -> None:
+    from memsifter.errors import DataError
+    from memsifter.ranker.messages import build_messages
+
+    with pytest.raises(ValueError, match="labels: letters needs ranking_head: first_token"):
+        PromptSpec(labels="letters", ask_think=False)
+    with pytest.raises(DataError, match="labels: letters needs ranking_head: first_token"):
+        PromptSpec.from_dict({"labels": "letters", "ask_think": False})
+    with pytest.raises(ValueError, match="labels must be one of"):
+        PromptSpec(labels="roman", ask_think=False, ranking_head="first_token")
+    with pytest.raises(ValueError, match="first_token"):
+        build_messages("q?", _sessions(2), labels="letters")  # asks for reasoning
+
+
+def test_a_checkpoint_served_with_the_other_labelling_is_refused_naming_both(
+    tmp_path: Path,
+) -> None:
+    from memsifter.errors import MemSifterError
+    from memsifter.evaluation.proxy_rankers import check_model_spec
+    from memsifter.ranker.checkpoint import PromptSpecError, resolve_spec, save_spec
+
+    letters = tmp_path / "letters-ckpt"
+    save_spec(_letters_spec("smollm2-135m-instruct"), letters)
+    assert json.loads((letters / "prompt_spec.json").read_text())["labels"] == "letters"
+    with pytest.raises(PromptSpecError, match=r"labels: 'digits' \(the model's spec: 'letters'\)"):
+        resolve_spec(str(letters), {"labels": "digits"})
+    digits_spec = PromptSpec(**{**_letters_spec("smollm2-135m-instruct").fields(),
+                                "labels": "digits"})  # fmt: skip
+    digits = tmp_path / "digits-ckpt"
+    save_spec(digits_spec, digits)  # no labels key in the file: digits
+    # A whole spec, or a spec file without the key, still means digits against letters.
+    with pytest.raises(PromptSpecError, match=r"labels: 'digits' \(the model's spec: 'letters'\)"):
+        resolve_spec(str(letters), digits_spec)
+    with pytest.raises(PromptSpecError, match=r"labels: 'digits' \(the model's spec: 'letters'\)"):
+        resolve_spec(str(letters), digits / "prompt_spec.json")
+    with pytest.raises(PromptSpecError, match=r"labels: 'letters' \(the model's spec: 'digits'\)"):
+        resolve_spec(str(digits), _letters_spec("smollm2-135m-instruct"))
+    assert resolve_spec(str(letters), {"labels": "letters"}).labels == "letters"
+    # Evaluation on data rendered with the other labelling: refused, naming both.
+    with pytest.raises(MemSifterError, match=r"labels: model 'letters' vs data 'digits'"):
+        check_model_spec("head", str(letters), digits_spec, digits, explicit=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from memsifter.testing import build_tiny_smollm2
+
+    if not (SMOLLM2 / "tokenizer.json").is_file():
+        pytest.skip("the shipped proxy's tokenizer is not in this checkout")
+    return build_tiny_smollm2(tmp_path_factory.mktemp("tiny_smollm2"), SMOLLM2)
+
+
+def test_the_head_ranks_30_candidates_in_one_pass_in_process_and_on_a_server(
+    tiny_smollm2: Path,
+) -> None:
+    """A tiny random Llama with SmolLM2's tokenizer: head_scores reads the 30 letter labels at
+    the last position; the proxy ranks through it; a server's logprobs give the same order."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.coarse.bm25 import BM25Filter
+    from memsifter.llm.openai_http import OpenAIBackend
+    from memsifter.llm.transformers_backend import TransformersBackend
+    from memsifter.ranker.proxy import Proxy
+
+    tok = AutoTokenizer.from_pretrained(tiny_smollm2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_smollm2).eval()
+    spec = _letters_spec(str(tiny_smollm2))
+    sessions = _sessions(30)
+    built = spec.builder(tok, BM25Filter()).build("what about topic 3?", sessions)
+    assert built.num_candidates == 30
+    with torch.no_grad():
+        scores = head_scores(model, tok, [built.text], [30], labels="letters")
+        logits = model(torch.tensor([list(built.token_ids or ())])).logits[0, -1]
+    assert scores.shape == (1, 30) and torch.isfinite(scores).all()
+    want = logits[label_token_ids(tok, 30, "letters")]
+    assert torch.allclose(scores[0], want, atol=1e-4)
+    order = rank_prompts(model, tok, [built.text], [30], labels="letters")[0]
+    assert sorted(order) == list(range(30))
+    # The front door: one pass, the ranking recorded as numeric positions (ranking_text).
+    proxy = Proxy(TransformersBackend(str(tiny_smollm2)), spec, BM25Filter())
+    got = proxy.rank("what about topic 3?", sessions)
+    assert got.generation.text == ranking_text(order)
+    assert got.ranking.ids == tuple(built.candidate_ids[i] for i in order)
+
+    # A vLLM-shaped server: asked for at least as many logprobs as candidates.
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([body["prompt"]])).logits[0, -1], -1)
+        values, ids = lp.topk(body["logprobs"])
+        top = {f"token_id:{i}": v for i, v in zip(ids.tolist(), values.tolist(), strict=True)}
+        return httpx.Response(
+            200, json={"choices": [{"text": "", "logprobs": {"top_logprobs": [top]}}]}
+        )
+
+    be = OpenAIBackend(
+        "http://x:1", model=str(tiny_smollm2), transport=httpx.MockTransport(handler)
+    )
+    # A random tiny model spreads its mass over 49k tokens: ask for all of them.
+    served = backend_rankings(be, [built.text], [30], top=len(tok), labels="letters")
+    assert served == [order]
+    with pytest.raises(RankingHeadError, match="not among the server's top 30"):
+        backend_rankings(be, [built.text], [30], top=1, labels="letters")
+    assert seen[-1]["logprobs"] == 30  # at least one logprob per candidate

@@ -1,0 +1,186 @@
+"""The PL-GRPO estimator: the prefix the reward reads, the per-place ratio, the prefix KL.
+
+Exact checks on tiny score vectors (enumerating every ranking where a probability is needed),
+plus the contract with the reward service that makes a prefix safe to hand over: a ranking cut
+at the depth :func:`reward_depth` names is paid exactly what the whole ranking is paid."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from memsifter.errors import DataError
+from memsifter.qa.answerer import Answerer
+from memsifter.ranker.first_token import (
+    gumbel_topk,
+    pl_log_prob,
+    pl_place_log_probs,
+    pl_prefix_kl,
+    ranking_text,
+)
+from memsifter.rewards import RewardConfig, RewardRequest, RewardService
+from memsifter.testing.rewards import FakeWorkingLLM, fact_sessions
+from memsifter.training.config import GRPOSettings, TrainConfig
+from memsifter.training.pl_grpo import PLGRPOTrainer, pl_grpo_loss, reward_depth
+
+PINF = float("-inf")
+
+
+def _prefixes(n: int, k: int) -> list[tuple[int, ...]]:
+    return list(itertools.permutations(range(n), k))
+
+
+def test_place_terms_sum_to_log_pl_and_a_prefix_is_its_marginal() -> None:
+    scores = torch.tensor([[0.3, -1.2, 2.0, 0.5]])
+    full = torch.tensor([[list(p) for p in _prefixes(4, 4)]])
+    places = pl_place_log_probs(scores, full)
+    assert torch.allclose(places.sum(-1), pl_log_prob(scores, full))
+    # P(top-2 = (a, b)) is the sum of P(σ) over the full rankings that start with (a, b).
+    top2 = pl_log_prob(scores, full[..., :2]).exp()[0]
+    by_prefix: dict[tuple[int, int], float] = {}
+    for perm, p in zip(full[0].tolist(), pl_log_prob(scores, full).exp()[0].tolist(), strict=True):
+        by_prefix[tuple(perm[:2])] = by_prefix.get(tuple(perm[:2]), 0.0) + p
+    for perm, p in zip(full[0].tolist(), top2.tolist(), strict=True):
+        assert p == pytest.approx(by_prefix[tuple(perm[:2])], rel=1e-5)
+
+
+def _exact_prefix_kl(p: torch.Tensor, q: torch.Tensor, k: int) -> float:
+    """KL of the two top-k distributions, by enumerating every top-k."""
+    pre = torch.tensor([[list(x) for x in _prefixes(p.shape[-1], k)]])
+    lp, lq = pl_log_prob(p, pre)[0], pl_log_prob(q, pre)[0]
+    return float((lp.exp() * (lp - lq)).sum())
+
+
+def test_prefix_kl_is_the_chain_rule_kl_zero_at_the_reference() -> None:
+    p = torch.tensor([[0.3, -1.2, 2.0, 0.5, 0.0]])
+    q = torch.tensor([[1.0, 0.2, -0.5, 0.5, -1.0]])
+    k = 3
+    pre = torch.tensor([[list(x) for x in _prefixes(5, k)]])
+    weights = pl_log_prob(p, pre).exp()[0]  # P(σ) of each drawn prefix
+    estimate = (pl_prefix_kl(p, q, pre).sum(-1)[0] * weights).sum()
+    # E_{σ ~ P}[Σ_j KL_j] is exactly the prefix's KL: the estimator is unbiased.
+    assert float(estimate) == pytest.approx(_exact_prefix_kl(p, q, k), rel=1e-5)
+    assert float(estimate) > 0
+    assert torch.allclose(pl_prefix_kl(p, p, pre), torch.zeros(1, len(pre[0]), k), atol=1e-6)
+    # The first place alone is the head's first-place KL.
+    lp, lq = torch.log_softmax(p, -1), torch.log_softmax(q, -1)
+    first = float((lp.exp() * (lp - lq)).sum())
+    assert float(pl_prefix_kl(p, q, pre)[0, 0, 0]) == pytest.approx(first, rel=1e-5)
+
+
+def test_prefix_kl_gradient_is_finite_with_padded_candidates() -> None:
+    p = torch.tensor([[0.3, -1.2, 2.0, PINF, PINF], [1.0, 0.0, -1.0, 0.5, 0.2]], requires_grad=True)
+    q = torch.tensor([[0.0, 0.1, 0.2, PINF, PINF], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    drawn = gumbel_topk(p, 6, k=3, generator=torch.Generator().manual_seed(0))
+    assert (drawn[0] < 3).all()  # padding is never inside a row's prefix
+    kl = pl_prefix_kl(p, q, drawn)
+    kl.sum().backward()
+    assert torch.isfinite(kl).all() and (kl >= -1e-6).all()
+    assert torch.isfinite(p.grad).all()
+    assert (p.grad[0, 3:] == 0).all()  # padding gets no gradient
+
+
+def test_first_iteration_gradient_is_minus_a_grad_log_pl_of_the_prefix() -> None:
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 7, generator=gen, requires_grad=True)
+    drawn = gumbel_topk(scores, 5, k=4, generator=gen)
+    adv = torch.randn(3, 5, generator=gen)
+    depths = torch.tensor([4, 2, 3])
+    mask = (torch.arange(4)[None, :] < depths[:, None]).float().unsqueeze(1)
+    logp = pl_place_log_probs(scores, drawn)
+    loss = pl_grpo_loss(logp, logp.detach(), adv, mask, 0.2, 0.28)
+    (got,) = torch.autograd.grad(loss, scores)
+    want_loss = 0.0
+    for b, d in enumerate(depths.tolist()):
+        want_loss = (
+            want_loss - (adv[b] * pl_log_prob(scores[b : b + 1], drawn[b : b + 1, :, :d])[0]).sum()
+        )
+    (want,) = torch.autograd.grad(want_loss / adv.numel(), scores)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_each_place_is_clipped_on_its_own() -> None:
+    """A place whose ratio left the trust region stops pulling (A > 0, ρ_j > 1 + ε_high); the
+    others still do. A whole-ranking ratio would have clipped every place at once, or none."""
+    logp = torch.tensor([[[0.0, 0.0, 0.0]]], requires_grad=True)
+    old = torch.tensor([[[-1.0, 0.0, 0.0]]])  # place 0's ratio is e, far above 1.28
+    loss = pl_grpo_loss(logp, old, torch.tensor([[1.0]]), torch.ones(1, 1, 3), 0.2, 0.28)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert grad[0, 0, 0] == 0 and (grad[0, 0, 1:] == -1).all()
+    assert float(loss.detach()) == pytest.approx(-(1.28 + 1 + 1))
+
+
+def test_reward_depth_is_the_deepest_component_the_reward_reads() -> None:
+    cfg = RewardConfig()  # max_k 8, retrieval_k 10, longmemeval's tiers stop at 3
+    assert reward_depth(cfg, 0.0, 20, "locomo", "1") == 8
+    assert reward_depth(cfg, 0.3, 20, "locomo", "1") == 10  # the warm-up's NDCG@10 reads deeper
+    assert reward_depth(cfg, 0.3, 6, "locomo", "1") == 6  # never past the candidates
+    assert reward_depth(cfg, 0.0, 20, "longmemeval", None) == 3
+    assert reward_depth(RewardConfig(max_k=7), 0.0, 20, "x", None) == 5  # the deepest tier
+    assert reward_depth(cfg, 0.0, 20, "locomo", "5") == 1  # R_ans off, beta 0: flat reward
+    assert reward_depth(RewardConfig(alpha=0.0, format_reward=0.0), 0.3, 20, "x", None) == 10
+
+
+@pytest.mark.parametrize("step", [0, 50])  # warm-up on (beta > 0), then off
+def test_the_service_pays_a_prefix_at_the_reward_depth_what_it_pays_the_whole_ranking(
+    step: int,
+) -> None:
+    n = 10
+    cfg = RewardConfig(
+        max_k=5, retrieval_k=7, beta0=0.5, decay_steps=20, default_task_metric="f1",
+        task_metrics={},
+    )  # fmt: skip
+    service = RewardService(
+        Answerer(FakeWorkingLLM(), 100_000, 8, memory_order="chronological"), cfg
+    )
+    depth = reward_depth(cfg, service.shaping.beta(step), n, "custom", None)
+    assert depth == (7 if step == 0 else 5)
+    rng = random.Random(0)
+    perms = [rng.sample(range(n), n) for _ in range(30)]
+    texts = [ranking_text(p) for p in perms]
+    request = RewardRequest(
+        question="What is the fact of c?",
+        answer="blue Lisbon",
+        candidates=fact_sessions(n, "c"),
+        gold_ids=("c/s0", "c/s1"),
+        question_date="9 May 2023",
+        data_source="custom",
+        completions=tuple(texts + [ranking_text(p[:depth]) for p in perms]),
+    )
+    (group,) = service.score([request], step=step).rewards
+    whole, prefix = group[: len(perms)], group[len(perms) :]
+    assert [c.reward for c in prefix] == [c.reward for c in whole]
+    # One place shorter is not the same: the depth is the reward's, not an arbitrary cut.
+    short = dict(request.__dict__, completions=tuple(ranking_text(p[: depth - 1]) for p in perms))
+    (cut,) = service.score([RewardRequest(**short)], step=step).rewards
+    assert [c.reward for c in cut] != [c.reward for c in whole]
+
+
+def test_pl_depth_is_validated_and_auto_needs_the_reward_config() -> None:
+    assert GRPOSettings().pl_depth == "auto"
+    assert GRPOSettings(pl_depth=3).pl_depth == 3
+    for bad in ("deep", 0):
+        with pytest.raises(ValueError, match="pl_depth"):
+            GRPOSettings(pl_depth=bad)
+    cfg = TrainConfig()
+    cfg.grpo = GRPOSettings(num_generations=2, per_device_train_batch_size=2)
+
+    def plain(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [0.0] * len(completions)
+
+    # Refused before any model loads: a guess at the depth would be a silent choice.
+    with pytest.raises(DataError, match="pl_depth"):
+        PLGRPOTrainer(cfg, "unused", [{"prompt": "p", "n_candidates": 3}], plain, Path("x"))
+
+
+def test_pl_depth_knob_loads_from_yaml(tmp_path: Path) -> None:
+    from memsifter.training.config import load_train_config
+
+    for value, want in (("full", "full"), ("5", 5), ("auto", "auto")):
+        path = tmp_path / "t.yaml"
+        path.write_text(f"grpo:\n  pl_depth: {value}\n", encoding="utf-8")
+        assert load_train_config(path).grpo.pl_depth == want
