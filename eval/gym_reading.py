@@ -402,7 +402,7 @@ def evaluate(
 
     runs: dict[str, list[list[int]]] = {"bm25": [list(r["coarse_order"]) for r in rows]}
     world = load_world(ROOT / world_config(size))
-    shortcuts = shortcut_rankings(world, rows)
+    shortcuts = shortcut_rankings(world, rows, positions=True)
     runs["start"] = cached("start", lambda: rank_with(MODEL, rows, spec))
     trained = {}
     for name in names:
@@ -570,8 +570,17 @@ def render(results: dict[str, Any]) -> str:
                 f"| {name} | {_f(m.get('ndcg@1_useful'))} | {_f(m.get('answer_acc@1'))} | "
                 f"{_f(m.get('answer_acc@3'))} |"
             )
-        for name, m in rung["rankers"].get("shortcuts", {}).items():
-            lines.append(f"| shortcut: {name} | {_f(m['ndcg@1_useful'])} | - | - |")
+        shortcuts = rung["rankers"].get("shortcuts", {})
+        for name, m in shortcuts.items():
+            if not name.startswith("position "):
+                lines.append(f"| shortcut: {name} | {_f(m['ndcg@1_useful'])} | - | - |")
+        positions = {n: m for n, m in shortcuts.items() if n.startswith("position ")}
+        if positions:
+            best = max(positions, key=lambda n: positions[n]["ndcg@1_useful"])
+            lines.append(
+                f"| shortcut: best single position ({best}; every one in the JSON) | "
+                f"{_f(positions[best]['ndcg@1_useful'])} | - | - |"
+            )
         if rung.get("cluster_ci95"):
             lines += ["", "| pair (A − B) | metric | mean | 95% CI (users) |", "|---|---|---|---|"]
             for pair, cis in rung["cluster_ci95"].items():
@@ -646,6 +655,9 @@ def main() -> None:
     ap.add_argument(
         "--per-user", type=int, default=2, help="test questions a user scored (0: every one)"
     )
+    ap.add_argument(
+        "--note", action="append", default=None, help="a line for the rung's notes (repeatable)"
+    )
     ap.add_argument("--probe-steps", type=int, default=120)
     ap.add_argument("--probe-lr", type=float, default=3e-4)
     ap.add_argument("--probe-layers", type=int, default=6)
@@ -674,6 +686,8 @@ def main() -> None:
             "machine": machine_line(machine_facts(), run=True),
         }
     )
+    if args.note is not None:
+        rung["notes"] = list(args.note)
     if "probe" in stages:
         rung["probe"] = probe(
             data, out, args.probe_steps, args.probe_lr, args.probe_layers, args.probe_batch

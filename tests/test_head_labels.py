@@ -6,6 +6,7 @@ candidates, a checkpoint served with the other labelling, letters with ``generat
 from __future__ import annotations
 
 import json
+import shutil
 import string
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,29 @@ def test_the_head_ranks_30_candidates_in_one_pass_in_process_and_on_a_server(
     with pytest.raises(RankingHeadError, match="not among the server's top 30"):
         backend_rankings(be, [built.text], [30], top=1, labels="letters")
     assert seen[-1]["logprobs"] == 30  # at least one logprob per candidate
+
+
+def test_validation_reads_the_head_at_the_data_labels(tiny_smollm2: Path, tmp_path: Path) -> None:
+    """Validation takes the labels from the run's data (so a start model with no spec of its
+    own is read right), and a checkpoint trained with the other labelling is refused."""
+    from types import SimpleNamespace
+
+    from memsifter.ranker.checkpoint import PromptSpecError, save_spec
+    from memsifter.training.validation import ValidationEngine
+
+    data = tmp_path / "data"
+    save_spec(_letters_spec("smollm2-135m-instruct"), data)
+    epochs = SimpleNamespace(validation_engine_args={}, validation_backend="transformers")
+    cfg = SimpleNamespace(
+        epochs=epochs, model=SimpleNamespace(context_tokens=None), threads=None, data=str(data)
+    )
+    engine = ValidationEngine.from_config(cfg, "first_token")  # type: ignore[arg-type]
+    assert engine.labels == "letters"
+    assert ValidationEngine.from_config(cfg).labels is None  # type: ignore[arg-type]
+    proxy = engine.proxy(tiny_smollm2, max_new_tokens=1)  # no spec of its own: the data's
+    assert proxy.spec.labels == "letters"
+    ckpt = tmp_path / "digits-ckpt"
+    shutil.copytree(tiny_smollm2, ckpt)
+    save_spec(PromptSpec(ask_think=False, ranking_head="first_token"), ckpt)
+    with pytest.raises(PromptSpecError, match=r"labels: 'letters' \(the model's spec: 'digits'\)"):
+        engine.proxy(ckpt, max_new_tokens=1)

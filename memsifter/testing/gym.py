@@ -65,12 +65,10 @@ def read_corpus() -> tuple[str, ...]:
     from memsifter.data.gym_read_grammar import corpus
 
     letters = string.ascii_uppercase + string.ascii_lowercase
-    return (
-        *gym_corpus(),
-        *corpus(),
-        *(f"[Session {c}] Date: 01 May 2024" for c in letters),
-        "<ranking>C, A, F</ranking>",
-    )
+    # Each label is scored as space + letter; repeated so that BPE merges every such pair into
+    # one token (once each, a 1,200-piece vocabulary merges only the common ones).
+    labels = [f"[Session {c}] Date: 01 May 2024 <ranking> {c}, {c}" for c in letters] * 40
+    return (*gym_corpus(), *corpus(), *labels)
 
 
 ARCHS = ("gpt2", "qwen3")
