@@ -424,8 +424,7 @@ def evaluate(
     permuted: dict[str, Any] = {}
     if trained:
         prow = permuted_rows(size, rows, spec, seed=1)
-        for name in ["start", *trained]:
-            model = MODEL if name == "start" else trained[name]
+        for name, model in trained.items():
             rk = cached(f"{name}_permuted", lambda m=model: rank_with(m, prow, spec))
             hits = [
                 bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
