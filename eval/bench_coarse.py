@@ -32,7 +32,6 @@ import os
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -46,7 +45,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from benchlib import machine, machine_line
+from benchlib import git_dirty, git_head, machine, machine_line
 
 from memsifter.data import MemoryDataset, Ranking, Session, Turn, load_locomo
 from memsifter.data.haystack import HaystackBuilder, parse_budget
@@ -344,23 +343,8 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def _git() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-        ).stdout.strip()
-        return head + (" (uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    head = git_head()
+    return head + (" (uncommitted changes)" if head != "unknown" and git_dirty() else "")
 
 
 def exact_command() -> str:

@@ -40,6 +40,36 @@ TENANT = "bench"
 # ---------------------------------------------------------------------------------- the machine
 
 
+def git_head() -> str:
+    """The repository's short HEAD, or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            text=True,
+            capture_output=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def git_dirty(*paths: str) -> bool:
+    """Whether tracked files (only ``paths``, when given) differ from HEAD: a result measured
+    on uncommitted code says so."""
+    try:
+        return bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
+                cwd=REPO,
+                text=True,
+                capture_output=True,
+            ).stdout.strip()
+        )
+    except OSError:
+        return False
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's CPU time so far, user + system, all threads."""
     import psutil  # the dev extra

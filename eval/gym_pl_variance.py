@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -196,9 +195,9 @@ def main() -> None:
                 mean = sum(diff) / len(diff)
                 se = math.sqrt(sum((d - mean) ** 2 for d in diff) / (len(diff) - 1) / len(diff))
                 learning[f"{n}/{how}"]["saved_vs_full"] = {"mean": mean, "se": se}
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    from benchlib import git_dirty, git_head  # eval/ is this script's sys.path[0]
+
+    rev = git_head()
     # The code this probe measures; a result from an uncommitted edit of it says so.
     measured = [
         "eval/gym_pl_variance.py",
@@ -206,7 +205,7 @@ def main() -> None:
         "memsifter/training/pl_grpo.py",
         "memsifter/rewards/tiers.py",
     ]
-    if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *measured], cwd=ROOT).returncode:
+    if git_dirty(*measured):
         rev += " + uncommitted changes"
     result = {
         "code_version": rev,

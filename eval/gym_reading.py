@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,19 +65,9 @@ def world_config(size: str) -> str:
 
 
 def code_version() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return rev + ("+dirty" if dirty else "")
+    from benchlib import git_dirty, git_head  # eval/ is this script's sys.path[0]
+
+    return git_head() + ("+dirty" if git_dirty() else "")
 
 
 # -- 1. data ---------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -292,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     worlds = args.world or list(DEFAULT_WORLDS)
-    version = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    from benchlib import git_head  # eval/ is this script's sys.path[0]
+
+    version = git_head()
     command = "python eval/gym_shortcuts.py" + "".join(f" --world {w}" for w in args.world or ())
     command += f" --split {args.split}" if args.split != "test" else ""
     results: dict[str, Any] = {"code_version": version, "command": command, "bar": BAR}

@@ -51,12 +51,7 @@ from memsifter.config import from_dict, load_config
 from memsifter.data.dataset import LoadReport, MemoryDataset
 from memsifter.data.gym_config import ALL_LEVELS, LEVELS, READ_LEVEL, READ_SIZES, SIZES, GymConfig
 from memsifter.data.gym_grammar import (
-    _ACKS,
-    _CLOSERS,
-    _FILLERS,
-    _GREETINGS,
     _SMALL_TALK,
-    ASSISTANT,
     ATTRIBUTE_NAMES,
     ATTRIBUTES,
     DATE_FORMAT,
@@ -71,6 +66,7 @@ from memsifter.data.gym_grammar import (
     parse_date,
     parse_question,
     parse_statements,
+    session_turns,
 )
 from memsifter.data.gym_read import READ_CARD, read_card_rows, read_stats, read_users
 from memsifter.data.splits import SPLITS
@@ -224,17 +220,7 @@ def _user(
     for i, ev in enumerate(events):
         day += timedelta(days=rng.randrange(2, 15))
         sid = f"{uid}/s{i:02d}"
-        # Two turns keep a nine-session prompt near 500 tokens of the gym proxy; a third and
-        # fourth (filler, closer) come with `long_sessions`.
-        turns = [
-            {"speaker": name, "text": f"{rng.choice(_GREETINGS)} {ev.text}"},
-            {"speaker": ASSISTANT, "text": rng.choice(_ACKS)},
-        ]
-        if cfg.long_sessions:
-            turns += [
-                {"speaker": name, "text": rng.choice(_FILLERS)},
-                {"speaker": ASSISTANT, "text": rng.choice(_CLOSERS)},
-            ]
+        turns = session_turns(rng, name, ev.text, cfg.long_sessions)
         sessions.append(
             {
                 "id": sid,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 QUESTION_KINDS: tuple[str, ...] = ("current", "earlier", "none")
 UNKNOWN = "unknown"  # the reader's answer when nothing it sees fits the question
@@ -253,6 +254,24 @@ _SMALL_TALK = (
     "My phone battery keeps dying.",
     "I went for a long walk by the river.",
 )
+
+
+def session_turns(rng: Any, name: str, text: str, long_sessions: bool) -> list[dict[str, str]]:
+    """A session's turns around its event ``text``: the user's greeting and event, the
+    assistant's acknowledgement, and with ``long_sessions`` a filler and a closer. Two turns
+    keep a nine-session prompt near 500 tokens of the gym proxy. Every level writes its
+    sessions here, so their draws (and so the worlds' bytes) stay in one order."""
+    turns = [
+        {"speaker": name, "text": f"{rng.choice(_GREETINGS)} {text}"},
+        {"speaker": ASSISTANT, "text": rng.choice(_ACKS)},
+    ]
+    if long_sessions:
+        turns += [
+            {"speaker": name, "text": rng.choice(_FILLERS)},
+            {"speaker": ASSISTANT, "text": rng.choice(_CLOSERS)},
+        ]
+    return turns
+
 
 # -- the grammar, read back ------------------------------------------------------------------
 

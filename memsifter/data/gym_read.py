@@ -43,16 +43,12 @@ from typing import Any
 
 from memsifter.data.gym_config import GymConfig
 from memsifter.data.gym_grammar import (
-    _ACKS,
-    _CLOSERS,
-    _FILLERS,
-    _GREETINGS,
     _SMALL_TALK,
-    ASSISTANT,
     DATE_FORMAT,
     KNOWLEDGE,
     NAMES,
     RELATIONS,
+    session_turns,
 )
 from memsifter.data.gym_read_grammar import (
     DISTRACTOR_KINDS,
@@ -231,15 +227,7 @@ def _sessions(
     for i, ev in enumerate(events):
         day += timedelta(days=rng.randrange(2, 15))
         ev.sid = f"{uid}/s{i:02d}"
-        turns = [
-            {"speaker": name, "text": f"{rng.choice(_GREETINGS)} {ev.text}"},
-            {"speaker": ASSISTANT, "text": rng.choice(_ACKS)},
-        ]
-        if cfg.long_sessions:
-            turns += [
-                {"speaker": name, "text": rng.choice(_FILLERS)},
-                {"speaker": ASSISTANT, "text": rng.choice(_CLOSERS)},
-            ]
+        turns = session_turns(rng, name, ev.text, cfg.long_sessions)
         event = {
             "attribute": ev.attribute,
             "kind": ev.kind,

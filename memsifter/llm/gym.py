@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from memsifter.data.gym import (
+from memsifter.data.gym_grammar import (
     ASSISTANT,
     UNKNOWN,
     GymQuestion,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from memsifter.data.gym import (
+from memsifter.data.gym_grammar import (
     _ACKS,
     _CLOSERS,
     _FILLERS,
