@@ -550,7 +550,7 @@ def serve(
         ),
     ] = 1,
 ) -> None:
-    """Run the recall service (FastAPI; OpenAPI at /docs)."""
+    """Run the recall service (FastAPI; OpenAPI schema at /openapi.json)."""
     from memsifter.serving.server import serve as run_server
 
     source, copy = config or DEFAULT_CONFIG, None
@@ -583,13 +583,21 @@ def mcp_cmd(
     log_level: Annotated[
         str, typer.Option(help="debug | info | warning | error (logs go to stderr)")
     ] = "warning",
+    create_db: Annotated[
+        bool,
+        typer.Option(
+            "--create-db",
+            help="start an empty memory if the config's database has none (by default "
+            "`memsifter mcp` only opens an existing one, as `memsifter serve` made it)",
+        ),
+    ] = False,
 ) -> None:
     """Serve one user's memory as MCP tools over stdio (recall, remember, add_fact, facts,
     forget) for an MCP client such as a desktop assistant; see docs/mcp.md."""
     from memsifter.serving.mcp import run_stdio
 
     try:
-        run_stdio(config, user=user, key_env=key_env, log_level=log_level)
+        run_stdio(config, user=user, key_env=key_env, log_level=log_level, create_db=create_db)
     except MemSifterError as e:
         _fail(e)
 

@@ -93,7 +93,7 @@ def test_served_prompt_is_the_rl_data_prompt(
     recorder = _Recorder()
     ranker.backend.generate = recorder  # type: ignore[union-attr,method-assign]
     pages = list(query.haystack)
-    outcome = ranker.rank(query.question, pages, question_date=query.question_date)
+    outcome = ranker.rank(query.question, pages, tenant="acme", question_date=query.question_date)
     assert outcome.parse.status == "ok"
     (served,) = recorder.prompts
     assert recorder.caps == [spec.completion_tokens]  # the generation cap is the spec's

@@ -81,6 +81,14 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
         "body",
     ),
     ("deep-nesting", "POST", RANK, {"content": b"[" * 100_000, "headers": JSON}, 400, "body"),
+    (
+        "deep-nesting-valid",
+        "POST",
+        RANK,
+        {"content": b"[" * 1000 + b"]" * 1000, "headers": JSON},
+        400,
+        "body",
+    ),
     ("empty-body", "POST", RANK, {"content": b"", "headers": JSON}, 422, "body"),
     ("array-body", "POST", RANK, {"json": [1, 2]}, 422, "body"),
     ("string-body", "POST", RANK, {"json": "rank please"}, 422, "body"),
@@ -429,7 +437,28 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str]] = [
         "body.expires_at",
     ),
     ("fact-patch-empty", "PATCH", f"{BOB}/facts/{FACT}", {"json": {}}, 422, "body"),
+    (
+        "rerank-model-nul",
+        "POST",
+        "/v1/rerank",
+        {"json": {"model": "a\x00b", "query": "q", "documents": ["d"]}},
+        422,
+        "body.model",
+    ),
     ("unknown-endpoint", "GET", "/v1/nothing-here", {}, 404, "path"),
+    # No redirect adds or drops a slash (its Location would come from the Host header).
+    (
+        "trailing-slash",
+        "POST",
+        "/v1/rerank/",
+        {"json": {"query": "q", "documents": ["d"]}, "headers": {"host": "evil.example"}},
+        404,
+        "path",
+    ),
+    ("trailing-slash-get", "GET", "/healthz/", {}, 404, "path"),
+    # Swagger UI and ReDoc are off unless the config turns them on (api_docs_from_cdn).
+    ("api-docs-off", "GET", "/docs", {}, 404, "path"),
+    ("redoc-off", "GET", "/redoc", {}, 404, "path"),
     ("wrong-method", "GET", RANK, {}, 405, "method"),
 ]
 
@@ -448,6 +477,26 @@ def test_bad_request_gets_a_4xx_naming_the_field(
     fields = [f["field"] for f in body["error"]["fields"]]
     assert field in fields, (fields, body["error"]["message"])
     assert "Traceback" not in r.text
+
+
+def test_the_error_says_what_is_wrong_with_the_body(client: TestClient) -> None:
+    # The field alone ("body") does not tell a client that 1,000 levels of [] is the problem.
+    deep = client.post(RANK, content=b"[" * 1000 + b"]" * 1000, headers=JSON).json()["error"]
+    assert deep["type"] == "malformed_json" and "nested too deeply" in deep["message"]
+    assert deep["fields"] == [{"field": "body", "message": "JSON nested too deeply"}]
+    # A plain 404, not a redirect to the host the request named.
+    r = client.post(
+        "/v1/rerank/",
+        json={"query": "q", "documents": ["d"]},
+        headers={"host": "evil.example"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 404 and "location" not in r.headers and "evil" not in r.text
+    # The model name is echoed back, so it is text like any other field: no NUL, no surrogate.
+    r = client.post("/v1/rerank", json={"model": "m\x00", "query": "q", "documents": ["d"]})
+    assert r.status_code == 422 and "NUL" in r.json()["error"]["fields"][0]["message"]
+    r = client.post("/v1/rerank", json={"model": "m-1", "query": "q", "documents": ["d"]})
+    assert r.status_code == 200 and r.json()["model"] == "m-1"
 
 
 def test_there_are_enough_cases_and_none_expects_a_5xx() -> None:

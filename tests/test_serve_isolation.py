@@ -1,11 +1,13 @@
 """Tenant isolation: a key only ever reaches its own tenant's data. Tenant A's key cannot read,
 list, recall, page in, correct, forget or delete anything of tenant B, even knowing B's user,
-session and fact ids; the same user id under A is a different, empty user. On SQLite, and on
-PostgreSQL too when ``MEMSIFTER_TEST_PG_DSN`` is set."""
+session and fact ids; the same user id under A is a different, empty user; and a haystack A sent
+to ``/v1/rank`` or ``/v1/rerank`` is not in B's cache, so B's timings cannot tell that A sent it.
+On SQLite, and on PostgreSQL too when ``MEMSIFTER_TEST_PG_DSN`` is set."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -121,3 +123,51 @@ def test_stateless_rerank_needs_a_key_and_neither_reads_nor_writes_tenant_data(
     assert SECRET not in str(c.post(path, headers=B, json=body).json())
     assert c.get("/v1/users/bob/sessions", headers=A).json()["total"] == 0  # nothing stored
     assert c.get("/v1/users/bob/sessions", headers=B).json()["total"] == 1
+
+
+def test_a_haystack_one_tenant_cached_is_a_miss_for_every_other(
+    setup: tuple[TestClient, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # /v1/rank and /v1/rerank cache each haystack's BM25 index by content. Shared across
+    # tenants, a hit (coarse_ms 0.3 where a build takes 37) told B that someone had sent that
+    # exact document set. Counting index builds makes the timing deterministic: B's request
+    # builds once whether or not A sent the set first, and a repeat within a tenant still hits.
+    c, _ = setup
+    inner = c.app.state.services.ranker.coarse.inner  # type: ignore[attr-defined]
+    built: list[int] = []
+    build = inner.build_index
+    monkeypatch.setattr(inner, "build_index", lambda sessions: built.append(1) or build(sessions))
+
+    def rerank(headers: dict[str, str], docs: list[str]) -> list[int]:
+        r = c.post("/v1/rerank", headers=headers, json={"query": "vault code", "documents": docs})
+        assert r.status_code == 200, r.text
+        return [x["index"] for x in r.json()["results"]]
+
+    def rank(headers: dict[str, str], texts: list[str]) -> list[str]:
+        sessions = [
+            {"id": f"s{i}", "turns": [{"speaker": "u", "text": t}]} for i, t in enumerate(texts)
+        ]
+        r = c.post("/v1/rank", headers=headers, json={"question": "vault", "sessions": sessions})
+        assert r.status_code == 200, r.text
+        return [x["id"] for x in r.json()["ranking"]]
+
+    def builds(call: Callable[[dict[str, str], list[str]], object], *args: Any) -> int:
+        before = len(built)
+        call(*args)
+        return len(built) - before
+
+    sent = [f"document {i}: the vault code is {i}" for i in range(6)]
+    fresh = [f"unseen {i}: the vault has {i} doors" for i in range(6)]
+    for call in (rerank, rank):
+        # A first, then B, then each again: B misses after A as it misses an unsent set.
+        assert builds(call, A, sent) == 1
+        assert builds(call, B, sent) == 1
+        assert builds(call, B, [*fresh, call.__name__]) == 1
+        assert builds(call, A, sent) == 0 and builds(call, B, sent) == 0
+        # B first, then A.
+        other = [f"{t} ({call.__name__}, B first)" for t in sent]
+        assert builds(call, B, other) == 1 and builds(call, A, other) == 1
+        assert call(A, other) == call(B, other)  # the same answer, from two indexes
+    # Nothing in the cache is keyed by content alone: every entry names its tenant.
+    keys = inner.cache.keys()
+    assert keys and all(k[0] in ("scope:tenant-a", "scope:tenant-b") for k in keys)

@@ -4,9 +4,11 @@
 protocol; ``legacy``: the initialize handshake).
 
 Each transport round-trips every tool (remember, then recall finds the page; add_fact, facts
-lists it, forget removes it). A refused call is an ``isError`` result naming the argument, and the
-next call on the same client still works; keys and users never see each other's memory; a
-missing or wrong key is the service's JSON 401 before MCP sees the request.
+lists it, forget removes it). A refused call is an ``isError`` result whose text is the service's
+bounded error body naming the argument, and the next call on the same client still works; the
+arguments obey the HTTP bodies' contract (strict integers); keys and users never see each other's
+memory; a missing or wrong key is the service's JSON 401 before MCP sees the request, and a key
+revoked under a running stdio process is refused there too.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -28,12 +32,16 @@ import pytest
 from fastapi.testclient import TestClient
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp_types import CallToolResult, JSONRPCError, JSONRPCNotification, JSONRPCResponse
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
 from memsifter.serving.app import create_app
 from memsifter.serving.config import AdminSettings, ApiKeySettings, LimitSettings, ServeConfig
-from memsifter.serving.store import hash_key
+from memsifter.serving.errors import MAX_ERROR_BYTES, MAX_ERROR_FIELDS
+from memsifter.serving.mcp import MAX_STDIO_LINE_BYTES, LineLimit, missing_memory
+from memsifter.serving.store import Store, hash_key
 from memsifter.testing.server import live_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,12 +95,19 @@ def ok(result: CallToolResult) -> dict[str, Any]:
     return result.structured_content
 
 
-def refused(result: CallToolResult, *needles: str) -> str:
+def refused(result: CallToolResult, *needles: str) -> dict[str, Any]:
+    """The refusal's error body (the HTTP API's shape), after checking that its text holds
+    each needle."""
     assert result.is_error, result.structured_content
+    assert result.structured_content is None  # a client would check it against the output schema
     text = result.content[0].text  # type: ignore[union-attr]
     for needle in needles:
         assert needle in text, text
-    return text
+    assert len(text.encode()) <= MAX_ERROR_BYTES
+    error = json.loads(text)["error"]
+    assert set(error) == {"type", "message", "fields", "fields_total"}
+    assert len(error["fields"]) <= min(error["fields_total"], MAX_ERROR_FIELDS)
+    return error
 
 
 async def round_trip(client: Client, tag: str) -> None:
@@ -165,6 +180,12 @@ async def failures_then_recovery(client: Client) -> None:
         await client.call_tool("recall", {"question": "parrot?", "topk": 3}),
         "unknown argument topk",
     )
+    # Integers are strict, as in the HTTP bodies: neither a string nor a boolean is a top_k.
+    for top_k in ("3", True, 2.5):
+        error = refused(await client.call_tool("recall", {"question": "parrot?", "top_k": top_k}))
+        assert error["type"] == "validation_error"
+        assert [f["field"] for f in error["fields"]] == ["top_k"], error
+    refused(await client.call_tool("recall_everything", {}), "unknown tool 'recall_everything'")
     refused(await client.call_tool("facts", {"user": "bob"}), "unknown argument user")
     refused(await client.call_tool("remember", {}), "either turns or session")
     refused(
@@ -232,27 +253,29 @@ def _stdio_config(tmp_path: Path, db_url: str) -> Path:
     return path
 
 
-def _mcp_command(config: Path, user: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "memsifter.cli",
-        "mcp",
-        "--user",
-        user,
-        "--config",
-        str(config),
-        *extra,
-    ]
+def _existing_memory(db_url: str) -> Store:
+    """The database as `memsifter serve` leaves it (migrated), which `memsifter mcp` opens."""
+    store = Store(db_url)
+    store.migrate()
+    return store
+
+
+def _mcp_command(config: Path | None, user: str, *extra: str) -> list[str]:
+    flags = ["--config", str(config)] if config is not None else []
+    return [sys.executable, "-m", "memsifter.cli", "mcp", "--user", user, *flags, *extra]
+
+
+def _stdio_params(command: list[str], env: dict[str, str]) -> StdioServerParameters:
+    return StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=ROOT)
 
 
 def test_stdio_round_trip_and_failures(tmp_path: Path, serve_db: Callable[[str], str]) -> None:
+    # --create-db: the one way `memsifter mcp` starts a memory of its own.
     config = _stdio_config(tmp_path, serve_db("mcp_stdio"))
     env = {**os.environ, "MEMSIFTER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
 
     async def run() -> None:
-        command = _mcp_command(config, "stdio-alice")
-        params = StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=ROOT)
+        params = _stdio_params(_mcp_command(config, "stdio-alice", "--create-db"), env)
         async with Client(params) as client:
             await round_trip(client, "stdio")
             await failures_then_recovery(client)
@@ -260,10 +283,60 @@ def test_stdio_round_trip_and_failures(tmp_path: Path, serve_db: Callable[[str],
     asyncio.run(asyncio.wait_for(run(), 240))
 
 
+def test_stdio_bounds_its_replies_and_rechecks_its_key(
+    tmp_path: Path, serve_db: Callable[[str], str]
+) -> None:
+    """On one stdio session: 30,000 bad turns get the bounded error body; a reply over the
+    1 MiB line limit is a JSON-RPC error naming it; the session survives both. Then the key is
+    revoked under the running process: within 5 s its calls are refused as on HTTP, and
+    nothing more is stored."""
+    db_url = serve_db("mcp_stdio_revoke")
+    store = _existing_memory(db_url)
+    config = _stdio_config(tmp_path, db_url)
+    env = {**os.environ, "MEMSIFTER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
+    user = "stdio-revoked"
+
+    async def run() -> None:
+        async with Client(_stdio_params(_mcp_command(config, user), env)) as client:
+            bad = [{"speaker": 5, "text": 7}] * 30_000
+            error = refused(await client.call_tool("remember", {"turns": bad}), "turns[0].speaker")
+            assert error["type"] == "validation_error" and error["fields_total"] == 60_000
+            assert len(error["fields"]) == MAX_ERROR_FIELDS
+
+            # 40 turns at the 20,000-character limit make 10 pages of 80,000 characters each:
+            # storing them is fine, recalling all ten is a reply of about 1.6 MB.
+            text = ("parrot " * 2_900)[:19_990]
+            big = {"id": "big", "turns": [{"speaker": "user", "text": text}] * 40}
+            assert ok(await client.call_tool("remember", {"session": big}))["sessions"]
+            with pytest.raises(MCPError, match=f"over the {MAX_STDIO_LINE_BYTES:,} one stdio line"):
+                await client.call_tool("recall", {"question": "parrot?", "top_k": 10})
+            assert len(ok(await client.call_tool("recall", {"question": "parrot?"}))["hits"]) == 5
+
+            (key,) = store.list_api_keys("acme") or []
+            assert store.revoke_api_key(key.key_id) is not None
+            revoked_at = time.monotonic()
+            while not (await client.call_tool("facts", {})).is_error:
+                assert time.monotonic() - revoked_at < 5, "a revoked key still works"
+                await asyncio.sleep(0.1)
+            turn = [{"speaker": "user", "text": "remember me"}]
+            error = refused(await client.call_tool("remember", {"turns": turn}), "invalid API key")
+            assert error["type"] == "unauthorized"
+            assert error["fields"] == [
+                {"field": "$MEMSIFTER_API_KEY", "message": "invalid API key"}
+            ]
+
+    asyncio.run(asyncio.wait_for(run(), 240))
+    sessions, total = store.list_sessions("acme", user)
+    assert total == 1 and [s.session_id for s in sessions] == ["big"]
+    store.close()
+
+
 def test_stdio_refuses_to_start_without_a_valid_key(
     tmp_path: Path, serve_db: Callable[[str], str]
 ) -> None:
-    config = _stdio_config(tmp_path, serve_db("mcp_stdio_refused"))
+    db_url = serve_db("mcp_stdio_refused")
+    _existing_memory(db_url).close()
+    config = _stdio_config(tmp_path, db_url)
     env = {k: v for k, v in os.environ.items() if k != "MEMSIFTER_API_KEY"}
     cases = [
         ({}, (), "$MEMSIFTER_API_KEY is not set"),
@@ -294,6 +367,29 @@ def test_stdio_refuses_to_start_without_a_valid_key(
         cwd=ROOT,
     )
     assert bad_user.returncode == 2 and "is not a user id" in bad_user.stderr
+
+
+def test_stdio_never_starts_an_empty_memory_unasked(tmp_path: Path) -> None:
+    """The default config's database is `memsifter serve`'s (sqlite:///memsifter.db, relative
+    to the working directory). Where there is none, `memsifter mcp` says which setting to point
+    at it instead of creating an empty memory that knows no user."""
+    env = {k: v for k, v in os.environ.items() if k != "MEMSIFTER_SERVE_DB_URL"}
+    done = subprocess.run(
+        _mcp_command(None, "alice"),
+        # COLUMNS: the error is printed by rich, which would fold a long path across lines.
+        env={**env, "MEMSIFTER_API_KEY": KEY, "OMP_NUM_THREADS": "1", "COLUMNS": "1000"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    stderr = " ".join(done.stderr.split())
+    assert done.returncode == 2, stderr
+    assert f"no database file {tmp_path / 'memsifter.db'}" in stderr, stderr
+    for needle in ("$MEMSIFTER_SERVE_DB_URL", "--config", "--create-db", "memsifter serve"):
+        assert needle in stderr, stderr
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------- Streamable HTTP
@@ -491,3 +587,129 @@ def test_http_rate_limit_is_the_service_429(config: ServeConfig) -> None:
         r = client.post("/mcp", json=ping, headers=headers)
         assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limited"
         assert int(r.headers["retry-after"]) >= 1
+
+
+def _tool_call(name: str, arguments: dict[str, Any], rid: Any = 1) -> dict[str, Any]:
+    params = {"name": name, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+def test_http_error_replies_are_bounded_and_shaped_as_the_api_errors(config: ServeConfig) -> None:
+    """What the API answers a bad body with, /mcp answers the same arguments with: the same
+    bounded error (20 fields listed, the total counted), whatever the size of the mistake."""
+    roomy = replace(config, limits=replace(LIMITS, max_body_bytes=4_000_000))
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "X-MemSifter-User": "bounded",
+        "Accept": "application/json, text/event-stream",
+    }
+    bad_turns = [{"speaker": 5, "text": 7}] * 80_000
+    with TestClient(create_app(roomy)) as client:
+        api = client.post("/v1/users/bounded/turns", json={"turns": bad_turns}, headers=headers)
+        assert api.status_code == 422
+        r = client.post("/mcp", json=_tool_call("remember", {"turns": bad_turns}), headers=headers)
+        assert r.status_code == 200 and len(r.content) < 4_000, len(r.content)
+        error = json.loads(r.json()["result"]["content"][0]["text"])["error"]
+        assert r.json()["result"]["isError"] is True
+        expected = api.json()["error"]
+        assert error["fields_total"] == expected["fields_total"] == 160_000
+        assert [f["field"] for f in error["fields"]] == [
+            f["field"].removeprefix("body.") for f in expected["fields"]
+        ]
+        assert error["message"].startswith("invalid arguments: turns[0].speaker")
+
+        many = {f"arg{i}": 1 for i in range(20_000)} | {"question": "q"}
+        r = client.post("/mcp", json=_tool_call("recall", many), headers=headers)
+        assert len(r.content) < 4_000, len(r.content)
+        error = json.loads(r.json()["result"]["content"][0]["text"])["error"]
+        assert error["fields_total"] == 20_000 and len(error["fields"]) == MAX_ERROR_FIELDS
+        assert "and 19995 more; recall takes question, question_date, top_k" in error["message"]
+
+        # The SDK's own protocol errors echo the request (an unknown method is its data).
+        r = client.post(
+            "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "m" * 1_000_000}, headers=headers
+        )
+        assert r.json()["error"]["code"] == -32601 and len(r.content) < 1_000, len(r.content)
+        r = client.post("/mcp", json=_tool_call("x" * 1_000_000, {}), headers=headers)
+        assert "unknown tool" in r.text and len(r.content) < 1_000, len(r.content)
+
+        r = client.post("/mcp", json=_tool_call("facts", {}), headers=headers)
+        assert r.json()["result"]["structuredContent"] == {"user_id": "bounded", "facts": []}
+
+
+def test_http_request_ids_that_are_not_ids_are_invalid_requests(base_url: str) -> None:
+    """JSON-RPC ids are strings or integers; the SDK would take any other as a notification and
+    answer 202 with no body, leaving the client waiting."""
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "X-MemSifter-User": "ids",
+        "Accept": "application/json, text/event-stream",
+    }
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        for rid in (None, True, 1.5, {"n": 1}, [1]):
+            r = http.post("/mcp", json=_tool_call("facts", {}, rid), headers=headers)
+            assert r.status_code == 400, (rid, r.status_code, r.text)
+            reply = r.json()
+            assert reply["id"] is None and reply["error"]["code"] == -32600
+            assert "a request id is a string or an integer" in reply["error"]["message"]
+        for rid in (7, "call-7"):
+            r = http.post("/mcp", json=_tool_call("facts", {}, rid), headers=headers)
+            assert r.status_code == 200 and r.json()["id"] == rid, r.text
+        # A notification (no id at all) is still one.
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert http.post("/mcp", json=note, headers=headers).status_code == 202
+
+
+# ----------------------------------------------------------------------------- the parts alone
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.sent: list[SessionMessage] = []
+
+    async def send(self, item: SessionMessage, /) -> None:
+        self.sent.append(item)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_line_limit_replaces_an_over_long_reply_by_an_error_for_the_same_id() -> None:
+    def reply(rid: Any, n: int) -> SessionMessage:
+        return SessionMessage(JSONRPCResponse(jsonrpc="2.0", id=rid, result={"t": "x" * n}))
+
+    def line(item: SessionMessage) -> int:
+        return len(item.message.model_dump_json(by_alias=True, exclude_unset=True)) + 1
+
+    async def run() -> list[SessionMessage]:
+        out = _Collect()
+        limited = LineLimit(out, limit=1_000)
+        fits = reply(1, 1_000 - line(reply(1, 0)))  # exactly the limit
+        await limited.send(fits)
+        await limited.send(reply("r-2", 5_000))
+        await limited.send(reply("i" * 2_000, 5_000))  # its id alone is over the limit
+        note = JSONRPCNotification(jsonrpc="2.0", method="n", params={"t": "x" * 5_000})
+        await limited.send(SessionMessage(note))  # nothing to answer: dropped
+        assert line(fits) == 1_000 and out.sent[0] is fits
+        return out.sent
+
+    sent = asyncio.run(run())
+    assert len(sent) == 3
+    for item, rid in zip(sent[1:], ("r-2", None), strict=True):
+        error = item.message
+        assert isinstance(error, JSONRPCError) and error.id == rid
+        found = re.match(r"the reply is ([\d,]+) bytes", error.error.message)
+        assert found is not None and int(found[1].replace(",", "")) > 5_000, error.error.message
+        assert "over the 1,000 one stdio line may carry" in error.error.message
+
+
+def test_missing_memory_never_creates_the_database(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "memsifter.db"
+    url = f"sqlite:///{path}"
+    assert missing_memory(url) == f"there is no database file {path}"
+    assert not (tmp_path / "deep").exists()
+    path.parent.mkdir()
+    path.touch()
+    assert missing_memory(url) == f"the database {url} has no memory"
+    _existing_memory(url).close()
+    assert missing_memory(url) is None

@@ -1,6 +1,7 @@
 """The service's ranker: a failed proxy parse is completed in the fused coarse + bookmark order,
 so it returns exactly the coarse-only ranking (not a re-score by the plain coarse filter); and
-the cache of request-borne haystacks (``/v1/rank``) is the byte-bounded one."""
+the cache of request-borne haystacks (``/v1/rank``) is the byte-bounded one, where the proxy's
+prompt cut keys its indexes by tenant too (``/v1/rank`` itself: tests/test_serve_isolation.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from memsifter.serving.config import PagingSettings, ServeConfig
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.store import Principal, Store
-from memsifter.testing.backends import ScriptedBackend
+from memsifter.testing.backends import ScriptedBackend, reverse_ranking
 
 QUESTION = "dog kennel"
 
@@ -90,7 +91,24 @@ def test_stateless_rank_goes_through_the_bounded_cache() -> None:
     assert isinstance(inner, ByteBoundedBM25) and inner.max_bytes == 150_000
     assert inner.cache_size == 10 + 64  # raised on the bounded filter, not a discarded one
     for n in range(8):
-        outcome = ranker.rank("page word", _haystack(n, 400))
+        outcome = ranker.rank("page word", _haystack(n, 400), tenant="acme")
         assert len(outcome.ids) == 20
     assert inner.held_bytes <= 150_000 or len(inner.cache) == 1
     assert 0 < len(inner.cache) < 8
+
+
+def test_the_proxys_prompt_cut_caches_in_the_tenants_scope() -> None:
+    # The proxy's prompt builder ranks its candidates with the same cached coarse filter when
+    # they overflow the window: that index is a tenant's too, never one keyed by content alone.
+    backend = ScriptedBackend(reverse_ranking)
+    spec = PromptSpec(window_tokens=3000, completion_tokens=200)
+    ranker = ServiceRanker(build_filter("bm25"), backend, spec)
+    inner = ranker.coarse.inner
+    assert isinstance(inner, ByteBoundedBM25)
+    haystack = _haystack(0, 400)  # 20 pages of ~400 words: more than the window holds
+    for tenant in ("acme", "globex"):
+        outcome = ranker.rank("page word", haystack, tenant=tenant)
+        assert outcome.parse.status == "ok" and outcome.parse.cut > 0
+    assert backend.calls == 2
+    # One index per tenant for the fused top candidates the prompt cut from, none unscoped.
+    assert sorted(k[0] for k in inner.cache.keys()) == ["scope:acme", "scope:globex"]

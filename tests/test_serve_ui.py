@@ -1,7 +1,9 @@
 """The recall inspector at ``/ui``: static files served by the service with a strict CSP, and,
 in Debian's chromium driven by Playwright, a page that loads a user's pages and facts, runs a
 recall and shows every part of the answer, renders user text (a ``<script>`` turn included) as
-text only, keeps the key in sessionStorage alone and talks to no host but the service."""
+text only, keeps a right-to-left override inside its turn and a 300-character token inside the
+window, keeps the key in sessionStorage alone and talks to no host but the service. ``/docs``
+and ``/redoc``, when the config turns them on, talk to no host but the CDN it names."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -35,6 +38,11 @@ EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned=2"
 # The proxy's think text is server-provided too (a model can be talked into writing markup).
 THINK = 'The beagle Max is the answer. <b>bold?</b><img src=y onerror="window.__pwned=3">'
 DOG_TEXT = "I adopted a dog named Max last spring; he is a beagle."
+# Hostile to the layout rather than the DOM: one 300-character token (YAKE makes a keyword chip
+# of it), and a right-to-left override that would reorder what follows it in its line.
+LONG_TOKEN = "Supercalifragilistic" * 15
+RLO_TEXT = "before \u202e after"
+CDN = "cdn.jsdelivr.net"
 CHROME_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -52,6 +60,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = ServeConfig(
         db_url=f"sqlite:///{db}",
         api_keys=[ApiKeySettings(tenant="acme", key_sha256=hash_key(KEY))],
+        api_docs_from_cdn=True,  # on here, so the browser checks which hosts those pages use
     )
 
     # A proxy ranker over a scripted model (think text, then the candidates in coarse order),
@@ -89,6 +98,14 @@ def _seed(url: str) -> None:
             "turns": [
                 {"speaker": "user", "text": "I am baking sourdough bread this weekend."},
                 {"speaker": "assistant", "text": "Keep the starter warm and feed it daily."},
+            ],
+        },
+        {
+            "id": "2024-05-05-hostile",
+            "date": "2024-05-05T10:00:00Z",
+            "turns": [
+                {"speaker": "user", "text": f"I keep writing {LONG_TOKEN} about my dog."},
+                {"speaker": "user", "text": RLO_TEXT, "timestamp": "2024-05-05T10:00:00Z"},
             ],
         },
     ]
@@ -163,6 +180,24 @@ def test_ui_static_files_are_served_with_a_strict_csp(base_url: str) -> None:
     assert "sessionStorage.setItem" in js
 
 
+def test_api_docs_are_on_only_when_configured_and_name_only_their_cdn(base_url: str) -> None:
+    # Off by default (tests/test_serve_bad_input.py: a 404); this server turns them on.
+    with httpx.Client(base_url=base_url, timeout=30) as c:
+        for path in ("/docs", "/redoc"):
+            page = c.get(path)
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+            urls = re.findall(r"""(?:src|href|url)\s*[=:]\s*["']([^"']+)["']""", page.text)
+            hosts = {urlsplit(u).netloc for u in urls}
+            # FastAPI's own pages add fastapi.tiangolo.com (favicon), fonts.googleapis.com
+            # (ReDoc) and validator.swagger.io (Swagger UI); these name the CDN alone.
+            assert hosts == {"", CDN}, (path, urls)
+            assert "openapi.json" in urls or 'spec-url="openapi.json"' in page.text, path
+        assert '"validatorUrl": null' in c.get("/docs").text
+        assert c.get("/openapi.json").status_code == 200
+        paths = c.get("/openapi.json").json()["paths"]
+        assert "/docs" not in paths and "/redoc" not in paths
+
+
 # ---------------------------------------------------------------------------------- browser
 
 
@@ -180,6 +215,24 @@ def _browser_or_skip() -> None:
     if os.environ.get("MEMSIFTER_REQUIRE_BROWSER") == "1":
         pytest.fail(why + "; MEMSIFTER_REQUIRE_BROWSER=1 forbids skipping", pytrace=False)
     pytest.skip(why)
+
+
+# True when the turn's timestamp starts right of everything before it in the turn: an override
+# that leaked out of the turn's text would have moved the timestamp to the text's left.
+_TIMESTAMP_AFTER_TEXT = """turn => {
+  const stamp = turn.lastElementChild;
+  const before = document.createRange();
+  before.setStartBefore(turn.firstChild);
+  before.setEndBefore(stamp);
+  return stamp.getBoundingClientRect().left >= before.getBoundingClientRect().right - 0.5;
+}"""
+
+
+def _assert_fits_the_window(page: Any) -> None:
+    width = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.body.scrollWidth, innerWidth]"
+    )
+    assert max(width[:2]) <= width[2], f"the page is {width[:2]} px wide in a {width[2]} px window"
 
 
 @pytest.mark.slow
@@ -222,8 +275,8 @@ def test_ui_recall_in_a_browser(base_url: str, tmp_path: Path) -> None:
             expect(page.locator("#key-state")).to_have_text("key set (this tab only)")
             assert page.input_value("#key") == ""  # not left in the field either
             page.click("#load-user")
-            expect(page.locator("#sessions-table tbody tr")).to_have_count(2)
-            expect(page.locator("#sessions-total")).to_contain_text("2")
+            expect(page.locator("#sessions-table tbody tr")).to_have_count(3)
+            expect(page.locator("#sessions-total")).to_contain_text("3")
             expect(page.locator("#facts-table")).to_contain_text("The user's dog is called Max.")
             expect(page.locator("#messages .message.error")).to_have_count(0)
 
@@ -236,6 +289,23 @@ def test_ui_recall_in_a_browser(base_url: str, tmp_path: Path) -> None:
             # The hostile turn is text, literally: no element came of it.
             expect(detail).to_contain_text(EVIL)
             assert detail.locator("script, img").count() == 0
+
+            # Hostile layout: the 300-character keyword and token wrap inside their panels, and
+            # the override stays in its turn (the turn's timestamp is still to its right).
+            row = page.locator("#sessions-table tr[data-session-id='2024-05-05-hostile']")
+            row.locator("button.show-pages").click()
+            expect(detail).to_contain_text(RLO_TEXT)
+            # The store keeps 200 characters of a keyword: still ~1,400 px of one word.
+            longest = "ns => Math.max(...ns.map(n => n.textContent.length))"
+            assert detail.locator(".chip").evaluate_all(longest) >= 200
+            _assert_fits_the_window(page)
+            turn = detail.locator(".turn", has_text="after").first
+            expect(turn.locator(":scope > :last-child")).to_contain_text("2024-05-05T10:00:00")
+            assert turn.evaluate(_TIMESTAMP_AFTER_TEXT), "the override reordered its line"
+            styles = detail.locator(".turn bdi").evaluate_all(
+                "nodes => nodes.map(n => getComputedStyle(n).unicodeBidi)"
+            )
+            assert styles and set(styles) == {"isolate"}, styles
 
             # Recall.
             page.fill("#question", "What is the name of my dog?")
@@ -264,8 +334,9 @@ def test_ui_recall_in_a_browser(base_url: str, tmp_path: Path) -> None:
                 assert float(cell) >= 0, (name, cell)  # a number, not the "—" of a null
             parse = page.locator("#parse")
             expect(parse.locator("tr", has_text="status").locator("td")).to_have_text("ok")
-            expect(parse.locator("tr", has_text="n_from_model").locator("td")).to_have_text("2")
-            expect(parse.locator("tr", has_text="shown").locator("td")).to_have_text("2")
+            # Every page is a candidate (the user has three) and the model ranked them all.
+            expect(parse.locator("tr", has_text="n_from_model").locator("td")).to_have_text("3")
+            expect(parse.locator("tr", has_text="shown").locator("td")).to_have_text("3")
             expect(page.locator("#think")).to_have_text(THINK)
             assert page.locator("#recall-result script, #recall-result img, #think b").count() == 0
 
@@ -278,6 +349,11 @@ def test_ui_recall_in_a_browser(base_url: str, tmp_path: Path) -> None:
             page.click("#recall-btn")
             expect(page.locator("#messages .message.error")).to_have_count(0)
             expect(hits.first).to_contain_text(DOG_TEXT)
+            expect(page.locator("#hits")).to_contain_text(LONG_TOKEN)  # every page is a hit
+            _assert_fits_the_window(page)
+            page.set_viewport_size({"width": 700, "height": 1000})  # one column
+            _assert_fits_the_window(page)
+            page.set_viewport_size({"width": 1400, "height": 1000})
 
             assert page.evaluate("typeof window.__pwned") == "undefined"
             stored = page.evaluate("() => ({...window.sessionStorage})")
@@ -291,6 +367,16 @@ def test_ui_recall_in_a_browser(base_url: str, tmp_path: Path) -> None:
             page.screenshot(path=str(ARTIFACT), full_page=True)
             shutil.copyfile(ARTIFACT, tmp_path / "ui_recall.png")
             time.sleep(0.2)  # let any late request (a favicon) be recorded
+
+            # /docs and /redoc (on for this server) may ask the CDN their option names and no
+            # other host. Those requests are recorded, then aborted: the test runs offline.
+            docs_requests: list[str] = []
+            docs = context.new_page()
+            docs.route(lambda url: urlsplit(url).netloc != origin.netloc, lambda r: r.abort())
+            docs.on("request", lambda r: docs_requests.append(r.url))
+            for path in ("/docs", "/redoc"):
+                docs.goto(f"{base_url}{path}")
+            time.sleep(0.2)
         finally:
             browser.close()
 
@@ -299,6 +385,8 @@ def test_ui_recall_in_a_browser(base_url: str, tmp_path: Path) -> None:
     assert not elsewhere, f"requests left for another host: {elsewhere}"
     assert not [u for u in requests if KEY in u], "the key appeared in a URL"
     assert not any(u.endswith(("/ui/x", "/ui/y")) for u in requests), "a hostile <img> rendered"
+    docs_hosts = {urlsplit(u).netloc for u in docs_requests} - {origin.netloc}
+    assert docs_hosts == {CDN}, docs_requests
     # The 401 and 422 above are logged by chromium as failed resources; nothing else may be.
     unexpected = [
         m for m in console_errors if "status of 401" not in m and "status of 422" not in m

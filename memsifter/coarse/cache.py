@@ -12,6 +12,13 @@ Bounds, each least recently used first: ``max_entries`` indexes and as many iden
 count against it: one per haystack, however often its content comes back as new objects, and
 dropped with its index. The index in use is always kept, even when it alone is over the bound.
 
+Scopes: a cache keyed by content alone is an oracle when callers who must not learn of each
+other share it. A hit answers in a fraction of a miss's time, so a service's tenant B, timing a
+request, learns whether someone sent that exact haystack before. ``cache_scope(name)`` makes
+every lookup in its context (its thread, or its task) key by ``name`` as well, so each scope
+builds and finds only its own indexes, while the bounds stay those of the one cache. Keys made
+outside any scope are the content alone, as before scopes existed.
+
 The cache is generic in the index type and knows nothing of how one is built: its owner asks
 ``get(key)``, builds on a miss and hands the index to ``put``. One cache serves one filter, since
 its key is the content alone, not the parameters an index was built with. Not thread-safe:
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Generic, NamedTuple, TypeVar
 
@@ -31,7 +40,22 @@ import numpy as np
 from memsifter.data.types import Session
 
 IndexT = TypeVar("IndexT")
-Key = tuple[str, ...]  # the content fingerprints of a haystack's sessions, in order
+# The content fingerprints of a haystack's sessions, in order; inside a cache_scope, preceded by
+# "scope:<name>", which no fingerprint (a hex digest) can equal.
+Key = tuple[str, ...]
+
+_scope: ContextVar[str | None] = ContextVar("memsifter_haystack_cache_scope", default=None)
+
+
+@contextmanager
+def cache_scope(name: str) -> Iterator[None]:
+    """Key every ``HaystackCache`` lookup in this context by ``name`` too (see the module doc):
+    a haystack cached in one scope is a miss in every other, and outside all of them."""
+    token = _scope.set(name)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
 
 
 class Haystack(NamedTuple):
@@ -42,6 +66,7 @@ class Haystack(NamedTuple):
     sessions: tuple[Session, ...]
     key: Key
     ids: np.ndarray  # object array of session ids, for vectorised ranking
+    scope: str | None = None  # the cache_scope it was resolved in
 
 
 def haystack_bytes(sessions: Sequence[Session], index: object) -> int:
@@ -75,7 +100,8 @@ class HaystackCache(Generic[IndexT]):
         self._max_bytes = max_bytes
         self._sizeof = sizeof
         self._indexes: OrderedDict[Key, IndexT] = OrderedDict()
-        self._memos: OrderedDict[tuple[int, ...], Haystack] = OrderedDict()
+        # (scope, the sessions' ids) -> haystack: the same objects resolve apart in two scopes.
+        self._memos: OrderedDict[tuple[str | None, tuple[int, ...]], Haystack] = OrderedDict()
         self._last: Haystack | None = None
         self._sizes: dict[Key, int] = {}  # only with max_bytes: sizing costs a pass over text
         self._held = 0
@@ -109,20 +135,23 @@ class HaystackCache(Generic[IndexT]):
         return tuple(self._indexes)
 
     def resolve(self, sessions: Sequence[Session]) -> Haystack:
-        """``sessions`` with their content key and ids, from the identity memo when these very
-        objects were seen before."""
+        """``sessions`` with their key (content, and the ``cache_scope`` in force) and ids, from
+        the identity memo when these very objects were seen before in this scope."""
+        scope = _scope.get()
         last = self._last
         # Tuple equality checks identity first, element by element in C: the common case, every
         # question over one haystack, costs microseconds and no hashing of the id tuple.
-        if last is not None and last.sessions == tuple(sessions):
+        if last is not None and last.scope == scope and last.sessions == tuple(sessions):
             return last
-        ident = tuple(map(id, sessions))
+        ident = (scope, tuple(map(id, sessions)))
         memo = self._memos.get(ident)
         if memo is None:
+            content = tuple(s.fingerprint for s in sessions)
             memo = self._memos[ident] = Haystack(
                 tuple(sessions),
-                tuple(s.fingerprint for s in sessions),
+                content if scope is None else (f"scope:{scope}", *content),
                 np.array([s.id for s in sessions], dtype=object),
+                scope,
             )
             while len(self._memos) > self.max_entries:
                 self._memos.popitem(last=False)

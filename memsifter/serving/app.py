@@ -17,7 +17,6 @@ load balancer can tell an outage from a bug.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -40,7 +39,7 @@ from memsifter.llm.openai_http import OpenAIBackend
 from memsifter.serving.bookmarks import KeywordExtractor, LLMExtractor, YakeExtractor
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.deps import Services
-from memsifter.serving.errors import ServeError
+from memsifter.serving.errors import ServeError, error_body, field_path, summary
 from memsifter.serving.logs import request_id_var, tenant_var
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.metrics import Metrics
@@ -60,61 +59,14 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
 
-def _safe(text: str) -> str:
-    """Text that can always be encoded as UTF-8 JSON (field names and messages can carry
-    whatever the client sent, lone surrogates included)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-# An error body stays small whatever the request: a body with 100,000 bad keys is told about
-# the first MAX_ERROR_FIELDS and how many there were, each text cut to a bounded length, and
-# fields are dropped from the end while the encoded body is over MAX_ERROR_BYTES (JSON escapes
-# of control characters can make a short text six times longer).
-MAX_ERROR_FIELDS = 20
-MAX_FIELD_CHARS = 200
-MAX_MESSAGE_CHARS = 500
-MAX_ERROR_BYTES = 16 * 1024
-
-
-def _clip(text: str, limit: int) -> str:
-    text = _safe(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def error_response(
     status: int,
     kind: str,
     message: str,
     fields: list[tuple[str, str]] | None = None,
 ) -> JSONResponse:
-    fields = fields or []
-    body = {
-        "error": {
-            "type": kind,
-            "message": _clip(message, MAX_MESSAGE_CHARS),
-            "fields": [
-                {"field": _clip(f, MAX_FIELD_CHARS), "message": _clip(m, MAX_FIELD_CHARS)}
-                for f, m in fields[:MAX_ERROR_FIELDS]
-            ],
-            "fields_total": len(fields),
-        },
-        "request_id": request_id_var.get(),
-    }
-    listed = body["error"]["fields"]  # type: ignore[index]
-    while listed and len(json.dumps(body)) > MAX_ERROR_BYTES:
-        listed.pop()
+    body = error_body(kind, message, fields, request_id=request_id_var.get())
     return JSONResponse(body, status_code=status)
-
-
-def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
-    """('body', 'sessions', 0, 'id') -> 'body.sessions[0].id'."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "body"
 
 
 class RequestMiddleware:
@@ -294,26 +246,12 @@ def _install_error_handlers(app: FastAPI) -> None:
                 [("body", f"malformed JSON: {reason}")],
             )
         fields = [(field_path(e["loc"]), str(e.get("msg", "invalid"))) for e in errors]
-        summary = "; ".join(f"{f}: {m}" for f, m in fields[:5])
-        more = f" (and {len(fields) - 5} more)" if len(fields) > 5 else ""
-        return error_response(422, "validation_error", f"invalid request: {summary}{more}", fields)
+        return error_response(422, "validation_error", summary("invalid request", fields), fields)
 
     @app.exception_handler(ServeError)
     async def _serve(_request: Request, exc: ServeError) -> JSONResponse:
-        kinds = {
-            401: "unauthorized",
-            403: "forbidden",
-            404: "not_found",
-            409: "conflict",
-            429: "rate_limited",
-        }
-        kind = kinds.get(
-            exc.status, "payload_too_large" if exc.status == 413 else "invalid_request"
-        )
-        if exc.status >= 500:
-            kind = "unavailable"
         fields = [(exc.field, exc.message)] if exc.field else []
-        response = error_response(exc.status, kind, exc.message, fields)
+        response = error_response(exc.status, exc.kind, exc.message, fields)
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
         if exc.status == 503:
@@ -340,6 +278,16 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+            # FastAPI's "There was an error parsing the body": Python's JSON parser recurses
+            # once per level, so `[[[…]]]` a thousand deep is valid JSON it cannot read.
+            return error_response(
+                400,
+                "malformed_json",
+                "the body's JSON is nested too deeply to parse (past the parser's recursion "
+                "limit); no request of this API nests more than a few levels",
+                [("body", "JSON nested too deeply")],
+            )
         field = {404: "path", 405: "method"}.get(exc.status_code, "body")
         message = str(exc.detail)
         if exc.status_code == 404:
@@ -347,6 +295,37 @@ def _install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}"
         return error_response(exc.status_code, "http_error", message, [(field, message)])
+
+
+def _add_api_docs(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc``, served only with ``api_docs_from_cdn``: their
+    pages run scripts from cdn.jsdelivr.net on this origin. FastAPI's own pages would also
+    fetch a favicon from fastapi.tiangolo.com, ReDoc its fonts from Google, and Swagger UI
+    would send the schema's URL to validator.swagger.io; these keep the CDN the option names
+    as the one other host. URLs are relative to the page, so a path prefix in front works."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+
+    favicon = "ui/favicon.svg"
+
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="openapi.json",
+            title=f"{app.title} - Swagger UI",
+            swagger_favicon_url=favicon,
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="openapi.json",
+            title=f"{app.title} - ReDoc",
+            redoc_favicon_url=favicon,
+            with_google_fonts=False,
+        )
+
+    app.add_api_route("/docs", swagger_ui, include_in_schema=False)
+    app.add_api_route("/redoc", redoc, include_in_schema=False)
 
 
 def build_extractor(config: ServeConfig, ranker: ServiceRanker) -> KeywordExtractor:
@@ -458,6 +437,13 @@ def create_app(
             f"assemble the working LLM's context. Ranker: **{ranker.name}**."
         ),
         lifespan=lifespan,
+        # /docs and /redoc only when the config asks (_add_api_docs); /openapi.json always.
+        docs_url=None,
+        redoc_url=None,
+        # No trailing-slash redirects: Starlette builds their Location from the request's Host
+        # header, so `POST /v1/rerank/` with `Host: evil.example` was sent to evil.example. A
+        # path with a stray slash is the API's JSON 404 instead.
+        redirect_slashes=False,
     )
     app.state.services = services
     _install_error_handlers(app)
@@ -472,6 +458,8 @@ def create_app(
     )
     for router in routers:
         app.include_router(router)
+    if config.api_docs_from_cdn:
+        _add_api_docs(app)
     # MCP over Streamable HTTP (docs/mcp.md): a plain route, so it stays out of the OpenAPI
     # schema and behind the request middleware; the endpoint authenticates like the routes.
     # POST only: the transport is stateless with JSON answers, so a GET (a standing SSE stream

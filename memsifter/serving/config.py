@@ -246,7 +246,17 @@ class ServeConfig:
         500_000, help="pages' proxy-token counts kept in memory (LRU, ~150 B each)"
     )
     rank_cache_bytes: int = setting(
-        64_000_000, help="bytes of /v1/rank haystack BM25 indexes kept in memory (LRU)"
+        64_000_000,
+        help="bytes of /v1/rank and /v1/rerank BM25 indexes kept in memory, every tenant's "
+        "together (LRU; each tenant finds only its own)",
+    )
+    # Off by default: FastAPI's /docs and /redoc pages run Swagger UI and ReDoc from a public
+    # CDN on this origin, the recall inspector's, whose tab keeps a tenant key. The schema
+    # itself (/openapi.json) is always served. Not "api_docs: off": YAML reads off as false.
+    api_docs_from_cdn: bool = setting(
+        False,
+        help="serve /docs (Swagger UI) and /redoc, whose pages load their scripts and styles "
+        "from cdn.jsdelivr.net",
     )
     sample_tenant: str = setting("demo", help="the tenant --seed-sample writes to")
     sample_key_env: str = setting(

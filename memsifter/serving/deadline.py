@@ -25,6 +25,8 @@ except ImportError:  # httptools is optional for uvicorn; h11 is not
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from memsifter.serving.errors import error_body
+
 _DEADLINE: dict[str, float | None] = {"s": 30.0}
 
 
@@ -42,17 +44,7 @@ def protocol_path() -> str:
 def raw_error(status: int, reason: str, kind: str, message: str, field: str) -> bytes:
     """A whole HTTP response in the service's JSON error shape, for the protocol layer, where
     there is no app to answer (framing errors, deadlines); the connection closes after it."""
-    body = json.dumps(
-        {
-            "error": {
-                "type": kind,
-                "message": message,
-                "fields": [{"field": field, "message": message}],
-                "fields_total": 1,
-            },
-            "request_id": None,
-        }
-    ).encode()
+    body = json.dumps(error_body(kind, message, [(field, message)], request_id=None)).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

@@ -178,7 +178,9 @@ class MemoryService:
         view = index.view
         skip = set(exclude)
         pages = [s for s in view.sessions if s.id not in skip] if skip else view.sessions
-        outcome = self.ranker.rank(question, pages, question_date=question_date, index=index)
+        outcome = self.ranker.rank(
+            question, pages, tenant=who.tenant_id, question_date=question_date, index=index
+        )
         hits = [
             RecallHitResult(
                 page=view.by_id[pid],
@@ -273,6 +275,7 @@ class MemoryService:
             outcome = self.ranker.rank(
                 question,
                 [view.by_id[i].page for i in ids],
+                tenant=who.tenant_id,
                 question_date=question_date,
                 index=index,
             )

@@ -1,5 +1,5 @@
 """Every request and response body of the recall service, in one module (the OpenAPI schema at
-``/docs`` is generated from these).
+``/openapi.json`` is generated from these).
 
 Requests forbid unknown keys, so a misspelt field is a 422 naming it rather than silently
 ignored. Text fields reject lone UTF-16 surrogates and NUL characters: JSON can spell both
@@ -191,7 +191,7 @@ class RerankIn(Request):
     naming them; ``priority`` and ``max_tokens_per_doc`` are taken because the Cohere SDK sends
     them when its caller sets them."""
 
-    model: str | None = Field(
+    model: Text | None = Field(
         default=None,
         max_length=256,
         description="echoed in the response's `model`; the service ranks with its own ranker",

@@ -4,7 +4,9 @@
 // - the tenant key lives in sessionStorage only (never localStorage, a cookie or a URL) and is
 //   sent only as "Authorization: Bearer KEY";
 // - no text from the server is ever parsed as HTML: every node is built with createElement and
-//   every string goes in through textContent / text nodes (no HTML-parsing sink is used here).
+//   every string goes in through textContent / text nodes (no HTML-parsing sink is used here);
+// - user text sits in its own <bdi>, so a right-to-left override (U+202E) in a turn reorders
+//   only that turn's text, never the speaker, timestamp or label beside it.
 "use strict";
 
 (function () {
@@ -46,6 +48,12 @@
     return node;
   }
 
+  // Text a user (or a model) wrote, isolated for the bidi algorithm: <bdi> ends every
+  // embedding and override its text opens, and takes its direction from its own first letter.
+  function userText(value, attrs) {
+    return el("bdi", attrs || {}, value === null || value === undefined ? "" : String(value));
+  }
+
   function setText(node, text) {
     node.textContent = text === null || text === undefined ? "" : String(text);
   }
@@ -61,7 +69,7 @@
 
   function chips(words) {
     if (!words || words.length === 0) return el("div", { class: "chips muted" }, "no keywords");
-    return el("div", { class: "chips" }, words.map((w) => el("span", { class: "chip" }, w)));
+    return el("div", { class: "chips" }, words.map((w) => userText(w, { class: "chip" })));
   }
 
   function kvTable(table, rows) {
@@ -73,6 +81,8 @@
 
   // ---------------------------------------------------------------------------------- messages
 
+  // `text` and each of `details`: a string, or an array of strings and nodes (server text
+  // wrapped in userText), written in order.
   function message(kind, text, details, requestId) {
     const box = el("div", { class: "message " + kind }, text);
     if (details && details.length) {
@@ -101,14 +111,14 @@
 
   function showError(what, error) {
     if (error instanceof ApiError) {
-      const details = error.fields.map((f) => String(f.field) + ": " + String(f.message));
+      const details = error.fields.map((f) => [userText(f.field), ": ", userText(f.message)]);
       if (error.fieldsTotal > error.fields.length) {
         details.push("… and " + (error.fieldsTotal - error.fields.length) + " more");
       }
       const hint = error.status === 401 ? " (is the tenant key right?)" : "";
       message(
         "error",
-        what + " failed: " + error.status + " " + error.type + ": " + error.message + hint,
+        [what + " failed: " + error.status + " " + error.type + ": ", userText(error.message), hint],
         details,
         error.requestId,
       );
@@ -211,7 +221,7 @@
           "tr",
           { dataset: { sessionId: s.session_id } },
           el("td", { class: "mono" }, s.session_id),
-          el("td", {}, s.date_text || s.date || "—"),
+          el("td", {}, userText(s.date_text || s.date || "—")),
           el("td", {}, String(s.n_turns)),
           el("td", {}, String(s.n_pages)),
           el("td", {}, String(s.n_tokens)),
@@ -251,9 +261,9 @@
     return el(
       "div",
       { class: "turn" },
-      el("span", { class: "speaker" }, t.speaker + ":"),
-      t.text,
-      t.timestamp ? el("span", { class: "muted" }, "  (" + t.timestamp + ")") : null,
+      el("span", { class: "speaker" }, userText(t.speaker), ":"),
+      userText(t.text),
+      t.timestamp ? el("span", { class: "muted timestamp" }, "  (" + t.timestamp + ")") : null,
     );
   }
 
@@ -266,7 +276,7 @@
       el(
         "div",
         { class: "page-head" },
-        field("date", s.date_text || s.date || "—"),
+        field("date", userText(s.date_text || s.date || "—")),
         field("turns", String(s.n_turns)),
         field("pages", String(s.n_pages)),
         field("tokens", String(s.n_tokens)),
@@ -302,12 +312,12 @@
         "tr",
         { dataset: { factId: f.fact_id } },
         el("td", {}, f.type),
-        el("td", {}, f.subject),
-        el("td", {}, f.text),
+        el("td", {}, userText(f.subject)),
+        el("td", {}, userText(f.text)),
         el("td", {}, num(f.importance, 2)),
         el("td", {}, num(f.score, 3)),
         el("td", {}, f.expires_at || "—"),
-        el("td", {}, f.source || "—"),
+        el("td", {}, userText(f.source || "—")),
       ),
     );
     box.appendChild(
@@ -358,7 +368,7 @@
       setText(think, "(no think text: " + (p.status === "not_applicable" ? "this ranker runs no model" : "the proxy gave none") + ")");
       think.classList.add("muted");
     } else {
-      setText(think, data.think);
+      clear(think).appendChild(userText(data.think));
       think.classList.remove("muted");
     }
     setText($("hits-count"), "(" + data.hits.length + ")");
@@ -382,11 +392,11 @@
             field("score", num(h.score, 4)),
             field("coarse_score", num(h.coarse_score, 4)),
             field("bookmark_score", num(h.bookmark_score, 4)),
-            field("date", h.date_text || h.date || "—"),
+            field("date", userText(h.date_text || h.date || "—")),
             field("tokens", String(h.n_tokens)),
           ),
           chips(h.keywords),
-          el("pre", { class: "text hit-text" }, h.text),
+          el("pre", { class: "text hit-text" }, userText(h.text)),
         ),
       );
     }

@@ -59,7 +59,9 @@ def rank(body: RankIn, svc: Svc, who: Who) -> RankOut:
     check_sessions(body.sessions, limits)
     check_top_k(body.top_k, limits, "body.top_k")
     sessions = [to_session(s) for s in body.sessions]
-    outcome = svc.ranker.rank(body.question, sessions, question_date=body.question_date)
+    outcome = svc.ranker.rank(
+        body.question, sessions, tenant=who.tenant_id, question_date=body.question_date
+    )
     ids = outcome.ids[: body.top_k] if body.top_k else outcome.ids
     return RankOut(
         ranker=outcome.ranker,

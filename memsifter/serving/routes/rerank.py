@@ -89,7 +89,7 @@ def _rerank(body: RerankIn, svc: Svc, who: Who) -> RerankOut:
         Session(id=str(i), turns=(Turn(speaker=SPEAKER, text=_cut(t, body.max_tokens_per_doc)),))
         for i, t in enumerate(texts)
     ]
-    outcome = svc.ranker.rank(body.query, sessions)
+    outcome = svc.ranker.rank(body.query, sessions, tenant=who.tenant_id)
     scores = relevance_scores(outcome)
     n = len(texts) if body.top_n is None else min(body.top_n, len(texts))
     results = [
