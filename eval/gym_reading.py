@@ -103,12 +103,19 @@ def load_split(data: Path, split: str) -> list[dict[str, Any]]:
 
 
 def probe(
-    data: Path, out: Path, steps: int, lr: float, top_layers: int, batch: int, log: Any = print
+    data: Path,
+    out: Path,
+    steps: int,
+    lr: float,
+    top_layers: int,
+    batch: int,
+    autocast: str = "bf16",
+    log: Any = print,
 ) -> dict[str, Any]:
     """Cross-entropy of the head's first place against the useful set (log of the summed
     probability of the useful labels), LoRA on the top ``top_layers`` layers as the recipes
-    train, validation NDCG@1 every ``steps // 3`` steps on the first 40 validation memory
-    questions (the recipes' validation size)."""
+    train, validation NDCG@1 every ``steps // 6`` steps on 40 validation memory questions, one
+    a user (the recipes' validation size)."""
     import random
 
     import torch
@@ -146,17 +153,20 @@ def probe(
     )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     train = [r for r in load_split(data, "train") if r["useful_positions"]]
-    val = [r for r in load_split(data, "validation") if r["useful_positions"]][:40]
+    # One question from each of 40 users: users, not questions, are the independent unit.
+    val = sample_per_user([r for r in load_split(data, "validation") if r["useful_positions"]], 1)
+    val = val[:40]
     rng = random.Random(0)
 
     def scores(rows: list[dict[str, Any]]) -> Any:
-        return head_scores(
-            model,
-            tok,
-            [r["prompt"] for r in rows],
-            [int(r["n_candidates"]) for r in rows],
-            labels=spec.labels,
-        )
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast == "bf16"):
+            return head_scores(
+                model,
+                tok,
+                [r["prompt"] for r in rows],
+                [int(r["n_candidates"]) for r in rows],
+                labels=spec.labels,
+            )
 
     def evaluate() -> float:
         model.eval()
@@ -171,7 +181,7 @@ def probe(
 
     curve = [(0, evaluate())]
     log(f"probe step 0: validation NDCG@1 {curve[-1][1]:.3f} (n = {len(val)})")
-    every = max(1, steps // 3)
+    every = max(1, steps // 6)
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
         rows = rng.sample(train, batch)
@@ -194,6 +204,7 @@ def probe(
         "lr": lr,
         "lora_top_layers": top_layers,
         "batch": batch,
+        "autocast": autocast,
         "steps": steps,
         "split": "validation",
         "n_questions": len(val),
@@ -664,6 +675,7 @@ def main() -> None:
     ap.add_argument("--probe-lr", type=float, default=3e-4)
     ap.add_argument("--probe-layers", type=int, default=6)
     ap.add_argument("--probe-batch", type=int, default=8)
+    ap.add_argument("--probe-autocast", choices=("none", "bf16"), default="bf16")
     args = ap.parse_args()
     stages = args.stage or list(STAGES)
     names = args.recipe or list(RECIPES)
@@ -692,7 +704,13 @@ def main() -> None:
         rung["notes"] = list(args.note)
     if "probe" in stages:
         rung["probe"] = probe(
-            data, out, args.probe_steps, args.probe_lr, args.probe_layers, args.probe_batch
+            data,
+            out,
+            args.probe_steps,
+            args.probe_lr,
+            args.probe_layers,
+            args.probe_batch,
+            args.probe_autocast,
         )
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if "train" in stages:

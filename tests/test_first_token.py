@@ -496,3 +496,56 @@ def test_a_checkpoint_served_with_the_other_head_is_refused_naming_both(
         PromptSpecError, match=r"ranking_head: 'first_token' \(the model's spec: 'generate'\)"
     ):
         resolve_spec(str(folder), {"ranking_head": "first_token"})
+
+
+def test_autocast_bf16_trains_the_head_in_bf16_with_fp32_weights(
+    gym_head: dict[str, Path],
+) -> None:
+    """model.autocast: bf16 runs the head trainer's forward in bf16 (its scores differ from
+    fp32 ones by bf16 rounding, not more), keeps the weights fp32, and trains."""
+    from datasets import load_dataset
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+    from memsifter.rewards.trl import make_reward_function
+    from memsifter.training.pl_grpo import PLGRPOTrainer
+
+    train = load_dataset(
+        "parquet", data_files=str(gym_head["data"] / "train.parquet"), split="train"
+    )
+    cfg = _cfg(gym_head, "bf16", "epochs.max_steps=2", "epochs.save_steps=0", "model.autocast=bf16")
+    fn = make_reward_function(
+        RewardService.from_config(load_reward_config(gym_head["root"] / cfg.reward))
+    )
+    fn.set_total_steps(2)
+    t = PLGRPOTrainer(cfg, str(gym_head["proxy"]), train, fn, Path(cfg.output_dir),
+                      log=lambda _: None)  # fmt: skip
+    rows = t._batch(0)
+    prompts, ns = [r["prompt"] for r in rows], [int(r["n_candidates"]) for r in rows]
+    with torch.no_grad():
+        fp32 = head_scores(t.model, t.tok, prompts, ns)
+        with t.autocast():
+            bf16 = head_scores(t.model, t.tok, prompts, ns)
+    real = torch.isfinite(fp32)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16[real], fp32[real])
+    assert torch.allclose(bf16[real], fp32[real], atol=0.5)
+    before = [p.detach().clone() for p in t.model.parameters() if p.requires_grad]
+    t.train()
+    after = [p for p in t.model.parameters() if p.requires_grad]
+    assert all(p.dtype == torch.float32 for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def test_autocast_is_refused_where_it_means_nothing(gym_head: dict[str, Path]) -> None:
+    from memsifter.training.config import ModelSettings, load_train_config
+    from memsifter.training.grpo import grpo_config_kwargs
+
+    with pytest.raises(ValueError, match="model.autocast"):
+        ModelSettings(autocast="fp8")
+    # The TRL trainer's precision is model.dtype: an autocast there would be a silent no-op.
+    cfg = load_train_config(
+        gym_head["root"] / "configs/train/gym_outcome.yaml",
+        [f"output_dir={gym_head['tmp'] / 'trl'}", "model.autocast=bf16"],
+    )
+    with pytest.raises(DataError, match="first-token trainers' option"):
+        grpo_config_kwargs(cfg, gym_head["tmp"] / "trl", cuda=False)

@@ -158,7 +158,9 @@ def test_a_letters_prompt_names_every_candidate_by_letter(smollm2_tok: Any) -> N
     assert "from [Session A] to [Session d], and its date" in text
     assert "[Session A] Date: 1 May 2023" in text and "[Session b] Date:" in text
     assert "[Session 0]" not in text and "[Session e]" not in text
-    assert "(letters from A to d)" in text and "Example: <ranking> C, A, F</ranking>" in text
+    assert "(letters from A to d), most useful first" in text
+    # No example answer: its first id would be the head's prior (docs/gym.md, finding 12).
+    assert "Example" not in text
     # Assembled ids are the tokenized text, as for digits.
     assert list(built.token_ids or ()) == smollm2_tok(text, add_special_tokens=False)["input_ids"]
     # A window of 60: the coarse filter keeps its best 52, the labels' capacity.
@@ -182,9 +184,10 @@ def test_a_digits_spec_is_byte_identical(smollm2_tok: Any, tmp_path: Path) -> No
     # A digits spec file is what it was before: every other field, no labels key.
     saved = save_spec(spec, tmp_path / "a")
     assert json.loads(saved.read_text()) == {
-        k: v for k, v in spec.fields().items() if k != "labels"
+        k: v for k, v in spec.fields().items() if k not in ("labels", "layout")
     }
     assert save_spec(read_spec(saved.parent), tmp_path / "b").read_bytes() == saved.read_bytes()
+    assert spec.layout == "paper" and "layout" not in spec.to_dict()
     # Explicit digits render what the default renders.
     s = _sessions(4)
     assert build_messages("q?", s, labels="digits") == build_messages("q?", s)
@@ -192,6 +195,48 @@ def test_a_digits_spec_is_byte_identical(smollm2_tok: Any, tmp_path: Path) -> No
                       ranking_head="first_token")  # fmt: skip
     text = head.builder(smollm2_tok, BM25Filter()).build("q?", s).text
     assert "from [Session 0] to [Session 3]" in text and "(numbers from 0 to 3)" in text
+
+
+def test_a_marked_prompt_asks_first_and_closes_each_session_with_its_label_token(
+    smollm2_tok: Any, tmp_path: Path
+) -> None:
+    """``layout: marked``: the question precedes the sessions (and follows them), every session
+    ends with ``[End of Session X]`` whose label token is the head's token for X, the ids are
+    the tokenized text, a truncated lone session is closed too, and the spec round-trips."""
+    from memsifter.coarse.bm25 import BM25Filter
+    from memsifter.ranker.checkpoint import read_spec, save_spec
+    from memsifter.ranker.first_token import label_token_ids
+
+    spec = PromptSpec(**{**_letters_spec("smollm2").fields(), "layout": "marked"})
+    builder = spec.builder(smollm2_tok, BM25Filter())
+    built = builder.build("what about topic 3?", _sessions(30), "2023/06/01")
+    text = built.text
+    assert text.index("Question: what about topic 3?") < text.index("[Session A]")
+    assert text.rindex("Question: what about topic 3?") > text.index("[End of Session d]")
+    for i, letter in enumerate("ABCd"):
+        j = i if letter != "d" else 29
+        start = text.index(f"[Session {letter}] Date")  # the block, not the intro's mention
+        block = text[start : text.index(f"[End of Session {letter}]\n", start)]
+        assert f"note {j} about" in block  # the session closed by X is the one X opens
+    assert list(built.token_ids or ()) == smollm2_tok(text, add_special_tokens=False)["input_ids"]
+    # The closing id carries the very token the head scores for that candidate.
+    ids = smollm2_tok(text, add_special_tokens=False)["input_ids"]
+    label_ids = label_token_ids(smollm2_tok, 30, "letters")
+    end = smollm2_tok("[End of Session", add_special_tokens=False)["input_ids"]
+    closers = [ids[k + len(end)] for k in range(len(ids)) if ids[k : k + len(end)] == end]
+    assert closers == label_ids
+    # A lone session cut to fit is still closed by its id.
+    long = Session(id="long", turns=(Turn("user", "topic 1 " * 3000),))
+    small = PromptSpec(**{**spec.fields(), "window_tokens": 600}).builder(smollm2_tok, BM25Filter())
+    cut = small.build("topic?", [long])
+    assert cut.truncated_ids == ("long",) and "[End of Session A]" in cut.text
+    assert cut.n_tokens <= 600
+    # The spec says marked; a checkpoint carries it.
+    saved = save_spec(spec, tmp_path / "m")
+    assert json.loads(saved.read_text())["layout"] == "marked"
+    assert read_spec(saved.parent) == spec
+    with pytest.raises(ValueError, match="layout"):
+        PromptSpec(**{**spec.fields(), "layout": "sideways"})
 
 
 def test_letters_need_the_first_token_head() -> None:

@@ -78,8 +78,18 @@ def _exact(builder: PromptBuilder, built: BuiltPrompt) -> None:
 
 @pytest.mark.parametrize("language", ["en", "zh"])
 @pytest.mark.parametrize("ask_think", [True, False])
-def test_ids_equal_the_tokenized_text(tokenizer: Any, language: str, ask_think: bool) -> None:
-    builder = PromptBuilder(tokenizer, 32768, 256, language=language, ask_think=ask_think)  # type: ignore[arg-type]
+@pytest.mark.parametrize("layout", ["paper", "marked"])
+def test_ids_equal_the_tokenized_text(
+    tokenizer: Any, language: str, ask_think: bool, layout: str
+) -> None:
+    builder = PromptBuilder(
+        tokenizer,
+        32768,
+        256,
+        language=language,  # type: ignore[arg-type]
+        ask_think=ask_think,
+        layout=layout,  # type: ignore[arg-type]
+    )
     assert builder.token_ids_off is None
     sessions = _sessions()
     for session in sessions:

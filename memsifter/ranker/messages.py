@@ -9,6 +9,15 @@ Qwen3 and SmolLM2 split numbers into digits, so ``digits`` labels at most 10 can
 ``letters`` are single tokens on both, so one prefill ranks a window of 52. The digits prompt is
 the text it always was, byte for byte.
 
+**Layouts.** :data:`LAYOUTS` place the same pieces two ways. ``paper`` (the default, byte for
+byte the prompt it always was): the sessions, then the question. ``marked``: the question first
+(and again after the sessions, where the task is), and every session closed by its id,
+``[End of Session D]``. In a causal model a session's tokens never see a question that comes
+after them, so under ``paper`` only the last position can relate the two; under ``marked`` each
+closing id is a position that has read the question and its session, and the first-token head
+reads the ranking off label tokens, so the id it should point at is a token that already knows
+whether its session answers (docs/gym.md, the reading level's findings).
+
 ``build_messages`` writes them as chat messages with no budget applied;
 :class:`~memsifter.ranker.prompt.PromptBuilder` renders them with the model's chat template and
 makes them fit the window. The pieces (label, date, turns) are exposed to the builder so the
@@ -27,9 +36,10 @@ Language = Literal["en", "zh"]
 LANGUAGES: tuple[str, ...] = ("en", "zh")
 Labelling = Literal["digits", "letters"]
 LABELLINGS: tuple[str, ...] = ("digits", "letters")
+Layout = Literal["paper", "marked"]
+LAYOUTS: tuple[str, ...] = ("paper", "marked")
 _LETTERS = string.ascii_uppercase + string.ascii_lowercase
 _EXAMPLE = "<ranking>2, 0, 5</ranking>"
-_LETTERS_EXAMPLE = "<ranking> C, A, F</ranking>"  # a space before each id: see answer_label
 
 _TEXT: dict[str, dict[str, str]] = {
     "en": {
@@ -41,6 +51,12 @@ _TEXT: dict[str, dict[str, str]] = {
             "Here are {n} past chat sessions between the user and an assistant. Each one starts "
             "with its id, from [Session {first}] to [Session {last}], and its date."
         ),
+        "intro_marked": (
+            "Here are {n} past chat sessions between the user and an assistant. Each one starts "
+            "with its id and its date, from [Session {first}] to [Session {last}], and ends with "
+            "its id again, [End of Session {first}] to [End of Session {last}]."
+        ),
+        "asked_first": "The question the sessions are ranked for:",
         "date": "Date",
         "question_date": "Question date: {date}",
         "question": "Question: {question}",
@@ -57,9 +73,12 @@ _TEXT: dict[str, dict[str, str]] = {
             "Write only the session ids (numbers from 0 to {last}), separated by commas, inside "
             "<ranking> and </ranking>. Example: " + _EXAMPLE
         ),
+        # No example: the head reads the first id off the logits right after <ranking>, and an
+        # example's first id became its prior (docs/gym.md, finding 12: an untrained SmolLM2
+        # put the example's C first on 200 of 200 prompts).
         "format_letters": (
-            "Write only the session ids (letters from A to {last}), separated by commas, inside "
-            "<ranking> and </ranking>. Example: " + _LETTERS_EXAMPLE
+            "Write only the session ids (letters from A to {last}), most useful first, "
+            "separated by commas, inside <ranking> and </ranking>."
         ),
         "truncated": "[… session truncated: {n} tokens omitted …]",
     },
@@ -71,6 +90,12 @@ _TEXT: dict[str, dict[str, str]] = {
             "以下是用户与助手之间的 {n} 个历史聊天会话。每个会话以编号"
             "（从 [Session {first}] 到 [Session {last}]）和日期开头。"
         ),
+        "intro_marked": (
+            "以下是用户与助手之间的 {n} 个历史聊天会话。每个会话以编号和日期开头"
+            "（从 [Session {first}] 到 [Session {last}]），并以同一编号结尾"
+            "（[End of Session {first}] 到 [End of Session {last}]）。"
+        ),
+        "asked_first": "需要为其排序会话的问题：",
         "date": "日期",
         "question_date": "提问日期：{date}",
         "question": "问题：{question}",
@@ -88,7 +113,7 @@ _TEXT: dict[str, dict[str, str]] = {
         ),
         "format_letters": (
             "只需在 <ranking> 和 </ranking> 之间写出会话编号（A 到 {last} 的字母），"
-            "用英文逗号分隔。示例：" + _LETTERS_EXAMPLE
+            "最有用的排在最前面，用英文逗号分隔。"
         ),
         "truncated": "[… 会话已截断：省略了 {n} 个 token …]",
     },
@@ -105,6 +130,11 @@ def _dated(session: Session, language: str) -> str:
     """The date part of a block's header line (`` Date: …``), or "" for an undated session."""
     date = session.date_text or (session.date.isoformat() if session.date else None)
     return f" {_text(language)['date']}: {date}" if date else ""
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def check_labelling(labels: str) -> None:
@@ -147,12 +177,29 @@ def _header(position: int, session: Session, language: str, labels: str = "digit
     return _label(position, labels) + _dated(session, language)
 
 
+def _trailer(position: int, labels: str = "digits") -> str:
+    """A ``marked`` block's last line: its id again, the same label token its header shows."""
+    return f"[End of Session {candidate_label(position, labels)}]"
+
+
 def _turns(session: Session) -> str:
     return session.render(with_date=False)
 
 
-def _block(position: int, session: Session, language: str, labels: str = "digits") -> str:
-    return f"{_header(position, session, language, labels)}\n{_turns(session)}"
+def _closed(block: str, position: int, labels: str, layout: str) -> str:
+    """``block`` (header and turns) as the layout shows it: closed by its id under ``marked``."""
+    return f"{block}\n{_trailer(position, labels)}" if layout == "marked" else block
+
+
+def _block(
+    position: int,
+    session: Session,
+    language: str,
+    labels: str = "digits",
+    layout: str = "paper",
+) -> str:
+    block = f"{_header(position, session, language, labels)}\n{_turns(session)}"
+    return _closed(block, position, labels, layout)
 
 
 def _messages(
@@ -163,13 +210,22 @@ def _messages(
     language: str,
     ask_think: bool,
     labels: str = "digits",
+    layout: str = "paper",
 ) -> list[dict[str, str]]:
     text = _text(language)
+    check_layout(layout)
     first, last = candidate_label(0, labels), candidate_label(max(n - 1, 0), labels)
-    parts = [text["intro"].format(n=n, first=first, last=last), "\n\n".join(blocks)]
     asked = [text["question"].format(question=question)]
     if question_date:
         asked.insert(0, text["question_date"].format(date=question_date))
+    if layout == "marked":
+        parts = [
+            "\n".join([text["asked_first"], *asked]),
+            text["intro_marked"].format(n=n, first=first, last=last),
+        ]
+    else:
+        parts = [text["intro"].format(n=n, first=first, last=last)]
+    parts.append("\n\n".join(blocks))
     parts.append("\n".join(asked))
     parts.append(text["task"])
     if labels == "letters":
@@ -191,9 +247,12 @@ def build_messages(
     language: Language = "en",
     ask_think: bool = True,
     labels: Labelling = "digits",
+    layout: Layout = "paper",
 ) -> list[dict[str, str]]:
     """System and user messages ranking ``sessions`` in the given order: ``sessions[i]`` is
-    ``[Session i]`` (``labels``: its id in digits or letters). No budget is applied; use
-    ``PromptBuilder`` for that."""
-    blocks = [_block(i, s, language, labels) for i, s in enumerate(sessions)]
-    return _messages(question, blocks, len(sessions), question_date, language, ask_think, labels)
+    ``[Session i]`` (``labels``: its id in digits or letters; ``layout``: see the module doc).
+    No budget is applied; use ``PromptBuilder`` for that."""
+    blocks = [_block(i, s, language, labels, layout) for i, s in enumerate(sessions)]
+    return _messages(
+        question, blocks, len(sessions), question_date, language, ask_think, labels, layout
+    )

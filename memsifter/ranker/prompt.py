@@ -51,13 +51,16 @@ from memsifter.ranker.messages import (
     LANGUAGES,
     Labelling,
     Language,
+    Layout,
     _block,
+    _closed,
     _header,
     _messages,
     _text,
     _turns,
     build_messages,
     check_labelling,
+    check_layout,
     labelling_size,
 )
 from memsifter.ranker.parse import RANKING_OPEN, ParsedRanking
@@ -136,9 +139,11 @@ class PromptBuilder(PromptIdAssembly):
         chat_template_kwargs: dict[str, Any] | None = None,
         ranking_head: str = "generate",
         labels: Labelling = "digits",
+        layout: Layout = "paper",
     ) -> None:
         _text(language)
         check_labelling(labels)
+        check_layout(layout)
         if labels != "digits" and ranking_head != "first_token":
             raise ValueError(f"labels={labels!r} needs ranking_head='first_token'")
         if ranking_head not in ("generate", "first_token"):
@@ -165,6 +170,7 @@ class PromptBuilder(PromptIdAssembly):
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.ranking_head = ranking_head
         self.labels = labels
+        self.layout = layout
         self._labels: int | None = None  # single-token labels (first_token), probed once
         if ranking_head == "first_token" and not self.max_candidates:
             from memsifter.ranker.first_token import check_label_capacity
@@ -175,7 +181,8 @@ class PromptBuilder(PromptIdAssembly):
         self.counter = HFCounter.from_tokenizer(tokenizer)
         # The widest label any realistic prompt uses, plus the blank line between blocks. Too
         # much only wastes a little room; too little is caught by the refit loop in build.
-        extra = self.counter.count("[Session 99999] \n\n") + 2
+        widest = "[Session 99999] \n\n" + ("\n[End of Session 99999]" if layout == "marked" else "")
+        extra = self.counter.count(widest) + 2
         specials = set(getattr(tokenizer, "all_special_tokens", []) or [])
         for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
             if getattr(added, "special", False):
@@ -367,7 +374,14 @@ class PromptBuilder(PromptIdAssembly):
         self, question: str, blocks: Sequence[str], n: int, question_date: str | None
     ) -> int:
         messages = _messages(
-            question, blocks, n, question_date, self.language, self.ask_think, self.labels
+            question,
+            blocks,
+            n,
+            question_date,
+            self.language,
+            self.ask_think,
+            self.labels,
+            self.layout,
         )
         return self.counter.count(self.render(messages))
 
@@ -392,7 +406,9 @@ class PromptBuilder(PromptIdAssembly):
             except _NotSplittable:  # the question holds the placeholder: tokenize the whole
                 pass
         if blocks is None:
-            blocks = [_block(i, s, self.language, self.labels) for i, s in enumerate(ordered)]
+            blocks = [
+                _block(i, s, self.language, self.labels, self.layout) for i, s in enumerate(ordered)
+            ]
         messages = _messages(
             question,
             blocks,
@@ -401,6 +417,7 @@ class PromptBuilder(PromptIdAssembly):
             self.language,
             self.ask_think,
             self.labels,
+            self.layout,
         )
         if token_ids is None:
             text = self.render(messages)
@@ -473,7 +490,7 @@ class PromptBuilder(PromptIdAssembly):
                 question,
                 [session],
                 question_date,
-                blocks=[f"{header}\n{body}"],
+                blocks=[_closed(f"{header}\n{body}", 0, self.labels, self.layout)],
                 truncated_ids=cut,
                 dropped_ids=dropped_ids,
             )

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from memsifter.data.types import Session, Turn
-from memsifter.ranker.messages import _dated, _label, _messages, _turns
+from memsifter.ranker.messages import _closed, _dated, _label, _messages, _trailer, _turns
 
 _BLOCKS = "\u2063MEMSIFTER-CANDIDATES\u2063"  # where the candidates go in a rendered template
 _PROBE_TEXTS = (
@@ -113,6 +113,7 @@ class PromptIdAssembly:
     language: str
     ask_think: bool
     labels: str  # how candidate ids are written: digits | letters
+    layout: str  # paper | marked (question first, every session closed by its id)
     cut: Literal["after", "before"]
     page_ids: PageIds
     _added: tuple[str, ...]
@@ -165,9 +166,12 @@ class PromptIdAssembly:
         so only the ``[Session i]`` label is left to the prompt), its turns and its share of
         the line breaks around them."""
         date, turns = _dated(session, self.language), _turns(session)
+        # Under ``marked`` the page ends at the line break before its closing id, which is a
+        # piece of its own (see _assemble_ids): one newline here instead of the blank line.
+        marked = self.layout == "marked"
         if self.cut == "after":  # an undated label keeps its newline: "]\n" is one Qwen piece
-            return (date + "\n" if date else "") + turns + "\n\n"
-        return date + "\n" + turns + "\n"
+            return (date + "\n" if date else "") + turns + ("\n" if marked else "\n\n")
+        return date + "\n" + turns + ("" if marked else "\n")
 
     def _header_ids(self, header: str) -> tuple[int, ...]:
         ids = self._headers.get(header)
@@ -189,7 +193,7 @@ class PromptIdAssembly:
         the same call (a prompt's header misses)."""
         lang = self.language
         messages = _messages(
-            question, [_BLOCKS], n, question_date, lang, self.ask_think, self.labels
+            question, [_BLOCKS], n, question_date, lang, self.ask_think, self.labels, self.layout
         )
         prefix, sep, suffix = self.render(messages).partition(_BLOCKS)
         if not (sep and _BLOCKS not in suffix and prefix.endswith("\n\n")):
@@ -236,10 +240,12 @@ class PromptIdAssembly:
         ids = list(frame.prefix_ids)
         pieces = [frame.prefix]
         blocks = []
+        marked = self.layout == "marked"
         for i, session in enumerate(ordered):
             header, turns, key = headers[i], turns_of[i], keys[i]
+            shown = _closed(header + "\n" + turns, i, self.labels, self.layout)
             if key is None:
-                block = header + "\n" + turns + "\n\n"
+                block = shown + "\n\n"
                 ids.extend(self._encode(["\n" + block[:-1] if before else block])[0])
             else:
                 ids.extend(self._header_ids(key))
@@ -247,7 +253,10 @@ class PromptIdAssembly:
                     ids.extend(self.page_ids(session))
                 else:
                     ids.extend(self._encode([self._page_piece(session)])[0])
-            blocks.append(header + "\n" + turns)
+                if marked:  # the closing id, cached by position like the label
+                    trailer = _trailer(i, self.labels)
+                    ids.extend(self._header_ids(f"\n{trailer}\n" if before else f"{trailer}\n\n"))
+            blocks.append(shown)
             pieces += (blocks[-1], "\n\n")
         ids.extend(frame.suffix_ids)
         pieces.append(frame.suffix)

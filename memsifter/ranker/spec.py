@@ -33,6 +33,10 @@ so with ``digits`` it ranks at most 10 candidates; ``letters`` lets one prefill 
 parser of ``generate`` reads numbers, so ``letters`` is refused with it (:class:`DataError`).
 A ``digits`` spec leaves the key out of :meth:`PromptSpec.to_dict`, so its ``prompt_spec.json``
 is byte-identical to one written before labellings existed.
+
+**Layout.** ``paper`` (the default, left out of ``to_dict`` like ``digits``): the sessions, then
+the question. ``marked``: the question first and every session closed by its id, so the label
+token the head scores sits after the question and its session (:mod:`memsifter.ranker.messages`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ CandidateOrder = Literal["chronological", "coarse"]
 CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
 RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
 DEFAULT_LABELS = "digits"
+DEFAULT_LAYOUT = "paper"
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class PromptSpec:
     order: str = "chronological"  # chronological | coarse
     ranking_head: str = "generate"  # generate | first_token (see the module doc)
     labels: str = DEFAULT_LABELS  # digits | letters: how candidate ids are written (module doc)
+    layout: str = DEFAULT_LAYOUT  # paper | marked: question first, sessions closed by their id
     # Extra chat-template arguments; Qwen3's enable_thinking is derived from ask_think.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -97,10 +103,12 @@ class PromptSpec:
                 "ranking_head: first_token reads the ranking at the position right after "
                 "<ranking>, so there is no reasoning before it: set ask_think: false"
             )
-        from memsifter.ranker.messages import LABELLINGS
+        from memsifter.ranker.messages import LABELLINGS, LAYOUTS
 
         if self.labels not in LABELLINGS:
             raise ValueError(f"labels must be one of {LABELLINGS}, got {self.labels!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.labels != DEFAULT_LABELS and self.ranking_head != "first_token":
             raise ValueError(
                 f"labels: {self.labels} needs ranking_head: first_token; ranking_head: "
@@ -135,19 +143,22 @@ class PromptSpec:
             chat_template_kwargs=self.chat_template_kwargs,
             ranking_head=self.ranking_head,
             labels=self.labels,
+            layout=self.layout,  # type: ignore[arg-type]
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as written to ``prompt_spec.json``; the default labelling is left out so a
-        digits spec reads and writes byte-identically to one made before labellings existed
-        (:meth:`fields` has every field, for comparisons)."""
+        """The spec as written to ``prompt_spec.json``; the default labelling and layout are left
+        out so a digits, paper spec reads and writes byte-identically to one made before either
+        existed (:meth:`fields` has every field, for comparisons)."""
         data = self.fields()
         if data["labels"] == DEFAULT_LABELS:
             del data["labels"]
+        if data["layout"] == DEFAULT_LAYOUT:
+            del data["layout"]
         return data
 
     def fields(self) -> dict[str, Any]:
-        """Every field, the default labelling included: what two specs are compared by."""
+        """Every field, the defaults included: what two specs are compared by."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -167,4 +178,11 @@ class PromptSpec:
         return dataclasses.replace(self, model=model)
 
 
-__all__ = ["CANDIDATE_ORDERS", "DEFAULT_LABELS", "RANKING_HEADS", "CandidateOrder", "PromptSpec"]
+__all__ = [
+    "CANDIDATE_ORDERS",
+    "DEFAULT_LABELS",
+    "DEFAULT_LAYOUT",
+    "RANKING_HEADS",
+    "CandidateOrder",
+    "PromptSpec",
+]

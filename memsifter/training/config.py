@@ -7,8 +7,9 @@ see ``configs/rewards/``), and tracking. Loading goes through :func:`memsifter.c
 unknown keys and wrong types are errors naming the key.
 
 Hardware is resolved here, once: on a machine without CUDA, ``use_cpu=True`` and ``bf16=False``
-(bf16 fails on CPU in the Trainer, and bf16 autocast there is ~2.5x slower than fp32), and vLLM
-rollouts are refused (``use_vllm`` needs a GPU).
+(bf16 fails on CPU in the Trainer), and vLLM rollouts are refused (``use_vllm`` needs a GPU).
+Whether bf16 pays on a CPU depends on the CPU (AMX units make it ~2.5x faster, their absence
+slower): the first-token trainer offers it as ``model.autocast``, chosen, never inferred.
 """
 
 from __future__ import annotations
@@ -44,10 +45,18 @@ class LoraSettings:
             raise ValueError(f"model.lora.top_layers must be >= 1, got {self.top_layers}")
 
 
+AUTOCASTS = ("none", "bf16")
+
+
 @dataclass
 class ModelSettings:
     name: str = "smollm2-135m-instruct"  # a built-in name, a local folder, or a hub id
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
+    # none | bf16: the first-token trainer's forward and backward under torch.autocast, weights
+    # and optimizer state kept in dtype. On a CPU with AMX (Sapphire Rapids and later) a SmolLM2
+    # step runs ~2.5x faster than in fp32 (eval/bench_cpu_autocast.py); on a CPU without bf16
+    # units it is slower. Validation and serving score in dtype, unchanged.
+    autocast: str = "none"
     lora: LoraSettings | None = None
     gradient_checkpointing: bool = False
     attn_implementation: str | None = None  # e.g. sdpa on GPU (torch's own flash kernel)
@@ -63,6 +72,8 @@ class ModelSettings:
     rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.autocast not in AUTOCASTS:
+            raise ValueError(f"model.autocast must be one of {AUTOCASTS}, got {self.autocast!r}")
         if self.context_tokens is not None and self.context_tokens < 1:
             raise ValueError(f"model.context_tokens must be >= 1, got {self.context_tokens}")
         rope = self.rope_scaling
@@ -316,7 +327,8 @@ def check_hardware(cfg: TrainConfig, cuda: bool | None = None) -> None:
         )
     if cfg.model.dtype == "bfloat16" and not cuda:
         raise DataError(
-            "model.dtype bfloat16 on CPU: the Trainer's bf16 fails there and autocast is ~2.5x "
-            "slower; use auto or float32",
+            "model.dtype bfloat16 on CPU: the Trainer's bf16 fails there; use auto or float32 "
+            "(the first-token trainer takes model.autocast: bf16, fp32 weights with bf16 "
+            "matmuls)",
             field="model.dtype",
         )

@@ -6,9 +6,12 @@ exact ``GRPOConfig`` every shipped YAML asks for without loading a model.
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from memsifter.errors import DataError
 from memsifter.training.config import TrainConfig, has_cuda
 
 
@@ -50,6 +53,16 @@ def precision(cfg: TrainConfig, cuda: bool) -> tuple[bool, str]:
     return dtype == "bfloat16", dtype
 
 
+def policy_autocast(cfg: TrainConfig, cuda: bool) -> AbstractContextManager[Any]:
+    """The head trainers' forward context (``model.autocast``): bf16 matmuls over the weights'
+    own dtype, or nothing. The backward runs outside it, as torch.autocast asks."""
+    import torch
+
+    if cfg.model.autocast == "none":
+        return contextlib.nullcontext()
+    return torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16)
+
+
 def build_grpo_config(
     cfg: TrainConfig,
     output_dir: str | Path,
@@ -78,6 +91,12 @@ def grpo_config_kwargs(
     Separate from building it because ``TrainingArguments`` refuses GPU settings (bf16) on a
     machine without one, and the multi-GPU recipes are checked here, on CPU."""
     cuda = has_cuda() if cuda is None else cuda
+    if cfg.model.autocast != "none":
+        raise DataError(
+            f"model.autocast: {cfg.model.autocast} is the first-token trainers' option; the TRL "
+            "trainer takes its precision from model.dtype (bf16 on a GPU)",
+            field="model.autocast",
+        )
     g = cfg.grpo
     bf16, _ = precision(cfg, cuda)
     kwargs: dict[str, Any] = dict(

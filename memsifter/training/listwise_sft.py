@@ -98,7 +98,7 @@ def run_listwise_sft(
     it to ``out/final``; returns that folder."""
     import torch
 
-    from memsifter.training.grpo import load_policy
+    from memsifter.training.grpo import load_policy, policy_autocast
 
     settings = cfg.sft
     check_listwise_settings(settings)
@@ -141,7 +141,8 @@ def run_listwise_sft(
                 orders = {n_pass: order}
             take = [rows[i] for i in orders[n_pass][slot * batch : (slot + 1) * batch]]
             prompts, ns = [r["prompt"] for r in take], [r["n"] for r in take]
-            scores = head_scores(model, tok, prompts, ns, labels=labels)
+            with policy_autocast(cfg, cuda):
+                scores = head_scores(model, tok, prompts, ns, labels=labels)
             targets = [r["targets"] for r in take]
             loss = listwise_loss(scores, targets)
             (loss / accum).backward()

@@ -177,7 +177,7 @@ class PLGRPOTrainer:
     ) -> None:
         import torch
 
-        from memsifter.training.grpo import load_policy
+        from memsifter.training.grpo import load_policy, policy_autocast
 
         check_settings(cfg)
         self.cfg = cfg
@@ -203,6 +203,7 @@ class PLGRPOTrainer:
             raise DataError("the first-token trainer has no training prompts")
         self.columns = [c for c in self.rows[0] if c not in ("prompt", "prompt_messages")]
         self.model, self.tok, peft_config = load_policy(cfg, model_path, cuda)
+        self.autocast = lambda: policy_autocast(cfg, cuda)
         self.labels = read_spec(cfg.data).labels  # the data prompts' labels
         self.lora = peft_config is not None
         if self.lora:
@@ -282,7 +283,8 @@ class PLGRPOTrainer:
         ns = [int(r["n_candidates"]) for r in rows]
         depths = self._depths(rows, ns, step)
         gen = torch.Generator().manual_seed(g.seed * 1_000_003 + step)
-        scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
+        with self.autocast():
+            scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
         # The batch's deepest prefix is drawn; each row keeps its own depth. Depths never pass
         # a row's candidate count, so padding (-inf, drawn last) never enters a prefix.
         drawn = gumbel_topk(
@@ -297,12 +299,13 @@ class PLGRPOTrainer:
         old = pl_place_log_probs(scores, drawn, g.temperature).detach()
         ref = None
         if self.ref is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self.autocast():
                 ref = head_scores(self.ref, self.tok, prompts, ns, labels=self.labels)
         losses, kls, clipped_frac = [], [], []
         for it in range(g.num_iterations):
             if it:
-                scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
+                with self.autocast():
+                    scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
             logp = pl_place_log_probs(scores, drawn, g.temperature)
             loss = pl_grpo_loss(logp, old, adv, mask, g.epsilon, g.epsilon_high)
             with torch.no_grad():
