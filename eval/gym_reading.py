@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import shutil
 import sys
 import time
@@ -73,7 +74,18 @@ def code_version() -> str:
 # -- 1. data ---------------------------------------------------------------------------------
 
 
-def build_data(size: str, out: Path) -> Path:
+def recipe_layout() -> str:
+    from memsifter.training.rl_data import load_rl_data_config
+
+    return load_rl_data_config(ROOT / DATA_RECIPE).prompt.layout
+
+
+def rung_name(size: str, layout: str) -> str:
+    """The rung's folder and key: the size, and the layout when it is not the recipe's."""
+    return size if layout == recipe_layout() else f"{size}-{layout}"
+
+
+def build_data(size: str, out: Path, layout: str) -> Path:
     from memsifter.models import resolve_model
     from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
 
@@ -82,7 +94,7 @@ def build_data(size: str, out: Path) -> Path:
         cfg = load_rl_data_config(ROOT / DATA_RECIPE)
         cfg = dataclasses.replace(
             cfg,
-            prompt=dataclasses.replace(cfg.prompt, model=MODEL),
+            prompt=dataclasses.replace(cfg.prompt, model=MODEL, layout=layout),
             sources=[
                 dataclasses.replace(s, path=str(ROOT / world_config(size))) for s in cfg.sources
             ],
@@ -102,6 +114,83 @@ def load_split(data: Path, split: str) -> list[dict[str, Any]]:
 # -- 2. the supervised pointing probe -----------------------------------------------------
 
 
+class FrozenPrefix:
+    """Train the top ``top`` layers on cached inputs. With LoRA on the top layers only, the
+    hidden state entering layer ``L - top`` is a fixed function of the prompt: computed once a
+    prompt (no grad), the steps then run the top layers alone, through the model's own forward
+    on that slice fed as ``inputs_embeds``. One prompt at a time, so no padding and no mask.
+    Exact, not an approximation: :meth:`check` compares it with the full model's scores."""
+
+    def __init__(self, model: Any, top: int, device: str, autocast: bool) -> None:
+        self.model = model
+        self.inner = model.get_base_model().model  # the decoder stack under the LM head
+        self.all = self.inner.layers
+        self.cut = len(self.all) - top
+        self.device = device
+        self.autocast = autocast
+
+    def _amp(self) -> Any:
+        import torch
+
+        return torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.autocast)
+
+    def _swap(self, part: Any) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def swapped() -> Any:
+            self.inner.layers = part
+            try:
+                yield
+            finally:
+                self.inner.layers = self.all
+
+        return swapped()
+
+    def prefix(self, ids: list[int]) -> Any:
+        """The hidden state entering layer ``cut``, ``[T, H]``, fp32 on the CPU (bf16 storage
+        would round the residual stream: 1e-2 in the logits)."""
+        import torch
+
+        got: dict[str, Any] = {}
+
+        def keep(_m: Any, _a: Any, out: Any) -> None:
+            got["h"] = out[0] if isinstance(out, tuple) else out
+
+        hook = self.all[self.cut - 1].register_forward_hook(keep)
+        try:
+            with torch.no_grad(), self._swap(self.all[: self.cut]), self._amp():
+                self.inner(input_ids=torch.tensor([ids], device=self.device))
+        finally:
+            hook.remove()
+        return got["h"][0].to(torch.float32).cpu()
+
+    def logits(self, h: Any) -> Any:
+        """The last position's logits from a cached prefix (differentiable in the top layers)."""
+        import torch
+
+        dtype = next(self.model.parameters()).dtype
+        with self._swap(self.all[self.cut :]), self._amp():
+            out = self.model(inputs_embeds=h[None].to(self.device, dtype), logits_to_keep=1)
+        return out.logits[0, -1].to(torch.float32)
+
+    def check(self, tok: Any, prompt: str, label_ids: list[int]) -> float:
+        """Largest difference between the cached path's label logits and the full model's on
+        ``prompt``, both in fp32 (it must be float noise)."""
+        import torch
+
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        was, self.autocast = self.autocast, False
+        try:
+            with torch.no_grad():
+                full = self.model(input_ids=torch.tensor([ids], device=self.device))
+                a = full.logits[0, -1, label_ids].float()
+                b = self.logits(self.prefix(ids))[label_ids]
+        finally:
+            self.autocast = was
+        return float((a - b).abs().max())
+
+
 def probe(
     data: Path,
     out: Path,
@@ -111,11 +200,15 @@ def probe(
     batch: int,
     autocast: str = "bf16",
     log: Any = print,
+    pool: int = 0,
 ) -> dict[str, Any]:
     """Cross-entropy of the head's first place against the useful set (log of the summed
     probability of the useful labels), LoRA on the top ``top_layers`` layers as the recipes
     train, validation NDCG@1 every ``steps // 6`` steps on 40 validation memory questions, one
-    a user (the recipes' validation size)."""
+    a user (the recipes' validation size). ``pool > 0``: a seeded pool of that many training
+    prompts, their frozen layers' output cached once (:class:`FrozenPrefix`), and the steps
+    drawn from it: the same updates at a fraction of the cost a step, so many more steps (and
+    passes over the pool) fit the budget."""
     import random
 
     import torch
@@ -127,6 +220,7 @@ def probe(
     from memsifter.ranker.first_token import head_scores
 
     spec = read_spec(data)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a lent GPU runs the same probe
     path = resolve_model(MODEL).path
     tok = AutoTokenizer.from_pretrained(path)
     tok.pad_token = tok.pad_token or tok.eos_token
@@ -151,6 +245,7 @@ def probe(
             task_type="CAUSAL_LM",
         ),
     )
+    model.to(device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     train = [r for r in load_split(data, "train") if r["useful_positions"]]
     # One question from each of 40 users: users, not questions, are the independent unit.
@@ -159,7 +254,7 @@ def probe(
     rng = random.Random(0)
 
     def scores(rows: list[dict[str, Any]]) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast == "bf16"):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast == "bf16"):
             return head_scores(
                 model,
                 tok,
@@ -182,25 +277,67 @@ def probe(
     curve = [(0, evaluate())]
     log(f"probe step 0: validation NDCG@1 {curve[-1][1]:.3f} (n = {len(val)})")
     every = max(1, steps // 6)
+    frozen = None
+    if pool:
+        from memsifter.ranker.first_token import label_token_ids
+
+        frozen = FrozenPrefix(model, top_layers, device, autocast == "bf16")
+        labels_all = label_token_ids(tok, max(int(r["n_candidates"]) for r in train), spec.labels)
+        diff = frozen.check(tok, val[0]["prompt"], labels_all)
+        if diff > 1e-3:
+            raise RuntimeError(f"the cached top layers differ from the full model by {diff}")
+        log(f"frozen prefix: cached path = full model to {diff:.1e} on a validation prompt")
+        t_cache = time.perf_counter()
+        train = random.Random(1).sample(train, min(pool, len(train)))
+        cached = [frozen.prefix(tok(r["prompt"], add_special_tokens=False)["input_ids"])
+                  for r in train]  # fmt: skip
+        log(f"cached {len(train)} prompts in {time.perf_counter() - t_cache:.0f} s")
+
+    def cached_loss(rows: list[int]) -> Any:
+        """The batch's loss from cached prefixes, backpropagated a prompt at a time."""
+        total = 0.0
+        for i in rows:
+            r = train[i]
+            n = int(r["n_candidates"])
+            logp = torch.log_softmax(frozen.logits(cached[i])[labels_all[:n]], -1)  # type: ignore[union-attr]
+            loss = -torch.logsumexp(logp[list(r["useful_positions"])], -1) / len(rows)
+            loss.backward()
+            total += float(loss)
+        return total
+
     t0 = time.perf_counter()
+    window: list[float] = []
+    # The loss of always answering uniformly: log(n / |useful|) a prompt, averaged.
+    chance = sum(math.log(r["n_candidates"] / len(r["useful_positions"])) for r in train)
+    log(f"uniform-guess loss on the train prompts: {chance / len(train):.3f}")
     for step in range(1, steps + 1):
-        rows = rng.sample(train, batch)
-        logp = torch.log_softmax(scores(rows).clamp_min(-1e4), -1)
-        useful = torch.zeros_like(logp, dtype=torch.bool)
-        for i, r in enumerate(rows):
-            useful[i, list(r["useful_positions"])] = True
-        loss = -torch.logsumexp(logp.masked_fill(~useful, float("-inf")), -1).mean()
         opt.zero_grad()
-        loss.backward()
+        if frozen is not None:
+            window.append(cached_loss(rng.sample(range(len(train)), batch)))
+        else:
+            rows = rng.sample(train, batch)
+            logp = torch.log_softmax(scores(rows).clamp_min(-1e4), -1)
+            useful = torch.zeros_like(logp, dtype=torch.bool)
+            for i, r in enumerate(rows):
+                useful[i, list(r["useful_positions"])] = True
+            loss = -torch.logsumexp(logp.masked_fill(~useful, float("-inf")), -1).mean()
+            loss.backward()
+            window.append(float(loss))
         opt.step()
         if step % every == 0 or step == steps:
             curve.append((step, evaluate()))
             log(
-                f"probe step {step}: loss {float(loss):.3f}, validation NDCG@1 "
-                f"{curve[-1][1]:.3f}, {time.perf_counter() - t0:.0f} s"
+                f"probe step {step}: mean train loss {sum(window) / len(window):.3f} over the "
+                f"last {len(window)} steps, validation NDCG@1 {curve[-1][1]:.3f}, "
+                f"{time.perf_counter() - t0:.0f} s"
             )
+            window = []
     return {
         "what": "supervised pointing probe (uses the useful label: not a recipe)",
+        "device": device,
+        "uniform_loss": round(chance / len(train), 3),
+        "pool": len(train) if pool else None,
+        "passes_over_pool": round(steps * batch / len(train), 2) if pool else None,
         "lr": lr,
         "lora_top_layers": top_layers,
         "batch": batch,
@@ -548,6 +685,15 @@ def _f(x: Any) -> str:
     return f"{x:.3f}"
 
 
+# Rungs measured before the layout existed: the paper layout, and a letters prompt that still
+# showed an example answer (its first id became the untrained head's prior; docs/gym.md).
+_OLD_PROMPT = "paper, with the format line's example answer (before a8c7cfe)"
+
+
+def _key(rung: dict[str, Any]) -> tuple[str, str]:
+    return rung["size"], rung.get("layout", _OLD_PROMPT)
+
+
 def render(results: dict[str, Any]) -> str:
     lines = [
         "# The reading gym: does a pretrained proxy learn to read?",
@@ -559,89 +705,22 @@ def render(results: dict[str, Any]) -> str:
     ]
     for rung in results["rungs"]:
         lines += [
-            f"## Rung `{rung['size']}` (`{rung['world_config']}`, level `{rung['level']}`)",
+            f"## Rung `{rung['size']}`, layout {_key(rung)[1]} (`{rung['world_config']}`, "
+            f"level `{rung['level']}`)",
             "",
-            f"`{rung['command']}` at code version `{rung['code_version']}`; {rung['machine']}. "
-            f"Model {rung['model']}; split {rung['split']}, n = {rung['n_questions']} memory "
-            f"questions from {rung['n_users']} users, {rung['n_candidates_mean']:.1f} candidates "
-            f"a prompt on average ({rung['n_two_session']} two-session, {rung['n_unseen']} with "
-            f"an unseen phrasing or value, {rung['n_s0_prior']} with s_0 > 0).",
-            "",
-            "| ranker | NDCG@1 useful | answer acc@1 | answer acc@3 |",
-            "|---|---|---|---|",
+            f"`{rung['command']}` at code version `{rung['code_version']}`; {rung['machine']}.",
         ]
-        for name, m in rung["rankers"].items():
-            if name == "shortcuts":
-                continue
-            lines.append(
-                f"| {name} | {_f(m.get('ndcg@1_useful'))} | {_f(m.get('answer_acc@1'))} | "
-                f"{_f(m.get('answer_acc@3'))} |"
-            )
-        shortcuts = rung["rankers"].get("shortcuts", {})
-        for name, m in shortcuts.items():
-            if not name.startswith("position "):
-                lines.append(f"| shortcut: {name} | {_f(m['ndcg@1_useful'])} | - | - |")
-        positions = {n: m for n, m in shortcuts.items() if n.startswith("position ")}
-        if positions:
-            best = max(positions, key=lambda n: positions[n]["ndcg@1_useful"])
-            lines.append(
-                f"| shortcut: best single position ({best}; every one in the JSON) | "
-                f"{_f(positions[best]['ndcg@1_useful'])} | - | - |"
-            )
-        if rung.get("cluster_ci95"):
-            lines += ["", "| pair (A − B) | metric | mean | 95% CI (users) |", "|---|---|---|---|"]
-            for pair, cis in rung["cluster_ci95"].items():
-                for metric, (lo, hi) in cis.items():
-                    mean = rung["cluster_mean"][pair][metric]
-                    lines.append(f"| {pair} | {metric} | {mean:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
-        if rung.get("by_subset"):
-            lines += [
-                "",
-                "| ranker | unseen NDCG@1 (n) | seen NDCG@1 (n) | s_0 > 0 acc@3 (n) | "
-                "two-session acc@3 (n) |",
-                "|---|---|---|---|---|",
-            ]
-            for name, parts in rung["by_subset"].items():
-                cells = [
-                    f"{_f(parts['unseen']['ndcg@1_useful'])} ({parts['unseen']['n']})",
-                    f"{_f(parts['seen']['ndcg@1_useful'])} ({parts['seen']['n']})",
-                    f"{_f(parts['s0_prior']['answer_acc@3'])} ({parts['s0_prior']['n']})",
-                    f"{_f(parts['two_session']['answer_acc@3'])} ({parts['two_session']['n']})",
-                ]
-                lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        if rung.get("most_common_first_share"):
-            shares = ", ".join(f"`{n}` {_f(v)}" for n, v in rung["most_common_first_share"].items())
-            lines += [
-                "",
-                f"Share of prompts whose first label is the ranker's most common: {shares}.",
-            ]
-        if rung.get("permuted_order"):
-            lines += [
-                "",
-                "Candidates in a seeded random order instead of by date (same questions):",
-                "",
-            ]
-            for name, v in rung["permuted_order"].items():
-                lines.append(
-                    f"- `{name}`: NDCG@1 {_f(v['ndcg@1_useful'])} (n = {v['n']}); the most "
-                    f"common first label takes {_f(v['most_common_first_share'])} of the prompts"
-                )
-        if rung.get("curves"):
-            lines += ["", "Validation NDCG@1 (useful) by step (validation users, n as logged):", ""]
-            for name, pts in rung["curves"].items():
-                text = ", ".join(f"{s}: {v:.3f}" for s, v in pts)
-                lines.append(
-                    f"- `{name}`: {text}; steps to reach {LEARNED}: "
-                    f"{rung['steps_to_learn_by_recipe'].get(name) or 'not reached'}"
-                )
-        if rung.get("probe"):
-            p = rung["probe"]
+        if rung.get("split"):
+            lines += _rung_table(rung)
+        for name, p in sorted(rung.get("probes", {}).items()):
             text = ", ".join(f"{s}: {v:.3f}" for s, v in p["curve"])
             lines += [
                 "",
-                f"Supervised pointing probe (a probe, not a recipe: it trains on the useful "
-                f"label): LoRA top {p['lora_top_layers']} layers, lr {p['lr']}, batch "
-                f"{p['batch']}; validation n = {p['n_questions']}: {text} ({p['seconds']} s).",
+                f"Supervised pointing probe `{name}` (a probe, not a recipe: it trains on the "
+                f"useful label): LoRA top {p['lora_top_layers']} layers, lr {p['lr']}, batch "
+                f"{p['batch']}, autocast {p.get('autocast', 'none')}; validation NDCG@1, one "
+                f"question a user, n = {p['n_questions']}: {text} ({p['seconds']} s; loss by "
+                f"step in `{p.get('log', '-')}`).",
             ]
         if rung.get("notes"):
             lines += [""] + [f"- {n}" for n in rung["notes"]]
@@ -649,11 +728,89 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _rung_table(rung: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"Model {rung['model']}; split {rung['split']}, n = {rung['n_questions']} memory "
+        f"questions from {rung['n_users']} users, {rung['n_candidates_mean']:.1f} candidates "
+        f"a prompt on average ({rung['n_two_session']} two-session, {rung['n_unseen']} with "
+        f"an unseen phrasing or value, {rung['n_s0_prior']} with s_0 > 0).",
+        "",
+        "| ranker | NDCG@1 useful | answer acc@1 | answer acc@3 |",
+        "|---|---|---|---|",
+    ]
+    for name, m in rung["rankers"].items():
+        if name == "shortcuts":
+            continue
+        lines.append(
+            f"| {name} | {_f(m.get('ndcg@1_useful'))} | {_f(m.get('answer_acc@1'))} | "
+            f"{_f(m.get('answer_acc@3'))} |"
+        )
+    shortcuts = rung["rankers"].get("shortcuts", {})
+    for name, m in shortcuts.items():
+        if not name.startswith("position "):
+            lines.append(f"| shortcut: {name} | {_f(m['ndcg@1_useful'])} | - | - |")
+    positions = {n: m for n, m in shortcuts.items() if n.startswith("position ")}
+    if positions:
+        best = max(positions, key=lambda n: positions[n]["ndcg@1_useful"])
+        lines.append(
+            f"| shortcut: best single position ({best}; every one in the JSON) | "
+            f"{_f(positions[best]['ndcg@1_useful'])} | - | - |"
+        )
+    if rung.get("cluster_ci95"):
+        lines += ["", "| pair (A − B) | metric | mean | 95% CI (users) |", "|---|---|---|---|"]
+        for pair, cis in rung["cluster_ci95"].items():
+            for metric, (lo, hi) in cis.items():
+                mean = rung["cluster_mean"][pair][metric]
+                lines.append(f"| {pair} | {metric} | {mean:+.3f} | [{lo:+.3f}, {hi:+.3f}] |")
+    if rung.get("by_subset"):
+        lines += [
+            "",
+            "| ranker | unseen NDCG@1 (n) | seen NDCG@1 (n) | s_0 > 0 acc@3 (n) | "
+            "two-session acc@3 (n) |",
+            "|---|---|---|---|---|",
+        ]
+        for name, parts in rung["by_subset"].items():
+            cells = [
+                f"{_f(parts['unseen']['ndcg@1_useful'])} ({parts['unseen']['n']})",
+                f"{_f(parts['seen']['ndcg@1_useful'])} ({parts['seen']['n']})",
+                f"{_f(parts['s0_prior']['answer_acc@3'])} ({parts['s0_prior']['n']})",
+                f"{_f(parts['two_session']['answer_acc@3'])} ({parts['two_session']['n']})",
+            ]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if rung.get("most_common_first_share"):
+        shares = ", ".join(f"`{n}` {_f(v)}" for n, v in rung["most_common_first_share"].items())
+        lines += [
+            "",
+            f"Share of prompts whose first label is the ranker's most common: {shares}.",
+        ]
+    if rung.get("permuted_order"):
+        lines += [
+            "",
+            "Candidates in a seeded random order instead of by date (same questions):",
+            "",
+        ]
+        for name, v in rung["permuted_order"].items():
+            lines.append(
+                f"- `{name}`: NDCG@1 {_f(v['ndcg@1_useful'])} (n = {v['n']}); the most "
+                f"common first label takes {_f(v['most_common_first_share'])} of the prompts"
+            )
+    if rung.get("curves"):
+        lines += ["", "Validation NDCG@1 (useful) by step (validation users, n as logged):", ""]
+        for name, pts in rung["curves"].items():
+            text = ", ".join(f"{s}: {v:.3f}" for s, v in pts)
+            lines.append(
+                f"- `{name}`: {text}; steps to reach {LEARNED}: "
+                f"{rung['steps_to_learn_by_recipe'].get(name) or 'not reached'}"
+            )
+    return lines
+
+
 def merge(rung: dict[str, Any]) -> dict[str, Any]:
     path = RESULTS / "gym_reading.json"
     results = json.loads(path.read_text()) if path.is_file() else {"rungs": []}
-    rungs = [r for r in results["rungs"] if r["size"] != rung["size"]] + [rung]
-    results["rungs"] = sorted(rungs, key=lambda r: SIZES.index(r["size"]))
+    rungs = [r for r in results["rungs"] if _key(r) != _key(rung)] + [rung]
+    results["rungs"] = sorted(rungs, key=lambda r: (SIZES.index(r["size"]), _key(r)))
     path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     (RESULTS / "gym_reading.md").write_text(render(results))
     return results
@@ -676,6 +833,15 @@ def main() -> None:
     ap.add_argument("--probe-layers", type=int, default=6)
     ap.add_argument("--probe-batch", type=int, default=8)
     ap.add_argument("--probe-autocast", choices=("none", "bf16"), default="bf16")
+    ap.add_argument(
+        "--probe-pool", type=int, default=0, help="cache this many train prompts' frozen layers"
+    )
+    ap.add_argument(
+        "--layout",
+        choices=("paper", "marked"),
+        default=None,
+        help=f"the prompt layout (default: {DATA_RECIPE}'s); another one is its own rung",
+    )
     args = ap.parse_args()
     stages = args.stage or list(STAGES)
     names = args.recipe or list(RECIPES)
@@ -683,15 +849,18 @@ def main() -> None:
     from memsifter.data.gym import load_world
     from memsifter.machine import machine_facts, machine_line
 
-    out = ROOT / "outputs/gym_reading" / args.size
+    layout = args.layout or recipe_layout()
+    name = rung_name(args.size, layout)
+    out = ROOT / "outputs/gym_reading" / name
     out.mkdir(parents=True, exist_ok=True)
-    data = build_data(args.size, out)
+    data = build_data(args.size, out, layout)
     rung_file = out / "rung.json"
     rung: dict[str, Any] = json.loads(rung_file.read_text()) if rung_file.is_file() else {}
     world = load_world(ROOT / world_config(args.size))
     rung.update(
         {
             "size": args.size,
+            "layout": layout,
             "level": world.config.level,
             "world_config": world_config(args.size),
             "model": MODEL,
@@ -703,27 +872,42 @@ def main() -> None:
     if args.note is not None:
         rung["notes"] = list(args.note)
     if "probe" in stages:
-        rung["probe"] = probe(
-            data,
-            out,
-            args.probe_steps,
-            args.probe_lr,
-            args.probe_layers,
-            args.probe_batch,
-            args.probe_autocast,
-        )
+        key = f"top{args.probe_layers}-lr{args.probe_lr:g}-steps{args.probe_steps}"
+        key += f"-pool{args.probe_pool}" if args.probe_pool else ""
+        log_file = RESULTS / "gym_reading_runs" / name / f"probe_{key}_log.txt"
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with log_file.open("w", encoding="utf-8") as fh:
+
+            def log(line: str) -> None:
+                print(line, flush=True)
+                fh.write(line + "\n")
+                fh.flush()
+
+            result = probe(
+                data,
+                out,
+                args.probe_steps,
+                args.probe_lr,
+                args.probe_layers,
+                args.probe_batch,
+                args.probe_autocast,
+                log=log,
+                pool=args.probe_pool,
+            )
+        result["log"] = str(log_file.relative_to(ROOT))
+        rung.setdefault("probes", {})[key] = result
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if "train" in stages:
         runs = rung.setdefault("runs", {})
-        for name in names:
-            runs[name] = train(name, data, out, args.max_steps)
-            (out / "train" / name / "result.json").write_text(json.dumps(runs[name]) + "\n")
-            runs[name]["logs"] = copy_logs(name, out / "train" / name, args.size)
+        for recipe in names:
+            runs[recipe] = train(recipe, data, out, args.max_steps)
+            (out / "train" / recipe / "result.json").write_text(json.dumps(runs[recipe]) + "\n")
+            runs[recipe]["logs"] = copy_logs(recipe, out / "train" / recipe, name)
             rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if "eval" in stages:
         rung.update(evaluate(args.size, data, out, names, args.per_user or None))
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
-    if rung.get("split"):
+    if rung.get("split") or rung.get("probes"):
         print(render(merge(rung)))
 
 

@@ -92,3 +92,48 @@ def test_the_reports_sample_and_steps_to_learn_choose_by_ids_only() -> None:
     assert gym_reading.sample_per_user(rows, None) == rows
     assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.79), (40, 0.8), (60, 0.95)]) == 40
     assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.5)]) is None
+
+
+def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
+    read_world: dict[str, Path],
+) -> None:
+    """The probe's cached path (eval/gym_reading.py FrozenPrefix) gives the full model's label
+    logits to float noise, and its gradient reaches the top layers' adapters only."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.ranker.first_token import label_token_ids
+
+    tok = AutoTokenizer.from_pretrained(str(read_world["proxy"]))
+    model = AutoModelForCausalLM.from_pretrained(str(read_world["proxy"]), dtype=torch.float32)
+    layers = model.config.num_hidden_layers
+    model = get_peft_model(
+        model,
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], layers_to_transform=[layers - 1],
+                   task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # a trained adapter, not the zero start, so the top layer matters
+            torch.nn.init.normal_(p, std=0.1)
+    rows = gym_reading.load_split(read_world["data"], "validation")
+    n = max(int(r["n_candidates"]) for r in rows)
+    labels = label_token_ids(tok, n, read_spec(read_world["data"]).labels)
+    frozen = gym_reading.FrozenPrefix(model, 1, "cpu", autocast=False)
+    assert frozen.check(tok, rows[0]["prompt"], labels) < 1e-4
+    # The adapter moves those logits, so the check compares something the top layer shapes.
+    with model.disable_adapter():
+        assert frozen.check(tok, rows[0]["prompt"], labels) < 1e-4
+        ids = tok(rows[0]["prompt"], add_special_tokens=False)["input_ids"]
+        plain = frozen.logits(frozen.prefix(ids)).detach()[labels]
+    adapted = frozen.logits(frozen.prefix(ids)).detach()[labels]
+    assert (plain - adapted).abs().max() > 1e-3
+    h = frozen.prefix(tok(rows[0]["prompt"], add_special_tokens=False)["input_ids"])
+    frozen.logits(h)[labels].logsumexp(-1).backward()
+    grads = {name for name, p in model.named_parameters() if p.grad is not None}
+    assert grads and all(f"layers.{layers - 1}." in name for name in grads)
+    assert model.get_base_model().model.layers is frozen.all  # the stack is restored
