@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from memsifter.coarse import build_filter
-from memsifter.coarse.dense import EmbeddingCache, EmbeddingFilter, chunk_session
+from memsifter.coarse.dense import EmbeddingCache, chunk_session
 from memsifter.data import load_locomo
 from memsifter.data.types import Session, Turn
 from memsifter.errors import MemSifterError
 from memsifter.models import resolve_model
+from memsifter.testing.coarse import LetterFilter
 
 
 def _session(sid: str, lines: list[str]) -> Session:
@@ -27,32 +28,8 @@ def test_chunk_session_keeps_whole_turns_and_date() -> None:
     assert chunk_session(s, None) == [s.render()]
 
 
-class _CountingFilter(EmbeddingFilter):
-    """Bag-of-letters encoder: enough to test caching and max-passage scoring without a model."""
-
-    name = "counting"
-
-    encoder_id = "letters"
-
-    def __init__(self, chunk_tokens: int | None, cache: EmbeddingCache | None = None) -> None:
-        super().__init__(cache)
-        self.chunk_tokens = chunk_tokens
-        self.encoded: list[str] = []
-
-    def encode_documents(self, texts: list[str]):
-        import numpy as np
-
-        self.encoded.extend(texts)
-        out = np.zeros((len(texts), 26), dtype=np.float32)
-        for i, t in enumerate(texts):
-            for ch in t.lower():
-                if "a" <= ch <= "z":
-                    out[i, ord(ch) - 97] += 1
-        return out
-
-
 def test_sessions_are_encoded_once_and_best_passage_wins() -> None:
-    f = _CountingFilter(chunk_tokens=8)
+    f = LetterFilter(chunk_tokens=8)
     zzz = _session("zzz", ["aaa bbb ccc ddd eee fff", "zzzz zzzz zzzz zzzz zzzz zzzz"])
     other = _session("other", ["aaa bbb ccc ddd eee fff", "ggg hhh iii jjj kkk lll"])
     sessions = [other, zzz]
@@ -68,8 +45,8 @@ def test_embedding_cache_outlives_the_filter_and_keeps_scores(tmp_path) -> None:
         _session("b", ["aaa bbb ccc", "qqq rrr sss"]),  # one passage shared with "a"
         _session("c", ["mmm nnn"]),
     ]
-    plain = _CountingFilter(chunk_tokens=4)
-    first = _CountingFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
+    plain = LetterFilter(chunk_tokens=4)
+    first = LetterFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
     expected = plain.score("zzz qqq", sessions)
     assert first.score("zzz qqq", sessions) == expected
     # The shared passage is encoded once, not once per session.
@@ -77,11 +54,11 @@ def test_embedding_cache_outlives_the_filter_and_keeps_scores(tmp_path) -> None:
     assert len(passages) > len(set(passages))
     assert len(first.encoded) == len(set(passages)) + 1
     # A new filter (a new process, a hybrid's member) reads every passage from disk.
-    second = _CountingFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
+    second = LetterFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
     assert second.score("zzz qqq", sessions) == expected
     assert second.encoded == ["zzz qqq"]
     # Another encoder never reads these rows.
-    other = _CountingFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
+    other = LetterFilter(chunk_tokens=4, cache=EmbeddingCache(tmp_path))
     other.encoder_id = "letters-v2"
     other.score("zzz qqq", sessions)
     assert len(other.encoded) == len(set(passages)) + 1

@@ -31,7 +31,8 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {"data"},
         # the basics every floor may use
         {"config", "ir_metrics", "machine", "models", "progress", "text", "_compat"},
-        {"errors", "resources"},  # the error base; the files shipped as package data
+        # the error base; the files shipped as package data; the cache scope every cache reads
+        {"errors", "resources", "scopes"},
     )
 )
 FLOOR = {unit: i for i, units in enumerate(FLOORS) for unit in units}

@@ -8,17 +8,23 @@ lists it, forget removes it). A refused call is an ``isError`` result whose text
 bounded error body naming the argument, and the next call on the same client still works; the
 arguments obey the HTTP bodies' contract (strict integers); keys and users never see each other's
 memory; a missing or wrong key is the service's JSON 401 before MCP sees the request, and a key
-revoked under a running stdio process is refused there too.
+revoked under a running stdio process is refused there too. Over stdio, a request line over
+``limits.max_body_bytes`` is a named JSON-RPC error and the session goes on; and the official
+TypeScript SDK's stdio client (slow: npm) survives the 30,000-turn request its 10 MiB line
+limit once lost the session to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -34,17 +40,25 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from mcp_types import CallToolResult, JSONRPCError, JSONRPCNotification, JSONRPCResponse
+from mcp_types import (
+    INVALID_REQUEST,
+    CallToolResult,
+    JSONRPCError,
+    JSONRPCNotification,
+    JSONRPCResponse,
+)
 from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_MODERN_VERSION
 
 from memsifter.serving.app import create_app
 from memsifter.serving.config import AdminSettings, ApiKeySettings, LimitSettings, ServeConfig
 from memsifter.serving.errors import MAX_ERROR_BYTES, MAX_ERROR_FIELDS
-from memsifter.serving.mcp import MAX_STDIO_LINE_BYTES, LineLimit, missing_memory
+from memsifter.serving.mcp import MAX_STDIO_LINE_BYTES, LineLimit, RequestLines, missing_memory
 from memsifter.serving.store import Store, hash_key
 from memsifter.testing.server import live_server
 
 ROOT = Path(__file__).resolve().parents[1]
+TS_CLIENT = ROOT / "tests" / "fixtures" / "mcp_ts_stdio.mjs"
+TS_SDK = "@modelcontextprotocol/sdk@1.32.2"  # the client of the issue-35 tests
 KEY = "key-mcp-acme-0123456789"
 KEY_TODO = "key-mcp-acme-todo-0123456789"  # tenant acme's todo agent: task facts only
 KEY_OTHER = "key-mcp-globex-0123456789"
@@ -329,6 +343,124 @@ def test_stdio_bounds_its_replies_and_rechecks_its_key(
     sessions, total = store.list_sessions("acme", user)
     assert total == 1 and [s.session_id for s in sessions] == ["big"]
     store.close()
+
+
+def test_stdio_answers_an_over_long_request_line_and_reads_on(
+    tmp_path: Path, serve_db: Callable[[str], str]
+) -> None:
+    """Raw JSON-RPC lines, as no SDK client would send them: a request line over
+    ``limits.max_body_bytes`` (2,000,000 by default) is answered ``-32600`` with ``id`` null,
+    naming its size and the limit, and the next request on the session is served."""
+    config = _stdio_config(tmp_path, serve_db("mcp_stdio_long_line"))
+    env = {**os.environ, "MEMSIFTER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
+    command = _mcp_command(config, "stdio-long", "--create-db")
+
+    def line(rid: int | None, method: str, params: dict[str, Any]) -> bytes:
+        message = {"jsonrpc": "2.0", "method": method, "params": params}
+        return json.dumps(message if rid is None else {**message, "id": rid}).encode() + b"\n"
+
+    turn = b'{"speaker": "user", "text": "' + b"x" * 1_000 + b'"},'
+    turns = b"[" + turn * 3_000 + turn[:-1] + b"]"  # 3,001 turns: 3.1 MB
+    over = b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "remember", '
+    over += b'"arguments": {"turns": ' + turns + b"}}}"
+
+    async def run() -> None:
+        with (tmp_path / "stderr.log").open("wb") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+                cwd=ROOT,
+            )
+        stdin, stdout = proc.stdin, proc.stdout
+        assert stdin is not None and stdout is not None
+
+        async def send(data: bytes) -> None:
+            stdin.write(data)
+            await stdin.drain()
+
+        async def reply() -> dict[str, Any]:
+            return json.loads(await asyncio.wait_for(stdout.readline(), 120))
+
+        client = {"name": "raw", "version": "0"}
+        init = {
+            "protocolVersion": LATEST_HANDSHAKE_VERSION,
+            "capabilities": {},
+            "clientInfo": client,
+        }
+        await send(line(1, "initialize", init))
+        assert "result" in await reply()
+        await send(line(None, "notifications/initialized", {}))
+        await send(over + b"\n")
+        error = await reply()
+        assert error["id"] is None and error["error"]["code"] == INVALID_REQUEST
+        assert error["error"]["message"].startswith(
+            f"the request line has {len(over):,} bytes; the limit is 2,000,000 "
+            "(limits.max_body_bytes)"
+        )
+        await send(line(3, "tools/call", {"name": "facts", "arguments": {}}))
+        facts = await reply()
+        assert facts["id"] == 3 and facts["result"]["structuredContent"]["facts"] == []
+        stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+
+    asyncio.run(asyncio.wait_for(run(), 240))
+
+
+def _typescript_sdk() -> Path:
+    """A folder with the TypeScript MCP SDK installed: made once per machine, outside the repo
+    (``$XDG_CACHE_HOME/memsifter``, by default ``~/.cache/memsifter``), then reused."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are needed to run the TypeScript MCP SDK's client")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "memsifter"
+    folder = cache / f"npm-mcp-sdk-{TS_SDK.rpartition('@')[2]}"
+    if (folder / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json").is_file():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    # Installed aside and renamed into place, so a folder that exists is a whole install.
+    staging = Path(tempfile.mkdtemp(prefix="npm-mcp-sdk-", dir=cache))
+    done = subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(staging), TS_SDK],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"npm install {TS_SDK} failed:\n{done.stderr[-3000:]}"
+    try:
+        staging.rename(folder)
+    except OSError:  # another run installed it first
+        shutil.rmtree(staging)
+    return folder
+
+
+@pytest.mark.slow
+def test_the_typescript_sdks_stdio_session_survives_30000_bad_turns(
+    tmp_path: Path, serve_db: Callable[[str], str]
+) -> None:
+    # 30,000 invalid turns once made one 11 MB reply line; this client ends its session on a
+    # line over 10 MiB ("ReadBuffer exceeded maximum size"), every later call "Not connected".
+    sdk = _typescript_sdk()
+    client = sdk / TS_CLIENT.name  # beside node_modules, where its imports resolve
+    shutil.copyfile(TS_CLIENT, client)
+    config = _stdio_config(tmp_path, serve_db("mcp_stdio_ts"))
+    command = _mcp_command(config, "stdio-ts", "--create-db")
+    env = {**os.environ, "MEMSIFTER_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        ["node", str(client)],
+        env={**env, "MEMSIFTER_MCP_COMMAND": json.dumps(command)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    bad = CallToolResult.model_validate(results["bad"])
+    error = refused(bad, "turns[0].speaker")  # within MAX_ERROR_BYTES
+    assert error["type"] == "validation_error" and error["fields_total"] == 60_000
+    assert ok(CallToolResult.model_validate(results["after"]))["facts"] == []
 
 
 def test_stdio_refuses_to_start_without_a_valid_key(
@@ -701,6 +833,33 @@ def test_line_limit_replaces_an_over_long_reply_by_an_error_for_the_same_id() ->
         found = re.match(r"the reply is ([\d,]+) bytes", error.error.message)
         assert found is not None and int(found[1].replace(",", "")) > 5_000, error.error.message
         assert "over the 1,000 one stdio line may carry" in error.error.message
+
+
+def test_request_lines_hold_no_line_over_the_limit_and_answer_it_by_name() -> None:
+    limit = 100
+    fits = b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}'.ljust(limit)  # exactly the limit
+    wire = io.BytesIO(b"\n".join([fits, b"y" * 250_000, b"", fits, b"z" * (limit + 1), b"end"]))
+
+    async def run() -> tuple[list[str], list[SessionMessage]]:
+        out = _Collect()
+        lines = RequestLines(wire, limit)
+        lines.answer_on(out)
+        return [line async for line in lines], out.sent
+
+    got, sent = asyncio.run(run())
+    # The over-long lines are gone; the rest come through whole, the last without a newline.
+    assert got == [fits.decode() + "\n", "\n", fits.decode() + "\n", "end"]
+    sizes = []
+    for item in sent:
+        error = item.message
+        assert isinstance(error, JSONRPCError) and error.id is None
+        assert error.error.code == INVALID_REQUEST
+        found = re.match(
+            r"the request line has ([\d,]+) bytes; the limit is 100 ", error.error.message
+        )
+        assert found is not None, error.error.message
+        sizes.append(int(found[1].replace(",", "")))
+    assert sizes == [250_000, limit + 1]
 
 
 def test_missing_memory_never_creates_the_database(tmp_path: Path) -> None:

@@ -1,15 +1,18 @@
 """The service's ranker: a failed proxy parse is completed in the fused coarse + bookmark order,
-so it returns exactly the coarse-only ranking (not a re-score by the plain coarse filter); and
-the cache of request-borne haystacks (``/v1/rank``) is the byte-bounded one, where the proxy's
-prompt cut keys its indexes by tenant too (``/v1/rank`` itself: tests/test_serve_isolation.py)."""
+so it returns exactly the coarse-only ranking (not a re-score by the plain coarse filter); the
+cache of request-borne haystacks (``/v1/rank``) is the byte-bounded one, where the proxy's
+prompt cut keys its indexes by tenant too (``/v1/rank`` itself: tests/test_serve_isolation.py);
+and a dense filter's vectors and the prompt builder's page counts and ids are a tenant's own,
+from a ranking and from the tokenizing at ingest alike."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
 from memsifter.coarse import ByteBoundedBM25, build_filter
+from memsifter.data.tokens import TokenCounter
 from memsifter.data.types import Session, Turn
 from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.config import PagingSettings, ServeConfig
@@ -17,6 +20,7 @@ from memsifter.serving.memory import MemoryService
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.store import Principal, Store
 from memsifter.testing.backends import ScriptedBackend, reverse_ranking
+from memsifter.testing.coarse import LetterFilter
 
 QUESTION = "dog kennel"
 
@@ -112,3 +116,81 @@ def test_the_proxys_prompt_cut_caches_in_the_tenants_scope() -> None:
     assert backend.calls == 2
     # One index per tenant for the fused top candidates the prompt cut from, none unscoped.
     assert sorted(k[0] for k in inner.cache.keys()) == ["scope:acme", "scope:globex"]
+
+
+class _Counted:
+    """A token counter that records what it counts."""
+
+    def __init__(self, inner: TokenCounter) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.texts: list[str] = []
+
+    def count(self, text: str) -> int:
+        self.texts.append(text)
+        return self.inner.count(text)
+
+
+def _proxied_dense() -> tuple[ServiceRanker, LetterFilter, _Counted]:
+    dense = LetterFilter()
+    ranker = ServiceRanker(dense, ScriptedBackend(reverse_ranking), PromptSpec())
+    assert ranker.proxy is not None
+    builder = ranker.proxy.builder
+    assert builder.token_ids_off is None  # the page-id cache is in use
+    counted = _Counted(builder.session_tokens.counter)
+    builder.session_tokens.counter = counted
+    return ranker, dense, counted
+
+
+def test_a_ranking_embeds_and_tokenizes_in_its_tenants_scope() -> None:
+    # Keyed by content alone, these caches let tenant B's request over pages A had sent skip
+    # embedding and tokenizing them: a faster answer that told B someone had sent them. B pays
+    # for A's pages as for pages nobody sent, in both orders; each tenant's repeat is free.
+    ranker, dense, counted = _proxied_dense()
+    assert ranker.proxy is not None
+    page_ids = ranker.proxy.builder.page_ids
+
+    def work(tenant: str, texts: list[str]) -> tuple[int, int, int]:
+        """Pages embedded, counted and tokenized into ids by one request."""
+        before = (len(dense.encoded), len(counted.texts), len(page_ids))
+        haystack = [_session(f"p{i}", 1 + i, t) for i, t in enumerate(texts)]
+        outcome = ranker.rank(QUESTION, haystack, tenant=tenant)
+        assert outcome.parse.status == "ok"
+        after = (len(dense.encoded) - 1, len(counted.texts), len(page_ids))  # - the question
+        return (after[0] - before[0], after[1] - before[1], after[2] - before[2])
+
+    n = len(SESSIONS)
+    miss = (n, n, n)
+    for first, second in (("acme", "globex"), ("globex", "acme")):
+        sent = [f"{s.turns[0].text} ({first} first)" for s in SESSIONS]
+        unsent = [f"{t} (nobody)" for t in sent]
+        assert work(first, sent) == miss
+        assert work(second, sent) == work(second, unsent) == miss
+        assert work(first, sent) == work(second, sent) == (0, 0, 0)
+
+
+def test_pages_tokenized_at_ingest_are_found_by_their_tenants_queries(tmp_path: Path) -> None:
+    # The user index embeds a user's pages and the builder tokenizes them at ingest, so a
+    # query finds them cached; that must happen in the tenant's scope, or every query would
+    # miss (and another tenant ingesting the same pages would hit).
+    store = Store(f"sqlite:///{tmp_path / 'ingest.db'}")
+    store.migrate()
+    for tenant in ("acme", "globex"):
+        store.ensure_tenant(tenant)
+    config = ServeConfig(db_url=store.url, paging=PagingSettings(turns_per_page=2))
+    ranker, dense, counted = _proxied_dense()
+    memory = MemoryService(config, store, ranker, FixedKeywords())
+
+    def work(step: Callable[..., object], *args: object, **kwargs: object) -> tuple[int, int]:
+        """Texts embedded and pages counted by one call."""
+        before = (len(dense.encoded), len(counted.texts))
+        step(*args, **kwargs)
+        return (len(dense.encoded) - before[0], len(counted.texts) - before[1])
+
+    n = len(SESSIONS)  # one page each
+    for tenant in ("acme", "globex"):
+        who = Principal(tenant)
+        assert work(memory.ingest_sessions, who, "ann", SESSIONS) == (n, n)
+        # The question is embedded; no page is embedded or counted again.
+        assert work(memory.recall, who, "ann", QUESTION, top_k=4) == (1, 0)
+    store.close()

@@ -12,7 +12,8 @@ Build one from a spec string (CLI, YAML configs and the server all use this):
 Variants for a long-lived process (the recall service): ``LockedCoarse`` shares any filter
 between threads, ``ByteBoundedBM25`` bounds a BM25 filter's ``HaystackCache`` in bytes, and
 ``IncrementalBM25`` scores like ``BM25Filter`` over documents added and removed one at a time;
-``cache_scope(name)`` keeps the haystacks one caller caches out of every other's.
+``cache_scope(name)`` (``memsifter.scopes``) keeps what one caller caches, haystacks and passage
+vectors alike, out of every other's.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from memsifter.coarse.base import CoarseFilter, Selection, rank_by_scores
 from memsifter.coarse.bm25 import BM25Filter, ByteBoundedBM25
-from memsifter.coarse.cache import Haystack, HaystackCache, cache_scope, haystack_bytes
+from memsifter.coarse.cache import Haystack, HaystackCache, haystack_bytes
 from memsifter.coarse.hybrid import HybridFilter
 from memsifter.coarse.incremental import IncrementalBM25
 from memsifter.coarse.locked import LockedCoarse
 from memsifter.errors import UnknownNameError
+from memsifter.scopes import cache_scope
 
 if TYPE_CHECKING:
     from memsifter.coarse.dense import EmbeddingCache

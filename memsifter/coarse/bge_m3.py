@@ -7,7 +7,8 @@ transformers 5) because that class also owns the sparse head: with ``use_sparse`
 ``cosine(dense) + sparse_weight * lexical_matching_score``.
 
 As in every ``EmbeddingFilter``, a session is encoded once (dense vector and, when used, its
-lexical weights, both keyed by ``Session.fingerprint``); a query costs one short encode.
+lexical weights, both keyed by ``Session.fingerprint`` and the ``cache_scope`` in force); a
+query costs one short encode.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from memsifter.coarse.base import rank_by_scores
 from memsifter.coarse.dense import EmbeddingFilter
 from memsifter.data.types import Ranking, Session
 from memsifter.models import resolve_model
+from memsifter.scopes import ScopedKey, scoped
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class BGEM3Filter(EmbeddingFilter):
         # window that would index past its position embeddings, so never exceed what it declares.
         declared = getattr(self.model.tokenizer, "model_max_length", None)
         self.max_length = min(max_length, declared) if isinstance(declared, int) else max_length
-        self._lexical: dict[str, LexicalWeights] = {}
+        self._lexical: dict[ScopedKey, LexicalWeights] = {}
 
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, list[LexicalWeights] | None]:
         """Dense vectors (n, dim) and, in sparse mode, one {token id: weight} map per text."""
@@ -106,7 +108,8 @@ class BGEM3Filter(EmbeddingFilter):
         return self._encode(texts)[0]
 
     def index(self, sessions: Sequence[Session]) -> None:
-        todo = {s.fingerprint: s for s in sessions if s.fingerprint not in self._vectors}
+        keyed = {scoped(s.fingerprint): s for s in sessions}
+        todo = {k: s for k, s in keyed.items() if k not in self._vectors}
         if not todo:
             return
         keys = list(todo)
@@ -120,13 +123,14 @@ class BGEM3Filter(EmbeddingFilter):
             return Ranking(ids=(), source=self.name)
         self.index(sessions)
         dense, lexical = self._encode([query])
-        matrix = np.stack([self._vectors[s.fingerprint] for s in sessions])
+        keys = [scoped(s.fingerprint) for s in sessions]
+        matrix = np.stack([self._vectors[k] for k in keys])
         scores = (matrix @ self._normalise(dense[0])).astype(np.float64)
         if lexical is not None:
             # Query weights go first: the model's matcher loops over its first argument, and a
             # query has far fewer tokens than a session.
             lexical_scores = self.model.compute_lexical_matching_score(
-                [lexical[0]], [self._lexical[s.fingerprint] for s in sessions]
+                [lexical[0]], [self._lexical[k] for k in keys]
             )
             scores = scores + self.sparse_weight * np.asarray(lexical_scores, dtype=np.float64)[0]
         return rank_by_scores(sessions, scores, self.name)

@@ -12,12 +12,10 @@ Bounds, each least recently used first: ``max_entries`` indexes and as many iden
 count against it: one per haystack, however often its content comes back as new objects, and
 dropped with its index. The index in use is always kept, even when it alone is over the bound.
 
-Scopes: a cache keyed by content alone is an oracle when callers who must not learn of each
-other share it. A hit answers in a fraction of a miss's time, so a service's tenant B, timing a
-request, learns whether someone sent that exact haystack before. ``cache_scope(name)`` makes
-every lookup in its context (its thread, or its task) key by ``name`` as well, so each scope
-builds and finds only its own indexes, while the bounds stay those of the one cache. Keys made
-outside any scope are the content alone, as before scopes existed.
+Scopes: inside ``cache_scope(name)`` (``memsifter.scopes``, the one switch every content-keyed
+cache reads) a key is preceded by the scope's name, so each scope builds and finds only its own
+indexes while the bounds stay those of the one cache; a tenant's timing then cannot tell that
+another sent a haystack. Keys made outside any scope are the content alone.
 
 The cache is generic in the index type and knows nothing of how one is built: its owner asks
 ``get(key)``, builds on a miss and hands the index to ``put``. One cache serves one filter, since
@@ -29,9 +27,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Generic, NamedTuple, TypeVar
 
@@ -39,23 +35,14 @@ import numpy as np
 
 from memsifter.data.types import Session
 
+# Kept importable from here, its home before every content-keyed cache shared it.
+from memsifter.scopes import cache_scope as cache_scope
+from memsifter.scopes import current_scope
+
 IndexT = TypeVar("IndexT")
 # The content fingerprints of a haystack's sessions, in order; inside a cache_scope, preceded by
 # "scope:<name>", which no fingerprint (a hex digest) can equal.
 Key = tuple[str, ...]
-
-_scope: ContextVar[str | None] = ContextVar("memsifter_haystack_cache_scope", default=None)
-
-
-@contextmanager
-def cache_scope(name: str) -> Iterator[None]:
-    """Key every ``HaystackCache`` lookup in this context by ``name`` too (see the module doc):
-    a haystack cached in one scope is a miss in every other, and outside all of them."""
-    token = _scope.set(name)
-    try:
-        yield
-    finally:
-        _scope.reset(token)
 
 
 class Haystack(NamedTuple):
@@ -137,7 +124,7 @@ class HaystackCache(Generic[IndexT]):
     def resolve(self, sessions: Sequence[Session]) -> Haystack:
         """``sessions`` with their key (content, and the ``cache_scope`` in force) and ids, from
         the identity memo when these very objects were seen before in this scope."""
-        scope = _scope.get()
+        scope = current_scope()
         last = self._last
         # Tuple equality checks identity first, element by element in C: the common case, every
         # question over one haystack, costs microseconds and no hashing of the id tuple.

@@ -10,6 +10,10 @@ haystack the per-query cost is one query embedding plus a matrix-vector product.
 ``EmbeddingCache`` the passage vectors also outlive the process: a benchmark rerun, a hybrid
 filter after its dense member, or an interrupted run pays only for passages it has never seen
 (LongMemEval-S re-embeds ~94K user turns per filter otherwise).
+
+Inside a ``cache_scope`` (``memsifter.scopes``) every one of these keys names the scope too: the
+vectors in memory, the last stacked matrix and the rows on disk. A tenant of the recall service
+then embeds a page another tenant sent as if nobody had, so its timing tells it nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from memsifter.data.tokens import get_counter
 from memsifter.data.types import Ranking, Session
 from memsifter.errors import MemSifterError
 from memsifter.models import resolve_model
+from memsifter.scopes import ScopedKey, current_scope, scoped
 
 
 class EmbeddingCache:
@@ -56,8 +61,12 @@ class EmbeddingCache:
             raise MemSifterError(f"embedding cache {self.path} is not usable: {e}") from e
 
     @staticmethod
-    def key(encoder: str, text: str) -> str:
-        return hashlib.sha1(f"{encoder}\x00{text}".encode()).hexdigest()
+    def key(encoder: str, text: str, scope: str | None = None) -> str:
+        """The row of ``text``'s vector by ``encoder``, in ``scope`` (a ``cache_scope`` name).
+        Outside every scope it is the key rows written before scopes existed; a scope goes in
+        length-prefixed after a different separator, so no scope and text pose as another's."""
+        head = encoder if scope is None else f"{encoder}\x01{len(scope)}:{scope}"
+        return hashlib.sha1(f"{head}\x00{text}".encode()).hexdigest()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         found: dict[str, np.ndarray] = {}
@@ -131,10 +140,11 @@ class EmbeddingFilter(CoarseFilter):
 
     def __init__(self, cache: EmbeddingCache | None = None) -> None:
         self.cache = cache
-        self._vectors: dict[str, np.ndarray] = {}  # fingerprint -> (n_passages, dim)
+        # (scoped) fingerprint -> (n_passages, dim)
+        self._vectors: dict[ScopedKey, np.ndarray] = {}
         # The stacked passage matrix of the last haystack: every question over one haystack
         # reuses it instead of concatenating ~30K passage vectors per query at 1M tokens.
-        self._stacked: tuple[tuple[str, ...], np.ndarray, np.ndarray] | None = None
+        self._stacked: tuple[tuple[ScopedKey, ...], np.ndarray, np.ndarray] | None = None
 
     def encode_documents(self, texts: list[str]) -> np.ndarray:
         raise NotImplementedError
@@ -148,7 +158,8 @@ class EmbeddingFilter(CoarseFilter):
         return m / np.maximum(np.linalg.norm(m, axis=-1, keepdims=True), 1e-12)
 
     def index(self, sessions: Sequence[Session]) -> None:
-        todo = {s.fingerprint: s for s in sessions if s.fingerprint not in self._vectors}
+        keyed = {scoped(s.fingerprint): s for s in sessions}
+        todo = {k: s for k, s in keyed.items() if k not in self._vectors}
         if not todo:
             return
         keys = list(todo)
@@ -166,7 +177,8 @@ class EmbeddingFilter(CoarseFilter):
             return self._normalise(self.encode_documents(texts))
         if not self.encoder_id:
             raise MemSifterError(f"{type(self).__name__} sets no encoder_id; it cannot be cached")
-        keys = [EmbeddingCache.key(self.encoder_id, t) for t in texts]
+        scope = current_scope()
+        keys = [EmbeddingCache.key(self.encoder_id, t, scope) for t in texts]
         found = self.cache.get_many(keys)
         todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
         if todo:
@@ -179,7 +191,7 @@ class EmbeddingFilter(CoarseFilter):
     def score(self, query: str, sessions: Sequence[Session]) -> Ranking:
         if not sessions:
             return Ranking(ids=(), source=self.name)
-        key = tuple(s.fingerprint for s in sessions)
+        key = tuple(scoped(s.fingerprint) for s in sessions)
         if self._stacked is None or self._stacked[0] != key:
             self.index(sessions)
             blocks = [self._vectors[k] for k in key]

@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from memsifter.data.types import Session
+from memsifter.scopes import ScopedKey, scoped
 
 _APPROX = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -65,15 +66,17 @@ def get_counter(name: str | None = None) -> TokenCounter:
 class SessionTokenCache:
     """Per-session token counts keyed by content fingerprint: a haystack of 1M tokens is tokenized
     once, not once per question. ``max_size`` bounds it (least recently used out first) where it
-    lives as long as a server does; None keeps every count (a training or eval run)."""
+    lives as long as a server does; None keeps every count (a training or eval run). Inside a
+    ``cache_scope`` a count is keyed by the scope too, so a tenant never finds a page another
+    sent (``memsifter.scopes``); ``max_size`` bounds every scope's counts together."""
 
     def __init__(self, counter: TokenCounter, max_size: int | None = None) -> None:
         self.counter = counter
         self.max_size = max_size
-        self._cache: OrderedDict[str, int] = OrderedDict()
+        self._cache: OrderedDict[ScopedKey, int] = OrderedDict()
 
     def __call__(self, session: Session) -> int:
-        key = session.fingerprint
+        key = scoped(session.fingerprint)
         n = self._cache.get(key)
         if n is None:
             n = self._cache[key] = self.counter.count(session.render())

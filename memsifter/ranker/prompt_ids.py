@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from memsifter.data.types import Session, Turn
 from memsifter.ranker.messages import _closed, _dated, _label, _messages, _trailer, _turns
+from memsifter.scopes import ScopedKey, scoped
 
 _BLOCKS = "\u2063MEMSIFTER-CANDIDATES\u2063"  # where the candidates go in a rendered template
 _PROBE_TEXTS = (
@@ -75,18 +76,19 @@ class _NotSplittable(ValueError):
 
 class PageIds:
     """Token ids of each page's prompt piece (its turns and the line break after them; see the
-    module doc), keyed by content fingerprint and bounded like :class:`SessionTokenCache`
-    (``max_size``, least recently used out first). ``piece`` is the text a page is cut to."""
+    module doc), keyed by content fingerprint, and by the ``cache_scope`` in force
+    (``memsifter.scopes``), and bounded like :class:`SessionTokenCache` (``max_size`` over every
+    scope, least recently used out first). ``piece`` is the text a page is cut to."""
 
     def __init__(self, encode: Any, piece: Any, max_size: int | None = None) -> None:
         self._encode = encode
         self.piece = piece
         self.max_size = max_size
-        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache: OrderedDict[ScopedKey, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, session: Session) -> tuple[int, ...]:
-        key = session.fingerprint
+        key = scoped(session.fingerprint)
         with self._lock:  # request threads share it; an eviction must not race a hit's move
             ids = self._cache.get(key)
             if ids is not None:

@@ -12,6 +12,10 @@ Routes stay thin and call this; it joins the store, the ranker, bookmarks, facts
 * **Context.** Pinned facts (at most ``facts_fraction`` of the budget), then the paged-in pages,
   then the most recent turns (at most ``recent_fraction``); pages get what the other two leave,
   and ``paging.plan_paging`` decides what enters and leaves within that.
+* **Tenants' caches.** Every step that analyses a tenant's text (segmenting, bookmarking,
+  ranking facts; the ranker's own steps) runs in the tenant's ``cache_scope``
+  (``memsifter.scopes``), so no content-keyed cache, down to the analyzer's stem memo, answers
+  one tenant faster because another sent the same words.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from memsifter.data.segment import SegmentParams, segment_turns
 from memsifter.data.tokens import ApproxCounter, HFCounter, TokenCounter
 from memsifter.data.types import Session, Turn
 from memsifter.data.units import page_session
+from memsifter.scopes import cache_scope
 from memsifter.serving.bookmarks import KeywordExtractor, to_bookmarks
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ConflictError, NotFoundError, ServeError
@@ -113,12 +118,13 @@ class MemoryService:
         self, who: Principal, user: str, sessions: Sequence[Session], *, replace: bool = False
     ) -> list[SessionRecord]:
         records = []
-        for i, s in enumerate(sessions):
-            try:
-                records.append(self._record(s))
-            except ServeError as e:
-                e.field = f"body.sessions[{i}].turns"
-                raise
+        with cache_scope(who.tenant_id):
+            for i, s in enumerate(sessions):
+                try:
+                    records.append(self._record(s))
+                except ServeError as e:
+                    e.field = f"body.sessions[{i}].turns"
+                    raise
         try:
             self.store.put_sessions(who.tenant_id, user, records, replace=replace)
         except ServeError as e:  # the store names fields of its input; callers sent a body
@@ -149,7 +155,8 @@ class MemoryService:
         # A fresh prefix per call: segment ids restart at 0, and two batches must not collide.
         prefix = prefix or f"t{utcnow():%Y%m%d%H%M%S}-{uuid.uuid4().hex[:6]}"
         config = SegmentParams(max_gap=max_gap, topic_threshold=topic_threshold)
-        sessions = segment_turns(turns, config, id_prefix=prefix)
+        with cache_scope(who.tenant_id):
+            sessions = segment_turns(turns, config, id_prefix=prefix)
         try:
             return self.ingest_sessions(who, user, sessions)
         except ConflictError as e:  # the ids came from the prefix, not from the body
@@ -222,7 +229,8 @@ class MemoryService:
             now=now,
             limit=self.config.limits.max_facts_listed,
         )
-        ranked = rank_facts(facts, now, question, self.config.facts.decay_per_day)
+        with cache_scope(who.tenant_id):
+            ranked = rank_facts(facts, now, question, self.config.facts.decay_per_day)
         fact_cap = int(budget_tokens * paging.facts_fraction)
         pinned: list[ScoredFact] = []
         # Each section's header is charged to it, so the sections add up to the whole text.

@@ -24,10 +24,12 @@ coarse stage alone when the service runs ``coarse-only``.
   candidates overflow the window) index whatever sessions a request brings. A BM25 filter caches
   those indexes by content, so a client asking many questions over one haystack builds it once;
   the cache is bounded in (estimated) bytes, ``rank_cache_bytes``, not only in entries, since one
-  haystack can be megabytes (``ByteBoundedBM25``). Every ranking runs in its tenant's
-  ``cache_scope``: keyed by content alone, a cache hit (a 0.3 ms coarse stage where a build
-  took 37) told one tenant that another had sent the same documents. The byte bound stays one,
-  over all tenants.
+  haystack can be megabytes (``ByteBoundedBM25``). Every ranking, and every catch-up of a
+  user's index (its pages embedded, tokenized for the proxy), runs in its tenant's
+  ``cache_scope`` (``memsifter.scopes``), so every content-keyed cache on the way (BM25
+  indexes, dense vectors, the prompt builder's page counts and ids) keys by tenant: keyed by
+  content alone, a cache hit (a 0.3 ms coarse stage where a build took 37) told one tenant that
+  another had sent the same documents. The bounds stay one each, over all tenants.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ from memsifter.coarse import (
     IncrementalBM25,
     LockedCoarse,
     build_filter,
-    cache_scope,
 )
 from memsifter.coarse.hybrid import rrf
 from memsifter.data.types import Session
@@ -57,6 +58,7 @@ from memsifter.errors import MemSifterError, PromptBudgetError
 from memsifter.llm import Backend
 from memsifter.ranker.proxy import Proxy, ProxyParams
 from memsifter.ranker.spec import PromptSpec
+from memsifter.scopes import cache_scope
 from memsifter.serving.bookmarks import query_terms
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ServeError, UnavailableError
@@ -372,7 +374,13 @@ class ServiceRanker:
     # -- per-user page indexes
 
     def user_index(self, store: Store, tenant: str, user: str) -> UserIndex | None:
-        """The user's index, caught up with the store when their version moved on."""
+        """The user's index, caught up with the store when their version moved on. All it
+        caches (terms stemmed, pages embedded and tokenized) is cached in the tenant's scope,
+        where its queries look."""
+        with cache_scope(tenant):
+            return self._user_index(store, tenant, user)
+
+    def _user_index(self, store: Store, tenant: str, user: str) -> UserIndex | None:
         key = (tenant, user)
         state = store.user_state(tenant, user)
         if state is None:
@@ -396,11 +404,10 @@ class ServiceRanker:
                 # Deleted (and maybe created again) since user_state: the next request starts
                 # from the new incarnation; this one answers as for an unknown user.
                 self.forget_user(tenant, user)
-                return None if delta is None else self.user_index(store, tenant, user)
+                return None if delta is None else self._user_index(store, tenant, user)
             index.apply(delta)
         if index.bm25 is None and index.view.sessions:
-            with cache_scope(tenant):
-                self.coarse.index(index.view.sessions)
+            self.coarse.index(index.view.sessions)
         if self.proxy is not None:
             # Tokenize new pages for the proxy now, at ingest, so a query's prompt budget and
             # token ids come from the builder's caches instead of tokenizing 40 pages a request.

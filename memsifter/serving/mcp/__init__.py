@@ -6,8 +6,10 @@ Two transports serve the same tools (docs/mcp.md):
 * **stdio** (``memsifter mcp --user U``, ``stdio``): one process per assistant, the key read
   from an environment variable, the user fixed for the process. The key is checked at start
   and again at every call (through the service's ``auth_cache_s`` cache), so a key revoked while
-  the process runs is refused as on HTTP. No reply line exceeds ``MAX_STDIO_LINE_BYTES``, and
-  the process serves an existing memory: it never creates one unless told to.
+  the process runs is refused as on HTTP. No reply line exceeds ``MAX_STDIO_LINE_BYTES`` and no
+  request line over ``limits.max_body_bytes`` is held in memory (each is answered with a named
+  JSON-RPC error instead), and the process serves an existing memory: it never creates one
+  unless told to.
 * **Streamable HTTP** at ``/mcp`` on the service (``streamable_http``): every request names its
   key (``Authorization: Bearer KEY``, checked by the same dependency as every route, rate limit
   included) and its user (``X-MemSifter-User``), so a refusal there is the service's JSON error
@@ -29,6 +31,7 @@ from memsifter.serving.mcp.stdio import (
     DEFAULT_KEY_ENV,
     MAX_STDIO_LINE_BYTES,
     LineLimit,
+    RequestLines,
     missing_memory,
     run_stdio,
 )
@@ -42,6 +45,7 @@ __all__ = [
     "Caller",
     "LineLimit",
     "McpEndpoint",
+    "RequestLines",
     "build_server",
     "missing_memory",
     "run_stdio",

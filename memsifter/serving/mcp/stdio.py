@@ -1,7 +1,10 @@
 """``memsifter mcp``: the tools over stdin/stdout for one key and one user.
 
 The process opens the serve config's database (an existing memory unless told to create one),
-re-checks its key at every call, and writes no reply line over ``MAX_STDIO_LINE_BYTES``."""
+re-checks its key at every call, and bounds its lines both ways, as the HTTP service bounds
+bodies: it writes no reply line over ``MAX_STDIO_LINE_BYTES`` (``LineLimit``) and holds no
+request line over ``limits.max_body_bytes`` (``RequestLines``); either is answered with a
+JSON-RPC error that names the size and the limit, and the session goes on."""
 
 from __future__ import annotations
 
@@ -9,10 +12,11 @@ import json
 import logging
 import os
 import sys
-from contextlib import redirect_stdout
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import anyio
 import mcp_types as types
@@ -35,6 +39,8 @@ DB_URL_ENV = "MEMSIFTER_SERVE_DB_URL"  # load_serve_config's override of db_url
 # The TypeScript SDK's stdio client ends the session on a line over 10 MiB, and a line of
 # megabytes is no answer an assistant can use: a reply over this is refused by name instead.
 MAX_STDIO_LINE_BYTES = 1 << 20
+# How much of an over-long request line is read at a time while it is skipped.
+_SKIP_CHUNK = 1 << 16
 
 
 class _Sender(Protocol):
@@ -83,6 +89,82 @@ class LineLimit:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class RequestLines:
+    """stdin for the SDK's ``stdio_server``, which only iterates it: its lines as text (decoded
+    as the SDK decodes them), and never more than ``limit`` bytes of one held in memory.
+
+    The SDK's own reader keeps reading a line until its newline, however long. Here a line over
+    ``limit`` bytes is read on to its end ``_SKIP_CHUNK`` bytes at a time and dropped, and it
+    is answered on the write stream named by ``answer_on`` with a JSON-RPC error (``-32600``,
+    ``id`` null: the id is somewhere in what was not parsed) naming its size and the limit; the
+    lines after it are read as usual."""
+
+    def __init__(self, wire: BinaryIO, limit: int, setting: str = "limits.max_body_bytes") -> None:
+        self.wire = wire
+        self.limit = limit
+        self.setting = setting  # named in the error, so the client knows what to raise
+        self._replies: _Sender | None = None
+        # The transport reads its first line before it hands out the write stream.
+        self._ready = anyio.Event()
+
+    def answer_on(self, replies: _Sender) -> None:
+        self._replies = replies
+        self._ready.set()
+
+    def __aiter__(self) -> RequestLines:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            line = await anyio.to_thread.run_sync(self.wire.readline, self.limit + 1)
+            if not line:
+                raise StopAsyncIteration
+            if line.endswith(b"\n") or len(line) <= self.limit:
+                return line.decode("utf-8", errors="replace")
+            await self._refuse(len(line) + await self._skip_rest())
+
+    async def _skip_rest(self) -> int:
+        """Read the rest of the line and drop it; its length, without the newline."""
+        skipped = 0
+        while chunk := await anyio.to_thread.run_sync(self.wire.readline, _SKIP_CHUNK):
+            if chunk.endswith(b"\n"):
+                return skipped + len(chunk) - 1
+            skipped += len(chunk)
+        return skipped
+
+    async def _refuse(self, size: int) -> None:
+        text = (
+            f"the request line has {size:,} bytes; the limit is {self.limit:,} ({self.setting}): "
+            "send less (fewer turns, shorter texts)"
+        )
+        logger.warning("%s", text)
+        await self._ready.wait()
+        assert self._replies is not None  # set with _ready
+        error = types.ErrorData(code=types.INVALID_REQUEST, message=text)
+        await self._replies.send(
+            SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=None, error=error))
+        )
+
+
+@contextmanager
+def _claimed_stdin() -> Iterator[BinaryIO]:
+    """The protocol's stdin as a private copy of fd 0, with fd 0 itself on the null device
+    until the block ends, as the SDK's ``stdio_server`` arranges for a stdin it reads itself:
+    a library or child process that reads stdin meanwhile gets EOF, not the client's bytes."""
+    wire = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+    finally:
+        os.close(null)
+    try:
+        # Never closed (closefd=False, as the SDK does): a worker thread may still be blocked
+        # reading it when the transport ends, and a number closed under it could be reused.
+        yield os.fdopen(wire, "rb", closefd=False)
+    finally:
+        os.dup2(wire, 0)
 
 
 def require_key(key: str | None, key_env: str) -> str:
@@ -202,10 +284,14 @@ def run_stdio(
         logger.info("serving MCP on stdio", extra={"tenant": who.tenant_id, "user": user})
 
         async def serve() -> None:
-            async with stdio_server() as (read_stream, write_stream):
-                await server.run(
-                    read_stream, LineLimit(write_stream), server.create_initialization_options()
-                )
+            with _claimed_stdin() as wire:
+                lines = RequestLines(wire, config.limits.max_body_bytes)
+                # The SDK only iterates its stdin: bounded lines serve as well as a file.
+                transport = stdio_server(stdin=lines)  # type: ignore[arg-type]
+                async with transport as (read_stream, write_stream):
+                    replies = LineLimit(write_stream)
+                    lines.answer_on(replies)
+                    await server.run(read_stream, replies, server.create_initialization_options())
 
         anyio.run(serve)
     finally:
