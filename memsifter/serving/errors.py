@@ -9,6 +9,7 @@ same bounded error whichever door it used.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from memsifter.errors import MemSifterError
@@ -16,7 +17,9 @@ from memsifter.errors import MemSifterError
 # An error body stays small whatever the request: a body with 100,000 bad keys is told about
 # the first MAX_ERROR_FIELDS and how many there were, each text cut to a bounded length, and
 # fields are dropped from the end while the encoded body is over MAX_ERROR_BYTES (JSON escapes
-# of control characters can make a short text six times longer).
+# of control characters can make a short text six times longer). A door that sends the body
+# inside something else (MCP: the body is the text of a tool result, escaped again in the
+# JSON-RPC reply) measures it as sent, with its own ``size``.
 MAX_ERROR_FIELDS = 20
 MAX_FIELD_CHARS = 200
 MAX_MESSAGE_CHARS = 500
@@ -71,11 +74,22 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def json_size(body: dict[str, Any]) -> int:
+    """The body's size as the HTTP API sends it (``ensure_ascii`` counts a character at least
+    as long as its UTF-8 bytes)."""
+    return len(json.dumps(body))
+
+
 def error_body(
-    kind: str, message: str, fields: list[tuple[str, str]] | None = None, **extra: Any
+    kind: str,
+    message: str,
+    fields: list[tuple[str, str]] | None = None,
+    *,
+    size: Callable[[dict[str, Any]], int] = json_size,
+    **extra: Any,
 ) -> dict[str, Any]:
     """``{"error": {"type", "message", "fields": [{"field", "message"}], "fields_total"},
-    **extra}``, at most MAX_ERROR_BYTES as JSON whatever ``fields`` holds (see above)."""
+    **extra}``, at most MAX_ERROR_BYTES by ``size`` whatever ``fields`` holds (see above)."""
     fields = fields or []
     listed = [
         {"field": clip(f, MAX_FIELD_CHARS), "message": clip(m, MAX_FIELD_CHARS)}
@@ -88,7 +102,7 @@ def error_body(
         "fields_total": len(fields),
     }
     body = {"error": error, **extra}
-    while listed and len(json.dumps(body)) > MAX_ERROR_BYTES:
+    while listed and size(body) > MAX_ERROR_BYTES:
         listed.pop()
     return body
 

@@ -22,7 +22,8 @@ request models (``RecallIn``, ``FactIn`` ...) or models built from them, so the 
 is the HTTP body's, strict integers included, and they call the same ``MemoryService`` and
 ``Store`` methods. A refusal (``ServeError``, a ``ValidationError``, an unknown argument or tool,
 the database down) is a tool result with ``isError`` whose text is the service's error body
-(``errors.error_body``: at most 20 fields plus their count, at most 16 KB); the server goes on.
+(``errors.error_body``: at most 20 fields plus their count, the whole reply that carries it at
+most 16 KB); the server goes on.
 """
 
 from __future__ import annotations

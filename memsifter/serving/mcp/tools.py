@@ -200,10 +200,24 @@ class UnknownArguments(Exception):
         super().__init__(f"unknown argument{s} {shown}{more}; {tool.name} takes {self.takes}")
 
 
+# What a refusal's reply holds around its text: the JSON-RPC envelope and the content block
+# (about 100 bytes), and the request's id as the client sent it (ids of up to ~400 bytes fit).
+_REPLY_ENVELOPE_BYTES = 512
+
+
+def reply_size(body: dict[str, Any]) -> int:
+    """The size of the reply that carries ``body`` as a tool result's text: the body is JSON
+    inside JSON, so each quote, backslash and control character is escaped twice (a field name
+    of 200 quotes is 800 bytes there, not 400) over both transports."""
+    text = json.dumps(body, ensure_ascii=False)
+    return len(json.dumps(text, ensure_ascii=False).encode()) + _REPLY_ENVELOPE_BYTES
+
+
 def _refusal(kind: str, message: str, fields: list[tuple[str, str]]) -> types.CallToolResult:
     """An ``isError`` result whose text is the service's bounded error body (no structured
-    content: a client checks that against the tool's output schema, which is the success's)."""
-    text = json.dumps(error_body(kind, message, fields), ensure_ascii=False)
+    content: a client checks that against the tool's output schema, which is the success's),
+    measured as the reply carries it, so the whole reply stays within MAX_ERROR_BYTES."""
+    text = json.dumps(error_body(kind, message, fields, size=reply_size), ensure_ascii=False)
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
