@@ -201,14 +201,16 @@ def probe(
     autocast: str = "bf16",
     log: Any = print,
     pool: int = 0,
+    target: str = "useful",
 ) -> dict[str, Any]:
     """Cross-entropy of the head's first place against the useful set (log of the summed
     probability of the useful labels), LoRA on the top ``top_layers`` layers as the recipes
     train, validation NDCG@1 every ``steps // 6`` steps on 40 validation memory questions, one
-    a user (the recipes' validation size). ``pool > 0``: a seeded pool of that many training
-    prompts, their frozen layers' output cached once (:class:`FrozenPrefix`), and the steps
-    drawn from it: the same updates at a fraction of the cost a step, so many more steps (and
-    passes over the pool) fit the budget."""
+    a user (the recipes' validation size); ``target: last`` trains and scores the newest
+    candidate instead, a positive control of the machinery. ``pool > 0``: a seeded pool of
+    that many training prompts, their frozen layers' output cached once
+    (:class:`FrozenPrefix`), and the steps drawn from it: the same updates at a fraction of the
+    cost a step, so many more steps (and passes over the pool) fit the budget."""
     import random
 
     import torch
@@ -247,10 +249,18 @@ def probe(
     )
     model.to(device)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    train = [r for r in load_split(data, "train") if r["useful_positions"]]
+
+    def targeted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``useful``: the useful sessions; ``last``: the newest candidate, whatever it says
+        (the positive control: a position the head can learn without reading)."""
+        if target == "useful":
+            return rows
+        return [{**r, "useful_positions": [int(r["n_candidates"]) - 1]} for r in rows]
+
+    train = targeted([r for r in load_split(data, "train") if r["useful_positions"]])
     # One question from each of 40 users: users, not questions, are the independent unit.
     val = sample_per_user([r for r in load_split(data, "validation") if r["useful_positions"]], 1)
-    val = val[:40]
+    val = targeted(val[:40])
     rng = random.Random(0)
 
     def scores(rows: list[dict[str, Any]]) -> Any:
@@ -335,6 +345,7 @@ def probe(
     return {
         "what": "supervised pointing probe (uses the useful label: not a recipe)",
         "device": device,
+        "target": target,
         "uniform_loss": round(chance / len(train), 3),
         "pool": len(train) if pool else None,
         "passes_over_pool": round(steps * batch / len(train), 2) if pool else None,
@@ -690,6 +701,12 @@ def _f(x: Any) -> str:
 _OLD_PROMPT = "paper, with the format line's example answer (before a8c7cfe)"
 
 
+_TARGETS = {
+    "useful": "useful session's label",
+    "last": "newest candidate's label, a positive control that needs no reading",
+}
+
+
 def _key(rung: dict[str, Any]) -> tuple[str, str]:
     return rung["size"], rung.get("layout", _OLD_PROMPT)
 
@@ -717,8 +734,9 @@ def render(results: dict[str, Any]) -> str:
             lines += [
                 "",
                 f"Supervised pointing probe `{name}` (a probe, not a recipe: it trains on the "
-                f"useful label): LoRA top {p['lora_top_layers']} layers, lr {p['lr']}, batch "
-                f"{p['batch']}, autocast {p.get('autocast', 'none')}; validation NDCG@1, one "
+                f"{_TARGETS[p.get('target', 'useful')]}): LoRA top {p['lora_top_layers']} "
+                f"layers, lr {p['lr']}, batch {p['batch']}, autocast "
+                f"{p.get('autocast', 'none')}; validation NDCG@1 against that target, one "
                 f"question a user, n = {p['n_questions']}: {text} ({p['seconds']} s; loss by "
                 f"step in `{p.get('log', '-')}`).",
             ]
@@ -837,6 +855,12 @@ def main() -> None:
         "--probe-pool", type=int, default=0, help="cache this many train prompts' frozen layers"
     )
     ap.add_argument(
+        "--probe-target",
+        choices=("useful", "last"),
+        default="useful",
+        help="last: the newest candidate, a positive control that needs no reading",
+    )
+    ap.add_argument(
         "--layout",
         choices=("paper", "marked"),
         default=None,
@@ -874,6 +898,7 @@ def main() -> None:
     if "probe" in stages:
         key = f"top{args.probe_layers}-lr{args.probe_lr:g}-steps{args.probe_steps}"
         key += f"-pool{args.probe_pool}" if args.probe_pool else ""
+        key += "" if args.probe_target == "useful" else f"-target_{args.probe_target}"
         log_file = RESULTS / "gym_reading_runs" / name / f"probe_{key}_log.txt"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("w", encoding="utf-8") as fh:
@@ -893,6 +918,7 @@ def main() -> None:
                 args.probe_autocast,
                 log=log,
                 pool=args.probe_pool,
+                target=args.probe_target,
             )
         result["log"] = str(log_file.relative_to(ROOT))
         rung.setdefault("probes", {})[key] = result

@@ -8,7 +8,7 @@ unknown keys and wrong types are errors naming the key.
 
 Hardware is resolved here, once: on a machine without CUDA, ``use_cpu=True`` and ``bf16=False``
 (bf16 fails on CPU in the Trainer), and vLLM rollouts are refused (``use_vllm`` needs a GPU).
-Whether bf16 pays on a CPU depends on the CPU (AMX units make it ~2.5x faster, their absence
+Whether bf16 pays on a CPU depends on the CPU (AMX units make it ~2.2x faster, their absence
 slower): the first-token trainer offers it as ``model.autocast``, chosen, never inferred.
 """
 
@@ -54,7 +54,7 @@ class ModelSettings:
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
     # none | bf16: the first-token trainer's forward and backward under torch.autocast, weights
     # and optimizer state kept in dtype. On a CPU with AMX (Sapphire Rapids and later) a SmolLM2
-    # step runs ~2.5x faster than in fp32 (eval/bench_cpu_autocast.py); on a CPU without bf16
+    # step runs ~2.2x faster than in fp32 (eval/bench_cpu_autocast.py); on a CPU without bf16
     # units it is slower. Validation and serving score in dtype, unchanged.
     autocast: str = "none"
     lora: LoraSettings | None = None
