@@ -288,6 +288,11 @@ def probe(
     log(f"probe step 0: validation NDCG@1 {curve[-1][1]:.3f} (n = {len(val)})")
     every = max(1, steps // 6)
     frozen = None
+    if pool and top_layers >= layers:
+        raise ValueError(
+            f"--probe-pool caches the frozen layers below the adapted ones; with "
+            f"--probe-layers {top_layers} of {layers} nothing is frozen (drop --probe-pool)"
+        )
     if pool:
         from memsifter.ranker.first_token import label_token_ids
 
@@ -716,8 +721,9 @@ def render(results: dict[str, Any]) -> str:
         "# The reading gym: does a pretrained proxy learn to read?",
         "",
         "Generated from `eval/results/gym_reading.json` by `eval/gym_reading.py` (never typed by "
-        "hand). One rung per world size; every number is on **test users** (they choose "
-        "nothing), NDCG@1 against the useful session(s); CIs are cluster bootstraps over users.",
+        "hand). One rung per world size and prompt layout; every number is on **test users** "
+        "(they choose nothing), NDCG@1 against the useful session(s); CIs are cluster bootstraps "
+        "over users; probes are on validation users.",
         "",
     ]
     for rung in results["rungs"]:

@@ -538,7 +538,7 @@ def test_autocast_bf16_trains_the_head_in_bf16_with_fp32_weights(
 
 def test_autocast_is_refused_where_it_means_nothing(gym_head: dict[str, Path]) -> None:
     from memsifter.training.config import ModelSettings, load_train_config
-    from memsifter.training.grpo import grpo_config_kwargs
+    from memsifter.training.grpo import check_autocast
 
     with pytest.raises(ValueError, match="model.autocast"):
         ModelSettings(autocast="fp8")
@@ -548,4 +548,5 @@ def test_autocast_is_refused_where_it_means_nothing(gym_head: dict[str, Path]) -
         [f"output_dir={gym_head['tmp'] / 'trl'}", "model.autocast=bf16"],
     )
     with pytest.raises(DataError, match="first-token trainers' option"):
-        grpo_config_kwargs(cfg, gym_head["tmp"] / "trl", cuda=False)
+        check_autocast(cfg, head=False)
+    check_autocast(cfg, head=True)  # the head's trainers honour it

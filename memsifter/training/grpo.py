@@ -53,6 +53,16 @@ def precision(cfg: TrainConfig, cuda: bool) -> tuple[bool, str]:
     return dtype == "bfloat16", dtype
 
 
+def check_autocast(cfg: TrainConfig, head: bool) -> None:
+    """``model.autocast`` is the first-token trainers'; under TRL it would be a silent no-op."""
+    if cfg.model.autocast != "none" and not head:
+        raise DataError(
+            f"model.autocast: {cfg.model.autocast} is the first-token trainers' option; the TRL "
+            "trainer takes its precision from model.dtype (bf16 on a GPU)",
+            field="model.autocast",
+        )
+
+
 def policy_autocast(cfg: TrainConfig, cuda: bool) -> AbstractContextManager[Any]:
     """The head trainers' forward context (``model.autocast``): bf16 matmuls over the weights'
     own dtype, or nothing. The backward runs outside it, as torch.autocast asks."""
@@ -91,12 +101,6 @@ def grpo_config_kwargs(
     Separate from building it because ``TrainingArguments`` refuses GPU settings (bf16) on a
     machine without one, and the multi-GPU recipes are checked here, on CPU."""
     cuda = has_cuda() if cuda is None else cuda
-    if cfg.model.autocast != "none":
-        raise DataError(
-            f"model.autocast: {cfg.model.autocast} is the first-token trainers' option; the TRL "
-            "trainer takes its precision from model.dtype (bf16 on a GPU)",
-            field="model.autocast",
-        )
     g = cfg.grpo
     bf16, _ = precision(cfg, cuda)
     kwargs: dict[str, Any] = dict(

@@ -234,7 +234,13 @@ def run_training(
     from memsifter.rewards.service import RewardService
     from memsifter.rewards.trl import make_reward_function
     from memsifter.training.distributed import start_processes
-    from memsifter.training.grpo import build_trainer, lora_config, precision, tracking_kwargs
+    from memsifter.training.grpo import (
+        build_trainer,
+        check_autocast,
+        lora_config,
+        precision,
+        tracking_kwargs,
+    )
     from memsifter.training.sft import run_sft
     from memsifter.training.validation import ValidationEngine
 
@@ -277,6 +283,7 @@ def run_training(
     rcfg.check_scorers(data_sources(cfg.data), where=str(cfg.reward))
     spec = read_spec(cfg.data)
     head = spec.ranking_head == "first_token"  # nothing is generated: no completion budget
+    check_autocast(cfg, head)
     if not head and cfg.grpo.max_completion_length > spec.completion_tokens:
         raise DataError(
             f"grpo.max_completion_length ({cfg.grpo.max_completion_length}) exceeds the prompt "
