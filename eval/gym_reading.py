@@ -85,7 +85,7 @@ def rung_name(size: str, layout: str) -> str:
     return size if layout == recipe_layout() else f"{size}-{layout}"
 
 
-def build_data(size: str, out: Path, layout: str) -> Path:
+def build_data(world: str, out: Path, layout: str) -> Path:
     from memsifter.models import resolve_model
     from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
 
@@ -95,9 +95,7 @@ def build_data(size: str, out: Path, layout: str) -> Path:
         cfg = dataclasses.replace(
             cfg,
             prompt=dataclasses.replace(cfg.prompt, model=MODEL, layout=layout),
-            sources=[
-                dataclasses.replace(s, path=str(ROOT / world_config(size))) for s in cfg.sources
-            ],
+            sources=[dataclasses.replace(s, path=str(ROOT / world)) for s in cfg.sources],
         )
         resolve_model(MODEL)  # converts the GGUF once, before any worker needs it
         prepare_rl_data(cfg, data)
@@ -712,8 +710,14 @@ _TARGETS = {
 }
 
 
-def _key(rung: dict[str, Any]) -> tuple[str, str]:
-    return rung["size"], rung.get("layout", _OLD_PROMPT)
+def _title(rung: dict[str, Any]) -> str:
+    if rung["world_config"] == world_config(rung["size"]):
+        return f"Rung `{rung['size']}`"
+    return "A simpler world (probes only)"
+
+
+def _key(rung: dict[str, Any]) -> tuple[str, str, str]:
+    return rung["size"], rung.get("layout", _OLD_PROMPT), rung["world_config"]
 
 
 def render(results: dict[str, Any]) -> str:
@@ -728,7 +732,7 @@ def render(results: dict[str, Any]) -> str:
     ]
     for rung in results["rungs"]:
         lines += [
-            f"## Rung `{rung['size']}`, layout {_key(rung)[1]} (`{rung['world_config']}`, "
+            f"## {_title(rung)}, layout {_key(rung)[1]} (`{rung['world_config']}`, "
             f"level `{rung['level']}`)",
             "",
             f"`{rung['command']}` at code version `{rung['code_version']}`; {rung['machine']}.",
@@ -867,6 +871,9 @@ def main() -> None:
         help="last: the newest candidate, a positive control that needs no reading",
     )
     ap.add_argument(
+        "--world", default=None, help="another gym world config, for a probe on a simpler world"
+    )
+    ap.add_argument(
         "--layout",
         choices=("paper", "marked"),
         default=None,
@@ -881,18 +888,24 @@ def main() -> None:
 
     layout = args.layout or recipe_layout()
     name = rung_name(args.size, layout)
+    world_path = world_config(args.size)
+    if args.world:  # a simpler world for a probe: its own rung, named after its file
+        if set(stages) - {"data", "probe"}:
+            ap.error("--world is for the data and probe stages (the eval reads the read level)")
+        world_path = args.world
+        name = f"{Path(args.world).stem}-{layout}"
     out = ROOT / "outputs/gym_reading" / name
     out.mkdir(parents=True, exist_ok=True)
-    data = build_data(args.size, out, layout)
+    data = build_data(world_path, out, layout)
     rung_file = out / "rung.json"
     rung: dict[str, Any] = json.loads(rung_file.read_text()) if rung_file.is_file() else {}
-    world = load_world(ROOT / world_config(args.size))
+    world = load_world(ROOT / world_path)
     rung.update(
         {
             "size": args.size,
             "layout": layout,
             "level": world.config.level,
-            "world_config": world_config(args.size),
+            "world_config": world_path,
             "model": MODEL,
             "code_version": code_version(),
             "command": "python eval/gym_reading.py " + " ".join(sys.argv[1:]),
