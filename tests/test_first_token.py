@@ -307,6 +307,27 @@ def _cfg(gym_head: dict[str, Path], name: str, *extra: str) -> object:
     )
 
 
+def _trainer(gym_head: dict[str, Path], name: str, steps: int, *extra: str) -> Any:
+    """A PL-GRPO trainer on the gym's train split with the recipe's reward, ``steps`` long."""
+    from datasets import load_dataset
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+    from memsifter.rewards.trl import make_reward_function
+    from memsifter.training.pl_grpo import PLGRPOTrainer
+
+    train = load_dataset(
+        "parquet", data_files=str(gym_head["data"] / "train.parquet"), split="train"
+    )
+    cfg = _cfg(gym_head, name, f"epochs.max_steps={steps}", "epochs.save_steps=0", *extra)
+    fn = make_reward_function(
+        RewardService.from_config(load_reward_config(gym_head["root"] / cfg.reward))
+    )
+    fn.set_total_steps(steps)
+    return PLGRPOTrainer(cfg, str(gym_head["proxy"]), train, fn, Path(cfg.output_dir),
+                         log=lambda _: None)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -412,23 +433,7 @@ def test_a_first_token_run_trains_validates_and_averages(gym_head: dict[str, Pat
 def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) -> None:
     """With beta > 0 the trainer keeps a frozen copy of the start as the KL reference: after
     training the policy's head scores have moved and the reference's have not."""
-    from datasets import load_dataset
-
-    from memsifter.rewards import load_reward_config
-    from memsifter.rewards.service import RewardService
-    from memsifter.rewards.trl import make_reward_function
-    from memsifter.training.pl_grpo import PLGRPOTrainer
-
-    train = load_dataset(
-        "parquet", data_files=str(gym_head["data"] / "train.parquet"), split="train"
-    )
-    cfg = _cfg(gym_head, "kl", "epochs.max_steps=3", "epochs.save_steps=0", "grpo.beta=0.5")
-    fn = make_reward_function(
-        RewardService.from_config(load_reward_config(gym_head["root"] / cfg.reward))
-    )
-    fn.set_total_steps(3)
-    t = PLGRPOTrainer(cfg, str(gym_head["proxy"]), train, fn, Path(cfg.output_dir),
-                      log=lambda _: None)  # fmt: skip
+    t = _trainer(gym_head, "kl", 3, "grpo.beta=0.5")
     assert t.ref is not None and not any(p.requires_grad for p in t.ref.parameters())
     t.train()
     rows = t._batch(0)
@@ -503,23 +508,7 @@ def test_autocast_bf16_trains_the_head_in_bf16_with_fp32_weights(
 ) -> None:
     """model.autocast: bf16 runs the head trainer's forward in bf16 (its scores differ from
     fp32 ones by bf16 rounding, not more), keeps the weights fp32, and trains."""
-    from datasets import load_dataset
-
-    from memsifter.rewards import load_reward_config
-    from memsifter.rewards.service import RewardService
-    from memsifter.rewards.trl import make_reward_function
-    from memsifter.training.pl_grpo import PLGRPOTrainer
-
-    train = load_dataset(
-        "parquet", data_files=str(gym_head["data"] / "train.parquet"), split="train"
-    )
-    cfg = _cfg(gym_head, "bf16", "epochs.max_steps=2", "epochs.save_steps=0", "model.autocast=bf16")
-    fn = make_reward_function(
-        RewardService.from_config(load_reward_config(gym_head["root"] / cfg.reward))
-    )
-    fn.set_total_steps(2)
-    t = PLGRPOTrainer(cfg, str(gym_head["proxy"]), train, fn, Path(cfg.output_dir),
-                      log=lambda _: None)  # fmt: skip
+    t = _trainer(gym_head, "bf16", 2, "model.autocast=bf16")
     rows = t._batch(0)
     prompts, ns = [r["prompt"] for r in rows], [int(r["n_candidates"]) for r in rows]
     with torch.no_grad():

@@ -59,6 +59,7 @@ from memsifter.serving.config import (  # noqa: E402
 from memsifter.serving.errors import MAX_ERROR_BYTES, MAX_ERROR_FIELDS  # noqa: E402
 from memsifter.serving.store import hash_key  # noqa: E402
 from memsifter.serving.store.schema import Base  # noqa: E402
+from memsifter.testing.server import SEED_SESSIONS, seed_session  # noqa: E402
 
 KEY = "key-mcp-fuzz-acme-0123456789"
 KEY_OTHER = "key-mcp-fuzz-globex-0123456789"
@@ -93,17 +94,6 @@ EXAMPLES = {
 }
 
 
-def _session(sid: str, day: int, *texts: str) -> dict[str, Any]:
-    turns = [{"speaker": "user" if i % 2 == 0 else "bot", "text": t} for i, t in enumerate(texts)]
-    return {"id": sid, "date": f"2024-05-{day:02d}T10:00:00", "turns": turns}
-
-
-SEED_SESSIONS = {
-    "s-dog": _session(
-        "s-dog", 1, "I adopted a golden retriever named Max.", "How old is Max?", "Two years."
-    ),
-    "s-run": _session("s-run", 2, "I signed up for the Lisbon half marathon.", "Great goal!"),
-}
 SEED_FACTS = [
     {"type": "entity", "subject": "dog", "text": "Has a golden retriever named Max."},
     {"type": "task", "subject": "half marathon", "text": "Train for the Lisbon half marathon."},
@@ -115,8 +105,8 @@ MARKER = "zqx7741"
 
 def _foreign_sessions(owner: str) -> dict[str, Any]:
     return {
-        "vault": _session("vault", 3, f"The vault code is {MARKER}-{owner}-vault.", "Noted."),
-        "s-dog": _session("s-dog", 4, f"My dog is called {MARKER}-{owner}-dog.", "Cute!"),
+        "vault": seed_session("vault", 3, f"The vault code is {MARKER}-{owner}-vault.", "Noted."),
+        "s-dog": seed_session("s-dog", 4, f"My dog is called {MARKER}-{owner}-dog.", "Cute!"),
     }
 
 

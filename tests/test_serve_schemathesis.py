@@ -36,6 +36,7 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from memsifter.serving.app import create_app  # noqa: E402
 from memsifter.serving.config import AdminSettings, ApiKeySettings, ServeConfig  # noqa: E402
 from memsifter.serving.store import hash_key  # noqa: E402
+from memsifter.testing.server import SEED_SESSIONS  # noqa: E402
 
 KEY = "key-schemathesis-0123456789"
 ADMIN_KEY = "admin-schemathesis-0123456789"
@@ -49,17 +50,6 @@ CHECKS = [
 ]
 
 
-def _session(sid: str, day: int, *texts: str) -> dict[str, Any]:
-    turns = [{"speaker": "user" if i % 2 == 0 else "bot", "text": t} for i, t in enumerate(texts)]
-    return {"id": sid, "date": f"2024-05-{day:02d}T10:00:00", "turns": turns}
-
-
-SEED_SESSIONS = {
-    "s-dog": _session(
-        "s-dog", 1, "I adopted a golden retriever named Max.", "How old is Max?", "Two years."
-    ),
-    "s-run": _session("s-run", 2, "I signed up for the Lisbon half marathon.", "Great goal!"),
-}
 SEED_FACTS = [
     {"type": "entity", "subject": "dog", "text": "Has a golden retriever named Max."},
     {"type": "event", "subject": "half marathon", "text": "Runs the Lisbon half marathon."},

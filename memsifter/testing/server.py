@@ -69,3 +69,20 @@ def live_server(config: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def seed_session(sid: str, day: int, *texts: str) -> dict[str, Any]:
+    """A session body for ``POST /v1/users/{user}/sessions`` (and MCP's ``remember``): turns
+    alternate user and bot, dated 10:00 on ``day`` of May 2024."""
+    turns = [{"speaker": "user" if i % 2 == 0 else "bot", "text": t} for i, t in enumerate(texts)]
+    return {"id": sid, "date": f"2024-05-{day:02d}T10:00:00", "turns": turns}
+
+
+# The two sessions the generated-input suites seed their user with, so reads, recall and
+# deletions run over real rows.
+SEED_SESSIONS = {
+    "s-dog": seed_session(
+        "s-dog", 1, "I adopted a golden retriever named Max.", "How old is Max?", "Two years."
+    ),
+    "s-run": seed_session("s-run", 2, "I signed up for the Lisbon half marathon.", "Great goal!"),
+}
