@@ -80,12 +80,15 @@ def recipe_layout() -> str:
     return load_rl_data_config(ROOT / DATA_RECIPE).prompt.layout
 
 
-def rung_name(size: str, layout: str) -> str:
-    """The rung's folder and key: the size, and the layout when it is not the recipe's."""
+def rung_name(size: str, layout: str, read: str = "label") -> str:
+    """The rung's folder and key: the size, the layout when it is not the recipe's, and the
+    head's read when it is the marker read (which implies layout marked)."""
+    if read == "marker":
+        return f"{size}-marker"
     return size if layout == recipe_layout() else f"{size}-{layout}"
 
 
-def build_data(world: str, out: Path, layout: str) -> Path:
+def build_data(world: str, out: Path, layout: str, read: str = "label") -> Path:
     from memsifter.models import resolve_model
     from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
 
@@ -94,7 +97,7 @@ def build_data(world: str, out: Path, layout: str) -> Path:
         cfg = load_rl_data_config(ROOT / DATA_RECIPE)
         cfg = dataclasses.replace(
             cfg,
-            prompt=dataclasses.replace(cfg.prompt, model=MODEL, layout=layout),
+            prompt=dataclasses.replace(cfg.prompt, model=MODEL, layout=layout, head_read=read),
             sources=[dataclasses.replace(s, path=str(ROOT / world)) for s in cfg.sources],
         )
         resolve_model(MODEL)  # converts the GGUF once, before any worker needs it
@@ -172,6 +175,16 @@ class FrozenPrefix:
             out = self.model(inputs_embeds=h[None].to(self.device, dtype), logits_to_keep=1)
         return out.logits[0, -1].to(torch.float32)
 
+    def logits_at(self, h: Any, positions: list[int]) -> Any:
+        """The logits ``[len(positions), V]`` at those positions, from a cached prefix."""
+        import torch
+
+        dtype = next(self.model.parameters()).dtype
+        keep = torch.tensor(positions, device=self.device)
+        with self._swap(self.all[self.cut :]), self._amp():
+            out = self.model(inputs_embeds=h[None].to(self.device, dtype), logits_to_keep=keep)
+        return out.logits[0].to(torch.float32)
+
     def check(self, tok: Any, prompt: str, label_ids: list[int]) -> float:
         """Largest difference between the cached path's label logits and the full model's on
         ``prompt``, both in fp32 (it must be float noise)."""
@@ -200,6 +213,7 @@ def probe(
     log: Any = print,
     pool: int = 0,
     target: str = "useful",
+    read: str | None = None,
 ) -> dict[str, Any]:
     """Cross-entropy of the head's first place against the useful set (log of the summed
     probability of the useful labels), LoRA on the top ``top_layers`` layers as the recipes
@@ -217,7 +231,12 @@ def probe(
 
     from memsifter.models import resolve_model
     from memsifter.ranker.checkpoint import read_spec
-    from memsifter.ranker.first_token import head_scores
+    from memsifter.ranker.first_token import (
+        MARKER_TOKEN,
+        head_scores,
+        marker_positions,
+        marker_token_id,
+    )
 
     spec = read_spec(data)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a lent GPU runs the same probe
@@ -261,6 +280,17 @@ def probe(
     val = targeted(val[:40])
     rng = random.Random(0)
 
+    read = read or spec.head_read  # the data's own read unless the probe overrides it
+    if read == "marker":
+        read_id = marker_token_id(tok)
+    positions: dict[str, list[int]] = {}
+
+    def where(r: dict[str, Any]) -> list[int]:
+        key = r["prompt"]
+        if key not in positions:
+            positions[key] = marker_positions(tok, key, int(r["n_candidates"]), spec.labels)
+        return positions[key]
+
     def scores(rows: list[dict[str, Any]]) -> Any:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast == "bf16"):
             return head_scores(
@@ -269,6 +299,7 @@ def probe(
                 [r["prompt"] for r in rows],
                 [int(r["n_candidates"]) for r in rows],
                 labels=spec.labels,
+                read=read,
             )
 
     def evaluate() -> float:
@@ -297,6 +328,14 @@ def probe(
         frozen = FrozenPrefix(model, top_layers, device, autocast == "bf16")
         labels_all = label_token_ids(tok, max(int(r["n_candidates"]) for r in train), spec.labels)
         diff = frozen.check(tok, val[0]["prompt"], labels_all)
+        if read == "marker":
+            with torch.no_grad():
+                was, frozen.autocast = frozen.autocast, False
+                ids0 = tok(val[0]["prompt"], add_special_tokens=False)["input_ids"]
+                a = frozen.logits_at(frozen.prefix(ids0), where(val[0]))[:, read_id]
+                frozen.autocast = was
+                b = scores(val[:1])[0, : len(a)]
+            diff = max(diff, float((a - b).abs().max()))
         if diff > 1e-3:
             raise RuntimeError(f"the cached top layers differ from the full model by {diff}")
         log(f"frozen prefix: cached path = full model to {diff:.1e} on a validation prompt")
@@ -312,7 +351,11 @@ def probe(
         for i in rows:
             r = train[i]
             n = int(r["n_candidates"])
-            logp = torch.log_softmax(frozen.logits(cached[i])[labels_all[:n]], -1)  # type: ignore[union-attr]
+            if read == "marker":
+                logits = frozen.logits_at(cached[i], where(r))[:, read_id]  # type: ignore[union-attr]
+            else:
+                logits = frozen.logits(cached[i])[labels_all[:n]]  # type: ignore[union-attr]
+            logp = torch.log_softmax(logits, -1)
             loss = -torch.logsumexp(logp[list(r["useful_positions"])], -1) / len(rows)
             loss.backward()
             total += float(loss)
@@ -349,6 +392,7 @@ def probe(
         "what": "supervised pointing probe (uses the useful label: not a recipe)",
         "device": device,
         "target": target,
+        "read": read if read == "label" else f"marker ({MARKER_TOKEN!r} logit at each closer)",
         "uniform_loss": round(chance / len(train), 3),
         "pool": len(train) if pool else None,
         "passes_over_pool": round(steps * batch / len(train), 2) if pool else None,
@@ -438,7 +482,9 @@ def rank_with(model: str | Path, rows: list[dict[str, Any]], spec: Any) -> list[
     from memsifter.ranker.parse import parse_ranking
     from memsifter.training.validation import ValidationEngine, generate_completions
 
-    engine = ValidationEngine(batch_size=8, ranking_head=spec.ranking_head, labels=spec.labels)
+    engine = ValidationEngine(
+        batch_size=8, ranking_head=spec.ranking_head, labels=spec.labels, head_read=spec.head_read
+    )
     texts = generate_completions(model, rows, max_new_tokens=1, engine=engine)
     return [
         list(parse_ranking(t, int(r["n_candidates"])).ids) for r, t in zip(rows, texts, strict=True)
@@ -716,8 +762,9 @@ def _title(rung: dict[str, Any]) -> str:
     return "A simpler world (probes only)"
 
 
-def _key(rung: dict[str, Any]) -> tuple[str, str, str]:
-    return rung["size"], rung.get("layout", _OLD_PROMPT), rung["world_config"]
+def _key(rung: dict[str, Any]) -> tuple[str, str, str, str]:
+    read = rung.get("head_read", "label")
+    return rung["size"], rung.get("layout", _OLD_PROMPT), rung["world_config"], read
 
 
 def render(results: dict[str, Any]) -> str:
@@ -732,7 +779,8 @@ def render(results: dict[str, Any]) -> str:
     ]
     for rung in results["rungs"]:
         lines += [
-            f"## {_title(rung)}, layout {_key(rung)[1]} (`{rung['world_config']}`, "
+            f"## {_title(rung)}, layout {_key(rung)[1]}, head read {_key(rung)[3]} "
+            f"(`{rung['world_config']}`, "
             f"level `{rung['level']}`)",
             "",
             f"`{rung['command']}` at code version `{rung['code_version']}`; {rung['machine']}.",
@@ -871,6 +919,20 @@ def main() -> None:
         help="last: the newest candidate, a positive control that needs no reading",
     )
     ap.add_argument(
+        "--probe-read",
+        choices=("label", "marker"),
+        default=None,
+        help="read the probe's scores another way than the data's head_read (marker: at each "
+        "candidate's closing marker; needs layout marked)",
+    )
+    ap.add_argument(
+        "--head-read",
+        choices=("label", "marker"),
+        default="label",
+        help="the head's read (marker: each candidate scored at its own closing marker; "
+        "implies layout marked); marker is its own rung",
+    )
+    ap.add_argument(
         "--world", default=None, help="another gym world config, for a probe on a simpler world"
     )
     ap.add_argument(
@@ -886,17 +948,20 @@ def main() -> None:
     from memsifter.data.gym import load_world
     from memsifter.machine import machine_facts, machine_line
 
-    layout = args.layout or recipe_layout()
-    name = rung_name(args.size, layout)
+    layout = args.layout or ("marked" if args.head_read == "marker" else recipe_layout())
+    if args.head_read == "marker" and layout != "marked":
+        ap.error("--head-read marker reads each session's closing marker: it needs layout marked")
+    name = rung_name(args.size, layout, args.head_read)
     world_path = world_config(args.size)
     if args.world:  # a simpler world for a probe: its own rung, named after its file
         if set(stages) - {"data", "probe"}:
             ap.error("--world is for the data and probe stages (the eval reads the read level)")
         world_path = args.world
         name = f"{Path(args.world).stem}-{layout}"
+        name += "-marker" if args.head_read == "marker" else ""
     out = ROOT / "outputs/gym_reading" / name
     out.mkdir(parents=True, exist_ok=True)
-    data = build_data(world_path, out, layout)
+    data = build_data(world_path, out, layout, args.head_read)
     rung_file = out / "rung.json"
     rung: dict[str, Any] = json.loads(rung_file.read_text()) if rung_file.is_file() else {}
     world = load_world(ROOT / world_path)
@@ -904,6 +969,7 @@ def main() -> None:
         {
             "size": args.size,
             "layout": layout,
+            "head_read": args.head_read,
             "level": world.config.level,
             "world_config": world_path,
             "model": MODEL,
@@ -918,6 +984,7 @@ def main() -> None:
         key = f"top{args.probe_layers}-lr{args.probe_lr:g}-steps{args.probe_steps}"
         key += f"-pool{args.probe_pool}" if args.probe_pool else ""
         key += "" if args.probe_target == "useful" else f"-target_{args.probe_target}"
+        key += f"-read_{args.probe_read}" if args.probe_read else ""
         log_file = RESULTS / "gym_reading_runs" / name / f"probe_{key}_log.txt"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("w", encoding="utf-8") as fh:
@@ -938,6 +1005,7 @@ def main() -> None:
                 log=log,
                 pool=args.probe_pool,
                 target=args.probe_target,
+                read=args.probe_read,
             )
         result["log"] = str(log_file.relative_to(ROOT))
         rung.setdefault("probes", {})[key] = result

@@ -16,6 +16,7 @@ from typing import Any
 
 from memsifter.errors import MemSifterError
 from memsifter.ranker.messages import (
+    CLOSER_OPEN,
     answer_label,
     candidate_label,
     check_labelling,
@@ -26,6 +27,13 @@ from memsifter.ranker.parse import RANKING_OPEN
 
 class RankingHeadError(MemSifterError, ValueError):
     """A tokenizer whose candidate labels are not single tokens, or a bad head request."""
+
+
+HEAD_READS: tuple[str, ...] = ("label", "marker")
+# The token whose logit is a candidate's score under ``read: marker``, at the last token of the
+# candidate's closing marker. Any fixed token would do (training moves its logit); a common
+# word keeps it one token on every tokenizer the project serves.
+MARKER_TOKEN = " yes"
 
 
 class LabelCapacityError(RankingHeadError):
@@ -136,6 +144,50 @@ def ranking_text(order: Sequence[int]) -> str:
     return f"<ranking>{', '.join(str(int(i)) for i in order)}</ranking>"
 
 
+def marker_token_id(tokenizer: Any) -> int:
+    """The id of :data:`MARKER_TOKEN`, refused by name where it is not one token."""
+    ids = tokenizer(MARKER_TOKEN, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise RankingHeadError(
+            f"head_read: marker reads the logit of {MARKER_TOKEN!r}, which this tokenizer "
+            f"splits into {len(ids)} tokens ({ids})"
+        )
+    return int(ids[0])
+
+
+def marker_positions(tokenizer: Any, prompt: str, n: int, labels: str = "digits") -> list[int]:
+    """The token index (in ``prompt``'s own tokens, no special tokens added) of the last token
+    of each candidate's closing marker ``[End of Session D]``, in candidate order: where
+    ``read: marker`` scores a candidate. A closer is the marker alone on its line; the builder
+    breaks the marker's text anywhere else (a session cannot forge one), so a prompt whose
+    closers are not exactly the n labels in order was not rendered with ``layout: marked``
+    and is refused by name."""
+    import bisect
+    import re
+
+    found = list(re.finditer(rf"\n{re.escape(CLOSER_OPEN)} ([^\]\n]+)\]", prompt))
+    want = [candidate_label(i, labels) for i in range(n)]
+    got = [m.group(1) for m in found]
+    if got != want:
+        shown = ", ".join(got[:4]) + (", …" if len(got) > 4 else "")
+        raise RankingHeadError(
+            f"head_read: marker needs one closing marker a candidate, in order: {n} candidates "
+            f"({want[0]}..{want[-1]}) but the prompt closes {len(got)} ({shown}); render it "
+            "with layout: marked and the same labels"
+        )
+    enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+    starts = [a for a, _ in enc["offset_mapping"]]
+    return [bisect.bisect_right(starts, m.end() - 1) - 1 for m in found]
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any]:
+    """The decoder stack (its output normed) and the output embedding of a causal LM, a PEFT
+    wrapper's included: the marker read needs hidden states at many positions and one row of
+    the LM head, never the full vocabulary's logits at every position."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
 def head_scores(
     model: Any,
     tokenizer: Any,
@@ -143,6 +195,7 @@ def head_scores(
     n_candidates: Sequence[int],
     *,
     labels: str = "digits",
+    read: str = "label",
 ) -> Any:
     """The head's scores ``[B, max n]`` for rendered prompts that end with ``<ranking>``: the
     last position's logits at each candidate's label (``labels``: the spec's labelling),
@@ -159,8 +212,17 @@ def head_scores(
             f"prompt {bad[0]} does not end with <ranking>: it was not rendered with "
             "ranking_head: first_token (rebuild the data with that prompt spec)"
         )
+    if read not in HEAD_READS:
+        raise RankingHeadError(f"head read must be one of {HEAD_READS}, got {read!r}")
     width_n = max(n_candidates)
-    label_ids = torch.tensor(label_token_ids(tokenizer, width_n, labels))
+    if read == "marker":
+        where = [
+            marker_positions(tokenizer, p, n, labels)
+            for p, n in zip(prompts, n_candidates, strict=True)
+        ]
+        read_id = marker_token_id(tokenizer)
+    else:
+        label_ids = torch.tensor(label_token_ids(tokenizer, width_n, labels))
     enc = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     width = max(map(len, enc))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -171,6 +233,22 @@ def head_scores(
         mask[i, width - len(e) :] = 1
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     device = next(model.parameters()).device
+    if read == "marker":
+        decoder, lm_head = _decoder_and_head(model)
+        hidden = decoder(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=pos.to(device),
+        ).last_hidden_state
+        row = torch.tensor([i for i, w in enumerate(where) for _ in w], device=device)
+        col = torch.tensor([width - len(e) + p for e, w in zip(enc, where, strict=True) for p in w])
+        # The read token's logit at each marker: that LM-head row against the hidden states.
+        logit = hidden[row, col.to(device)].float() @ lm_head.weight[read_id].float()
+        if getattr(lm_head, "bias", None) is not None:
+            logit = logit + lm_head.bias[read_id].float()
+        scores = torch.full((len(enc), width_n), float("-inf"), device=device)
+        place = torch.tensor([j for w in where for j in range(len(w))], device=device)
+        return scores.index_put((row, place), logit)
     out = model(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
@@ -193,6 +271,7 @@ def rank_prompts(
     batch_size: int = 8,
     *,
     labels: str = "digits",
+    read: str = "label",
 ) -> list[list[int]]:
     """Greedy rankings (scores sorted, best first) of rendered prompts: one forward pass each."""
     import torch
@@ -205,7 +284,7 @@ def rank_prompts(
             for i in range(0, len(prompts), batch_size):
                 ns = list(n_candidates[i : i + batch_size])
                 scores = head_scores(
-                    model, tokenizer, prompts[i : i + batch_size], ns, labels=labels
+                    model, tokenizer, prompts[i : i + batch_size], ns, labels=labels, read=read
                 )
                 for row, n in zip(scores.tolist(), ns, strict=True):
                     orders.append(order_scores(row[:n]))
@@ -214,14 +293,21 @@ def rank_prompts(
     return orders
 
 
-def check_backend(backend: Any) -> Any:
+def check_backend(backend: Any, read: str = "label") -> Any:
     """What the head reads a backend with: its in-process model (transformers: the logits at
     one position) or its ``label_logprobs`` (a vLLM or llama.cpp server: the next token's top
     logprobs); else a refusal naming the backend. An engine that cannot score is refused at
-    start, not at the first request."""
+    start, not at the first request. ``read: marker`` needs hidden states at every marker,
+    which only the in-process model gives."""
     model = getattr(backend, "model", None)
     if model is not None and callable(getattr(model, "parameters", None)):
         return model
+    if read == "marker":
+        raise RankingHeadError(
+            f"head_read: marker reads a score at every candidate's closing marker; the "
+            f"{getattr(backend, 'name', type(backend).__name__)} backend returns the next "
+            "token's logprobs only (serve it with backend transformers)"
+        )
     if callable(getattr(backend, "label_logprobs", None)):
         return backend
     raise RankingHeadError(
@@ -275,15 +361,16 @@ def backend_rankings(
     top: int = 20,
     *,
     labels: str = "digits",
+    read: str = "label",
 ) -> list[list[int]]:
     """Greedy head rankings of rendered prompts by a backend: its in-process model, or its
     server's top-``top`` logprobs (``payloads``: what is sent, the prompts' token ids by
     default; 20 is vLLM's default --max-logprobs, and SmolLM2-135M-Instruct puts every label of
     60 LoCoMo test prompts within its top 10)."""
-    reader = check_backend(backend)
+    reader = check_backend(backend, read)
     if reader is not backend:
         return rank_prompts(
-            reader, backend.tokenizer, prompts, n_candidates, batch_size, labels=labels
+            reader, backend.tokenizer, prompts, n_candidates, batch_size, labels=labels, read=read
         )
     if payloads is None:
         tok = backend.tokenizer

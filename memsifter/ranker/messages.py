@@ -177,9 +177,12 @@ def _header(position: int, session: Session, language: str, labels: str = "digit
     return _label(position, labels) + _dated(session, language)
 
 
+CLOSER_OPEN = "[End of Session"  # a marked block's last line opens with this, and nothing else does
+
+
 def _trailer(position: int, labels: str = "digits") -> str:
     """A ``marked`` block's last line: its id again, the same label token its header shows."""
-    return f"[End of Session {candidate_label(position, labels)}]"
+    return f"{CLOSER_OPEN} {candidate_label(position, labels)}]"
 
 
 def _turns(session: Session) -> str:

@@ -48,6 +48,7 @@ from memsifter.data.tokens import HFCounter, SessionTokenCache
 from memsifter.data.types import Query, Session
 from memsifter.errors import PromptBudgetError
 from memsifter.ranker.messages import (
+    CLOSER_OPEN,
     LANGUAGES,
     Labelling,
     Language,
@@ -140,6 +141,7 @@ class PromptBuilder(PromptIdAssembly):
         ranking_head: str = "generate",
         labels: Labelling = "digits",
         layout: Layout = "paper",
+        head_read: str = "label",
     ) -> None:
         _text(language)
         check_labelling(labels)
@@ -150,6 +152,10 @@ class PromptBuilder(PromptIdAssembly):
             raise ValueError(f"ranking_head must be generate or first_token, got {ranking_head!r}")
         if ranking_head == "first_token" and ask_think:
             raise ValueError("ranking_head='first_token' needs ask_think=False")
+        if head_read not in ("label", "marker"):
+            raise ValueError(f"head_read must be label or marker, got {head_read!r}")
+        if head_read == "marker" and (ranking_head != "first_token" or layout != "marked"):
+            raise ValueError("head_read='marker' needs ranking_head='first_token', layout='marked'")
         if order not in ("chronological", "coarse"):
             raise ValueError(f"order must be chronological or coarse, got {order!r}")
         if order == "coarse" and coarse is None:
@@ -171,8 +177,9 @@ class PromptBuilder(PromptIdAssembly):
         self.ranking_head = ranking_head
         self.labels = labels
         self.layout = layout
+        self.head_read = head_read
         self._labels: int | None = None  # single-token labels (first_token), probed once
-        if ranking_head == "first_token" and not self.max_candidates:
+        if ranking_head == "first_token" and head_read == "label" and not self.max_candidates:
             from memsifter.ranker.first_token import check_label_capacity
 
             check_label_capacity(tokenizer, 1, labels)  # refused now, naming why, not per build
@@ -187,6 +194,10 @@ class PromptBuilder(PromptIdAssembly):
         for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
             if getattr(added, "special", False):
                 specials.add(str(added.content))
+        if layout == "marked":
+            # A session's text cannot forge a closing marker: the marker read finds each
+            # candidate's score at its own closer, so the closers must be the builder's alone.
+            specials.add(CLOSER_OPEN)
         # Longest first so a token that contains another is broken as a whole.
         self._specials = sorted((t for t in specials if len(t) > 1), key=len, reverse=True)
         # One scan of a page's joined fields finds whether any special-token string occurs at
@@ -254,7 +265,7 @@ class PromptBuilder(PromptIdAssembly):
     def build(
         self, question: str, sessions: Sequence[Session], question_date: str | None = None
     ) -> BuiltPrompt:
-        if self.ranking_head != "first_token":
+        if self.ranking_head != "first_token" or self.head_read == "marker":
             return self._build(question, sessions, question_date)
         from memsifter.ranker.first_token import label_token_ids
 
@@ -268,6 +279,8 @@ class PromptBuilder(PromptIdAssembly):
         (None: no bound but the budget). More are cut by the coarse filter, as the budget is."""
         if self.ranking_head != "first_token":
             return None
+        if self.head_read == "marker":  # read at markers: labels need not be single tokens
+            return labelling_size(self.labels)
         if self._labels is None:
             from memsifter.ranker.first_token import label_capacity
 

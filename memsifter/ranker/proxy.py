@@ -126,9 +126,15 @@ class Proxy:
         if spec.ranking_head == "first_token":
             from memsifter.ranker.first_token import check_backend, check_label_capacity
 
-            check_backend(backend)  # the head needs the logits: refused now, not per request
-            # A tokenizer that cannot write the spec's labels at all, too: now, by name.
-            check_label_capacity(backend.tokenizer, 1, spec.labels)
+            # the head needs the logits: refused now, not per request
+            check_backend(backend, spec.head_read)
+            if spec.head_read == "marker":
+                from memsifter.ranker.first_token import marker_token_id
+
+                marker_token_id(backend.tokenizer)  # the read token must be one token
+            else:
+                # A tokenizer that cannot write the spec's labels at all, too: now, by name.
+                check_label_capacity(backend.tokenizer, 1, spec.labels)
         self.backend = backend
         self.spec = spec
         self.config = config
@@ -257,6 +263,7 @@ class Proxy:
             if all(isinstance(p, BuiltPrompt) for p in prompts)
             else None,
             labels=self.spec.labels,
+            read=self.spec.head_read,
         )
         latency = time.perf_counter() - t0
         return [

@@ -34,6 +34,17 @@ parser of ``generate`` reads numbers, so ``letters`` is refused with it (:class:
 A ``digits`` spec leaves the key out of :meth:`PromptSpec.to_dict`, so its ``prompt_spec.json``
 is byte-identical to one written before labellings existed.
 
+**Head read.** Where the first-token head reads each candidate's score. ``label`` (the default,
+left out of ``to_dict``): every score at the one position after ``<ranking>``, the logit of the
+candidate's label token, so the last position must *point* at the right id. ``marker`` (with
+``layout: marked``): candidate i's score is the logit of one fixed token (:data:`~memsifter.
+ranker.first_token.MARKER_TOKEN`) at the last token of its own closing marker
+``[End of Session D]``, a position that has read the question and that session. Still one
+prefill and the same Plackett–Luce policy over the scores, but each score is a per-session
+judgement instead of a pointer, and labels need not be single tokens (no capacity limit).
+The reading gym found that SmolLM2 learns the marker read where it never learned to point
+(docs/gym.md, finding 14).
+
 **Layout.** ``paper`` (the default, left out of ``to_dict`` like ``digits``): the sessions, then
 the question. ``marked``: the question first and every session closed by its id, so the label
 token the head scores sits after the question and its session (:mod:`memsifter.ranker.messages`).
@@ -56,6 +67,8 @@ CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
 RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
 DEFAULT_LABELS = "digits"
 DEFAULT_LAYOUT = "paper"
+HEAD_READS: tuple[str, ...] = ("label", "marker")
+DEFAULT_HEAD_READ = "label"
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,7 @@ class PromptSpec:
     ranking_head: str = "generate"  # generate | first_token (see the module doc)
     labels: str = DEFAULT_LABELS  # digits | letters: how candidate ids are written (module doc)
     layout: str = DEFAULT_LAYOUT  # paper | marked: question first, sessions closed by their id
+    head_read: str = DEFAULT_HEAD_READ  # label | marker: where the head reads a score (module doc)
     # Extra chat-template arguments; Qwen3's enable_thinking is derived from ask_think.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -109,6 +123,16 @@ class PromptSpec:
             raise ValueError(f"labels must be one of {LABELLINGS}, got {self.labels!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.head_read not in HEAD_READS:
+            raise ValueError(f"head_read must be one of {HEAD_READS}, got {self.head_read!r}")
+        if self.head_read == "marker" and (
+            self.ranking_head != "first_token" or self.layout != "marked"
+        ):
+            raise ValueError(
+                "head_read: marker scores each candidate at its own closing marker "
+                "([End of Session D]), so it needs ranking_head: first_token and layout: marked "
+                f"(got ranking_head: {self.ranking_head}, layout: {self.layout})"
+            )
         if self.labels != DEFAULT_LABELS and self.ranking_head != "first_token":
             raise ValueError(
                 f"labels: {self.labels} needs ranking_head: first_token; ranking_head: "
@@ -144,6 +168,7 @@ class PromptSpec:
             ranking_head=self.ranking_head,
             labels=self.labels,
             layout=self.layout,  # type: ignore[arg-type]
+            head_read=self.head_read,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,6 +180,8 @@ class PromptSpec:
             del data["labels"]
         if data["layout"] == DEFAULT_LAYOUT:
             del data["layout"]
+        if data["head_read"] == DEFAULT_HEAD_READ:
+            del data["head_read"]
         return data
 
     def fields(self) -> dict[str, Any]:
@@ -181,7 +208,9 @@ class PromptSpec:
 __all__ = [
     "CANDIDATE_ORDERS",
     "DEFAULT_LABELS",
+    "DEFAULT_HEAD_READ",
     "DEFAULT_LAYOUT",
+    "HEAD_READS",
     "RANKING_HEADS",
     "CandidateOrder",
     "PromptSpec",

@@ -110,7 +110,8 @@ def run_listwise_sft(
             f"the head's cold start has no training rows with a {settings.target} target"
         )
     model, tok, peft_config = load_policy(cfg, model_path, cuda)
-    labels = read_spec(cfg.data).labels  # the labels the data's prompts were rendered with
+    spec = read_spec(cfg.data)
+    labels, read = spec.labels, spec.head_read  # how the data's prompts were rendered and read
     if peft_config is not None:
         from peft import get_peft_model
 
@@ -142,7 +143,7 @@ def run_listwise_sft(
             take = [rows[i] for i in orders[n_pass][slot * batch : (slot + 1) * batch]]
             prompts, ns = [r["prompt"] for r in take], [r["n"] for r in take]
             with policy_autocast(cfg, cuda):
-                scores = head_scores(model, tok, prompts, ns, labels=labels)
+                scores = head_scores(model, tok, prompts, ns, labels=labels, read=read)
             targets = [r["targets"] for r in take]
             loss = listwise_loss(scores, targets)
             (loss / accum).backward()

@@ -204,7 +204,9 @@ class PLGRPOTrainer:
         self.columns = [c for c in self.rows[0] if c not in ("prompt", "prompt_messages")]
         self.model, self.tok, peft_config = load_policy(cfg, model_path, cuda)
         self.autocast = lambda: policy_autocast(cfg, cuda)
-        self.labels = read_spec(cfg.data).labels  # the data prompts' labels
+        spec = read_spec(cfg.data)
+        self.labels = spec.labels  # the data prompts' labels
+        self.read = spec.head_read  # and where the head reads each score
         self.lora = peft_config is not None
         if self.lora:
             from peft import get_peft_model
@@ -284,7 +286,9 @@ class PLGRPOTrainer:
         depths = self._depths(rows, ns, step)
         gen = torch.Generator().manual_seed(g.seed * 1_000_003 + step)
         with self.autocast():
-            scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
+            scores = head_scores(
+                self.model, self.tok, prompts, ns, labels=self.labels, read=self.read
+            )
         # The batch's deepest prefix is drawn; each row keeps its own depth. Depths never pass
         # a row's candidate count, so padding (-inf, drawn last) never enters a prefix.
         drawn = gumbel_topk(
@@ -300,12 +304,16 @@ class PLGRPOTrainer:
         ref = None
         if self.ref is not None:
             with torch.no_grad(), self.autocast():
-                ref = head_scores(self.ref, self.tok, prompts, ns, labels=self.labels)
+                ref = head_scores(
+                    self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read
+                )
         losses, kls, clipped_frac = [], [], []
         for it in range(g.num_iterations):
             if it:
                 with self.autocast():
-                    scores = head_scores(self.model, self.tok, prompts, ns, labels=self.labels)
+                    scores = head_scores(
+                        self.model, self.tok, prompts, ns, labels=self.labels, read=self.read
+                    )
             logp = pl_place_log_probs(scores, drawn, g.temperature)
             loss = pl_grpo_loss(logp, old, adv, mask, g.epsilon, g.epsilon_high)
             with torch.no_grad():

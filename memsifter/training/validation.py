@@ -66,6 +66,8 @@ class ValidationEngine:
     # The data's labelling (digits | letters) for the head; None: the checkpoint's own spec's
     # (digits for a model without one). A checkpoint trained with the other one is refused.
     labels: str | None = None
+    # Where the head reads its scores (label | marker), from the data's spec like the labels.
+    head_read: str | None = None
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, ranking_head: str = "generate") -> ValidationEngine:
@@ -81,6 +83,7 @@ class ValidationEngine:
             threads=cfg.threads,
             ranking_head=ranking_head,
             labels=_data_labels(cfg.data) if ranking_head == "first_token" else None,
+            head_read=_data_head_read(cfg.data) if ranking_head == "first_token" else None,
         )
 
     def spec(self, model_path: str | Path) -> BackendSpec:
@@ -117,6 +120,9 @@ class ValidationEngine:
             "ranking_head": self.ranking_head,
             "ask_think": False if head else None,
             "labels": self.labels if head else None,
+            "head_read": self.head_read if head else None,
+            # The marker read needs its layout; the prompts are rendered already either way.
+            "layout": "marked" if head and self.head_read == "marker" else None,
         }
         params = ProxyParams(
             batch_size=self.batch_size if head else None, max_new_tokens=max_new_tokens
@@ -124,6 +130,13 @@ class ValidationEngine:
         return Proxy.from_pretrained(
             model_path, backend=self.spec(model_path), params=params, prompt=prompt
         )
+
+
+def _data_head_read(data: str | Path) -> str | None:
+    """Where the RL data's head reads its scores, or None when the folder carries no spec."""
+    from memsifter.ranker.checkpoint import has_spec, read_spec
+
+    return read_spec(data).head_read if has_spec(data) else None
 
 
 def _data_labels(data: str | Path) -> str | None:
