@@ -412,7 +412,12 @@ def probe(
 
 
 def train(
-    name: str, data: Path, out: Path, max_steps: int | None, log: Any = print
+    name: str,
+    data: Path,
+    out: Path,
+    max_steps: int | None,
+    log: Any = print,
+    sets: list[str] | None = None,
 ) -> dict[str, Any]:
     from memsifter.training.config import load_train_config
     from memsifter.training.loop import run_training
@@ -421,6 +426,7 @@ def train(
     over = [f"output_dir={run_dir}", f"data={data}", f"model.name={MODEL}"]
     if max_steps is not None:
         over.append(f"epochs.max_steps={max_steps}")
+    over += sets or []
     cfg = load_train_config(ROOT / RECIPES[name], over)
     t0 = time.perf_counter()
     result = run_training(cfg, log=log)
@@ -899,6 +905,13 @@ def main() -> None:
     ap.add_argument("--recipe", action="append", choices=list(RECIPES), help="default: all")
     ap.add_argument("--max-steps", type=int, default=None, help="override the recipes' budget")
     ap.add_argument(
+        "--set",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="another override of the recipes (e.g. grpo.learning_rate=1e-3), recorded in the rung",
+    )
+    ap.add_argument(
         "--per-user", type=int, default=2, help="test questions a user scored (0: every one)"
     )
     ap.add_argument(
@@ -1013,7 +1026,7 @@ def main() -> None:
     if "train" in stages:
         runs = rung.setdefault("runs", {})
         for recipe in names:
-            runs[recipe] = train(recipe, data, out, args.max_steps)
+            runs[recipe] = train(recipe, data, out, args.max_steps, sets=args.set)
             (out / "train" / recipe / "result.json").write_text(json.dumps(runs[recipe]) + "\n")
             runs[recipe]["logs"] = copy_logs(recipe, out / "train" / recipe, name)
             rung_file.write_text(json.dumps(rung, indent=1) + "\n")

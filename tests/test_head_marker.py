@@ -83,6 +83,11 @@ def test_the_marker_read_is_the_models_logit_at_each_closer_for_60_candidates(
         )  # left-padded together
     want = logits[where, marker_token_id(tok)]
     assert torch.allclose(scores[0], want, atol=1e-4)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # as the trainers run it
+        fast = head_scores(model, tok, [built.text], [60], read="marker")
+    # bf16 matmuls: the same scores to bf16's precision (a random tiny model drifts most)
+    assert fast.dtype == torch.float32 and fast.shape == (1, 60)
+    assert float(torch.corrcoef(torch.stack([fast[0], want]))[0, 1]) > 0.95
     assert torch.allclose(batch[1], scores[0], atol=1e-4)
     assert torch.isinf(batch[0, 7:]).all() and torch.isfinite(batch[0, :7]).all()
     # The front door ranks with it in process.

@@ -243,7 +243,8 @@ def head_scores(
         row = torch.tensor([i for i, w in enumerate(where) for _ in w], device=device)
         col = torch.tensor([width - len(e) + p for e, w in zip(enc, where, strict=True) for p in w])
         # The read token's logit at each marker: that LM-head row against the hidden states.
-        logit = hidden[row, col.to(device)].float() @ lm_head.weight[read_id].float()
+        # (under autocast the product comes back in bf16, as the label read's logits do)
+        logit = (hidden[row, col.to(device)] @ lm_head.weight[read_id]).float()
         if getattr(lm_head, "bias", None) is not None:
             logit = logit + lm_head.bias[read_id].float()
         scores = torch.full((len(enc), width_n), float("-inf"), device=device)
