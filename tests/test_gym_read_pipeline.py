@@ -137,3 +137,46 @@ def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
     grads = {name for name, p in model.named_parameters() if p.grad is not None}
     assert grads and all(f"layers.{layers - 1}." in name for name in grads)
     assert model.get_base_model().model.layers is frozen.all  # the stack is restored
+
+
+def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) -> None:
+    """``head_read: marker`` through the whole loop: data rendered marked, the PL-GRPO trainer
+    and validation reading each candidate at its closing marker, the checkpoint carrying the
+    read (served with the other read, it is refused by name)."""
+    import yaml
+
+    from memsifter.ranker.checkpoint import PromptSpecError, read_spec, resolve_spec
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    # The read token must be one token of the tiny proxy's tokenizer, like every label.
+    corpus = (*read_corpus(), *["[End of Session A]\n yes, yes"] * 200)
+    made = gym_rl_data(
+        tmp_path / "marker",
+        world,
+        ROOT / "configs/data/gym_read_first_token.yaml",
+        corpus=corpus,
+        prompt={"layout": "marked", "head_read": "marker"},
+    )
+    assert read_spec(made["data"]).head_read == "marker"
+    out = tmp_path / "outcome"
+    cfg = load_train_config(
+        ROOT / "configs/train/gym_read_pl_outcome.yaml",
+        [
+            f"output_dir={out}",
+            f"data={made['data']}",
+            f"model.name={made['proxy']}",
+            "model.lora.top_layers=2",
+            "epochs.max_steps=2",
+            "epochs.save_steps=2",
+            "epochs.validation_max_questions=8",
+        ],
+    )
+    result = run_training(cfg, log=lambda _: None)
+    assert read_spec(result["model"]).head_read == "marker"
+    validation = json.loads((out / "epoch-0" / "validation.json").read_text())
+    assert all(v["ndcg_1_useful"] is not None for v in validation.values()), validation
+    with pytest.raises(PromptSpecError, match="head_read: 'label'"):
+        resolve_spec(str(result["model"]), {"head_read": "label"})

@@ -144,9 +144,11 @@ def gym_rl_data(
     world: dict[str, object],
     recipe: str | Path,
     corpus: Sequence[str] | None = None,
+    prompt: dict[str, object] | None = None,
 ) -> dict[str, Path]:
     """A gym world (``GymConfig`` fields), the tiny proxy and the RL data of ``recipe`` rendered
-    for that proxy on that world, all under ``out``: the setup of the gym's learning tests."""
+    for that proxy on that world, all under ``out``: the setup of the gym's learning tests.
+    ``prompt``: fields of the recipe's prompt spec to change (a layout, a head read)."""
     import dataclasses
 
     import yaml
@@ -160,7 +162,7 @@ def gym_rl_data(
     cfg = load_rl_data_config(recipe)
     cfg = dataclasses.replace(
         cfg,
-        prompt=dataclasses.replace(cfg.prompt, model=str(proxy)),
+        prompt=dataclasses.replace(cfg.prompt, model=str(proxy), **dict(prompt or {})),
         sources=[dataclasses.replace(s, path=str(world_file)) for s in cfg.sources],
     )
     prepare_rl_data(cfg, out / "data")
