@@ -798,7 +798,9 @@ def render(results: dict[str, Any]) -> str:
             lines += [
                 "",
                 f"Supervised pointing probe `{name}` (a probe, not a recipe: it trains on the "
-                f"{_TARGETS[p.get('target', 'useful')]}): LoRA top {p['lora_top_layers']} "
+                f"{_TARGETS[p.get('target', 'useful')]}; scores read "
+                f"{'at each closing marker' if 'marker' in str(p.get('read')) else 'at the label'}"
+                f"): LoRA top {p['lora_top_layers']} "
                 f"layers, lr {p['lr']}, batch {p['batch']}, autocast "
                 f"{p.get('autocast', 'none')}; validation NDCG@1 against that target, one "
                 f"question a user, n = {p['n_questions']}: {text} ({p['seconds']} s; loss by "

@@ -95,6 +95,17 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with the shipped proxy's (SmolLM2's) tokenizer."""
+    from memsifter.testing import build_tiny_smollm2
+
+    shipped = Path(__file__).parent.parent / "memsifter/proxies/memsifter-smollm2-135m-locomo"
+    if not (shipped / "tokenizer.json").is_file():
+        pytest.skip("the shipped proxy's tokenizer is not in this checkout")
+    return build_tiny_smollm2(tmp_path_factory.mktemp("tiny_smollm2"), shipped)
+
+
+@pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A cache root (``$MEMSIFTER_CACHE``) holding this session's own conversion of the built-in
     ``smollm2-135m-instruct`` (~20 s, ~517 MB), so the tests see a real first conversion and never

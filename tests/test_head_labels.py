@@ -282,15 +282,6 @@ def test_a_checkpoint_served_with_the_other_labelling_is_refused_naming_both(
         check_model_spec("head", str(letters), digits_spec, digits, explicit=False)
 
 
-@pytest.fixture(scope="module")
-def tiny_smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from memsifter.testing import build_tiny_smollm2
-
-    if not (SMOLLM2 / "tokenizer.json").is_file():
-        pytest.skip("the shipped proxy's tokenizer is not in this checkout")
-    return build_tiny_smollm2(tmp_path_factory.mktemp("tiny_smollm2"), SMOLLM2)
-
-
 def test_the_head_ranks_30_candidates_in_one_pass_in_process_and_on_a_server(
     tiny_smollm2: Path,
 ) -> None:

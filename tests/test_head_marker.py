@@ -42,15 +42,6 @@ def _marker_spec(model: str, labels: str = "digits") -> PromptSpec:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tiny_smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from memsifter.testing import build_tiny_smollm2
-
-    if not (SMOLLM2 / "tokenizer.json").is_file():
-        pytest.skip("the shipped proxy's tokenizer is not in this checkout")
-    return build_tiny_smollm2(tmp_path_factory.mktemp("tiny_smollm2"), SMOLLM2)
-
-
 def test_the_marker_read_is_the_models_logit_at_each_closer_for_60_candidates(
     tiny_smollm2: Path,
 ) -> None:
