@@ -25,17 +25,10 @@ from memsifter.ranker.first_token import (
     ranking_text,
 )
 from memsifter.ranker.spec import PromptSpec
+from memsifter.testing.rewards import topic_sessions
 
 SMOLLM2 = Path(__file__).parent.parent / "memsifter" / "proxies" / "memsifter-smollm2-135m-locomo"
 LETTERS = string.ascii_uppercase + string.ascii_lowercase
-
-
-def _sessions(n: int) -> list[Session]:
-    return [
-        Session(id=f"s{i}", turns=(Turn("user", f"note {i} about topic {i % 7}"),),
-                date_text=f"{i % 28 + 1} May 2023")
-        for i in range(n)
-    ]  # fmt: skip
 
 
 def _letters_spec(model: str, window: int = 8192) -> PromptSpec:
@@ -145,14 +138,14 @@ def test_a_tokenizer_that_cannot_label_is_refused_at_start(
         labels="letters",
     )  # fmt: skip
     with pytest.raises(PromptBudgetError, match="52 single-token letter labels"):
-        bare.build("what about topic 3?", _sessions(53))
+        bare.build("what about topic 3?", topic_sessions(53))
 
 
 def test_a_letters_prompt_names_every_candidate_by_letter(smollm2_tok: Any) -> None:
     from memsifter.coarse.bm25 import BM25Filter
 
     builder = _letters_spec("smollm2").builder(smollm2_tok, BM25Filter())
-    built = builder.build("what about topic 3?", _sessions(30), "2023/06/01")
+    built = builder.build("what about topic 3?", topic_sessions(30), "2023/06/01")
     text = built.text
     assert built.num_candidates == 30 and text.endswith("<ranking>")
     assert "from [Session A] to [Session d], and its date" in text
@@ -164,13 +157,13 @@ def test_a_letters_prompt_names_every_candidate_by_letter(smollm2_tok: Any) -> N
     # Assembled ids are the tokenized text, as for digits.
     assert list(built.token_ids or ()) == smollm2_tok(text, add_special_tokens=False)["input_ids"]
     # A window of 60: the coarse filter keeps its best 52, the labels' capacity.
-    cut = builder.build("what about topic 3?", _sessions(60))
-    best = set(BM25Filter().score("what about topic 3?", _sessions(60)).ids[:52])
+    cut = builder.build("what about topic 3?", topic_sessions(60))
+    best = set(BM25Filter().score("what about topic 3?", topic_sessions(60)).ids[:52])
     assert cut.num_candidates == 52 and set(cut.candidate_ids) == best
     assert "[Session z]" in cut.text
     # The Chinese words name letters too.
     zh = PromptSpec(**{**_letters_spec("smollm2").fields(), "language": "zh"})
-    zh_text = zh.builder(smollm2_tok, BM25Filter()).build("话题?", _sessions(3)).text
+    zh_text = zh.builder(smollm2_tok, BM25Filter()).build("话题?", topic_sessions(3)).text
     assert "（从 [Session A] 到 [Session C]）" in zh_text and "A 到 C 的字母" in zh_text
 
 
@@ -189,7 +182,7 @@ def test_a_digits_spec_is_byte_identical(smollm2_tok: Any, tmp_path: Path) -> No
     assert save_spec(read_spec(saved.parent), tmp_path / "b").read_bytes() == saved.read_bytes()
     assert spec.layout == "paper" and "layout" not in spec.to_dict()
     # Explicit digits render what the default renders.
-    s = _sessions(4)
+    s = topic_sessions(4)
     assert build_messages("q?", s, labels="digits") == build_messages("q?", s)
     head = PromptSpec(window_tokens=4096, completion_tokens=0, ask_think=False,
                       ranking_head="first_token")  # fmt: skip
@@ -209,7 +202,7 @@ def test_a_marked_prompt_asks_first_and_closes_each_session_with_its_label_token
 
     spec = PromptSpec(**{**_letters_spec("smollm2").fields(), "layout": "marked"})
     builder = spec.builder(smollm2_tok, BM25Filter())
-    built = builder.build("what about topic 3?", _sessions(30), "2023/06/01")
+    built = builder.build("what about topic 3?", topic_sessions(30), "2023/06/01")
     text = built.text
     assert text.index("Question: what about topic 3?") < text.index("[Session A]")
     assert text.rindex("Question: what about topic 3?") > text.index("[End of Session d]")
@@ -250,7 +243,7 @@ def test_letters_need_the_first_token_head() -> None:
     with pytest.raises(ValueError, match="labels must be one of"):
         PromptSpec(labels="roman", ask_think=False, ranking_head="first_token")
     with pytest.raises(ValueError, match="first_token"):
-        build_messages("q?", _sessions(2), labels="letters")  # asks for reasoning
+        build_messages("q?", topic_sessions(2), labels="letters")  # asks for reasoning
 
 
 def test_a_checkpoint_served_with_the_other_labelling_is_refused_naming_both(
@@ -299,7 +292,7 @@ def test_the_head_ranks_30_candidates_in_one_pass_in_process_and_on_a_server(
     tok = AutoTokenizer.from_pretrained(tiny_smollm2)
     model = AutoModelForCausalLM.from_pretrained(tiny_smollm2).eval()
     spec = _letters_spec(str(tiny_smollm2))
-    sessions = _sessions(30)
+    sessions = topic_sessions(30)
     built = spec.builder(tok, BM25Filter()).build("what about topic 3?", sessions)
     assert built.num_candidates == 30
     with torch.no_grad():

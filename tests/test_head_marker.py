@@ -23,16 +23,9 @@ from memsifter.ranker.first_token import (
     ranking_text,
 )
 from memsifter.ranker.spec import PromptSpec
+from memsifter.testing.rewards import topic_sessions
 
 SMOLLM2 = Path(__file__).parent.parent / "memsifter" / "proxies" / "memsifter-smollm2-135m-locomo"
-
-
-def _sessions(n: int) -> list[Session]:
-    return [
-        Session(id=f"s{i}", turns=(Turn("user", f"note {i} about topic {i % 7}"),),
-                date_text=f"{i % 28 + 1} May 2023")
-        for i in range(n)
-    ]  # fmt: skip
 
 
 def _marker_spec(model: str, labels: str = "digits") -> PromptSpec:
@@ -57,8 +50,8 @@ def test_the_marker_read_is_the_models_logit_at_each_closer_for_60_candidates(
     spec = _marker_spec(str(tiny_smollm2))
     builder = spec.builder(tok, BM25Filter())
     assert builder.max_candidates is None  # digits at markers: no single-token limit
-    built = builder.build("what about topic 3?", _sessions(60))
-    short = builder.build("topic 1?", _sessions(7))
+    built = builder.build("what about topic 3?", topic_sessions(60))
+    short = builder.build("topic 1?", topic_sessions(7))
     assert built.num_candidates == 60
     ids = list(built.token_ids or ())
     where = marker_positions(tok, built.text, 60)
@@ -84,7 +77,7 @@ def test_the_marker_read_is_the_models_logit_at_each_closer_for_60_candidates(
     # The front door ranks with it in process.
     order = rank_prompts(model, tok, [built.text], [60], read="marker")[0]
     proxy = Proxy(TransformersBackend(str(tiny_smollm2)), spec, BM25Filter())
-    got = proxy.rank("what about topic 3?", _sessions(60))
+    got = proxy.rank("what about topic 3?", topic_sessions(60))
     assert got.generation.text == ranking_text(order)
 
 
@@ -107,7 +100,7 @@ def test_a_session_cannot_forge_a_marker_and_an_unmarked_prompt_is_refused(
     assert len(where) == 3
     assert built.text.count("\n[End of Session ") == 3  # the builder's three, no other
     paper = PromptSpec(**{**spec.fields(), "layout": "paper", "head_read": "label"})
-    unmarked = paper.builder(tok, BM25Filter()).build("q?", _sessions(3))
+    unmarked = paper.builder(tok, BM25Filter()).build("q?", topic_sessions(3))
     with pytest.raises(RankingHeadError, match="closes 0"):
         marker_positions(tok, unmarked.text, 3, "letters")
     with pytest.raises(RankingHeadError, match="closes 3"):

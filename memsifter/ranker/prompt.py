@@ -152,8 +152,10 @@ class PromptBuilder(PromptIdAssembly):
             raise ValueError(f"ranking_head must be generate or first_token, got {ranking_head!r}")
         if ranking_head == "first_token" and ask_think:
             raise ValueError("ranking_head='first_token' needs ask_think=False")
-        if head_read not in ("label", "marker"):
-            raise ValueError(f"head_read must be label or marker, got {head_read!r}")
+        from memsifter.ranker.first_token import HEAD_READS
+
+        if head_read not in HEAD_READS:
+            raise ValueError(f"head_read must be one of {HEAD_READS}, got {head_read!r}")
         if head_read == "marker" and (ranking_head != "first_token" or layout != "marked"):
             raise ValueError("head_read='marker' needs ranking_head='first_token', layout='marked'")
         if order not in ("chronological", "coarse"):

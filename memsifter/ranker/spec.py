@@ -67,7 +67,6 @@ CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
 RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
 DEFAULT_LABELS = "digits"
 DEFAULT_LAYOUT = "paper"
-HEAD_READS: tuple[str, ...] = ("label", "marker")
 DEFAULT_HEAD_READ = "label"
 
 
@@ -123,6 +122,8 @@ class PromptSpec:
             raise ValueError(f"labels must be one of {LABELLINGS}, got {self.labels!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        from memsifter.ranker.first_token import HEAD_READS
+
         if self.head_read not in HEAD_READS:
             raise ValueError(f"head_read must be one of {HEAD_READS}, got {self.head_read!r}")
         if self.head_read == "marker" and (
@@ -210,7 +211,6 @@ __all__ = [
     "DEFAULT_LABELS",
     "DEFAULT_HEAD_READ",
     "DEFAULT_LAYOUT",
-    "HEAD_READS",
     "RANKING_HEADS",
     "CandidateOrder",
     "PromptSpec",

@@ -80,6 +80,19 @@ def fact_sessions(n: int, tag: str = "c") -> tuple[Session, ...]:
     )
 
 
+def topic_sessions(n: int) -> list[Session]:
+    """``n`` one-turn sessions, ``s0`` …, session i a note on topic ``i % 7``: candidates for
+    the ranking head's prompt tests, where what a session says does not matter."""
+    return [
+        Session(
+            id=f"s{i}",
+            turns=(Turn("user", f"note {i} about topic {i % 7}"),),
+            date_text=f"{i % 28 + 1} May 2023",
+        )
+        for i in range(n)
+    ]
+
+
 def ranking_text(ids: Sequence[int]) -> str:
     """A well-formed proxy completion ranking the candidate positions ``ids``."""
     return f"<think>hm</think><ranking>{', '.join(map(str, ids))}</ranking>"
