@@ -12,8 +12,9 @@ session is in the top k, else 0). It reads the trainer's own pieces (``gumbel_to
 * ``full``: whole rankings, every place's log-probability times the advantage (the trainer
   before ``grpo.pl_depth``);
 * ``prefix``: the top 8 only (``pl_depth: auto`` for this reward), what the trainer does now;
-* ``prefix+credit``: a PL-Rank-style estimator, not in the trainer: place j is credited only with
-  the tiers it can still change (F_t > j), each tier with its own group baseline.
+* ``prefix+credit``: the top 8 with ``grpo.pl_credit: tiers`` (PL-Rank style): place j is
+  credited only with the tiers it can still change (F_t > j), each place centred on its group's
+  mean (the trainer's own ``tier_credit`` sums and ``place_advantages``).
 
 (a) **Gradient variance.** 16 prompts with fixed random scores N(0, 1) (the policy's parameters
 are the scores themselves), 8 rankings per prompt, over ``--seeds`` draws: the trace of the
@@ -44,8 +45,9 @@ import torch
 from benchlib import command_line
 
 from memsifter.ranker.first_token import gumbel_topk, pl_place_log_probs
+from memsifter.rewards.marginal_utility import marginal_utility_to_go
 from memsifter.rewards.tiers import fibonacci_tiers, tier_weights
-from memsifter.training.pl_grpo import group_advantages, pl_grpo_loss
+from memsifter.training.pl_grpo import group_advantages, pl_grpo_loss, place_advantages
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "eval" / "results" / "gym_pl_variance"
@@ -72,16 +74,17 @@ def estimator_loss(scores: torch.Tensor, useful: torch.Tensor, how: str, scale: 
     rewards = (hits * WEIGHTS).sum(-1)  # R_ans with s_0 = 0
     logp = pl_place_log_probs(scores, drawn)
     adv = group_advantages(rewards, scale)
+    mask = torch.ones(1, 1, depth)
     if how != "prefix+credit":
-        mask = torch.ones(1, 1, depth)
         return pl_grpo_loss(logp, logp.detach(), adv, mask, 0.2, 0.28), rewards
-    # Place j can change tier t only when F_t > j: its credit is those tiers' own advantages.
-    per_tier = hits - hits.mean(1, keepdim=True)
-    if scale == "group":
-        per_tier = per_tier / (rewards.std(1, keepdim=True)[..., None] + 1e-4)
-    reach = (torch.arange(depth)[:, None] < torch.tensor(TIERS)[None, :]).float()  # [k, T]
-    credit = torch.einsum("bgt,kt,t->bgk", per_tier, reach, WEIGHTS)
-    return -(credit * logp).sum(-1).mean(), rewards
+    # The trainer's own credit (grpo.pl_credit: tiers): place j gets the tiers reading deeper
+    # than j, each place centred on its group's mean.
+    to_go = torch.tensor(
+        [marginal_utility_to_go({0: 0.0, **dict(zip(TIERS, h, strict=True))}, depth)
+         for h in hits.view(-1, len(TIERS)).tolist()]
+    ).view(*rewards.shape, depth)  # fmt: skip
+    adv = place_advantages(to_go, rewards, scale)
+    return pl_grpo_loss(logp, logp.detach(), adv, mask, 0.2, 0.28), rewards
 
 
 def exact_value(scores: torch.Tensor, useful: torch.Tensor, grid: int = 4000) -> torch.Tensor:

@@ -334,7 +334,15 @@ def probe(
                 ids0 = tok(val[0]["prompt"], add_special_tokens=False)["input_ids"]
                 a = frozen.logits_at(frozen.prefix(ids0), where(val[0]))[:, read_id]
                 frozen.autocast = was
-                b = scores(val[:1])[0, : len(a)]
+                # both sides in fp32: the check is of the cache, not of bf16's rounding
+                b = head_scores(
+                    model,
+                    tok,
+                    [val[0]["prompt"]],
+                    [int(val[0]["n_candidates"])],
+                    labels=spec.labels,
+                    read=read,
+                )[0, : len(a)]
             diff = max(diff, float((a - b).abs().max()))
         if diff > 1e-3:
             raise RuntimeError(f"the cached top layers differ from the full model by {diff}")

@@ -141,7 +141,8 @@ def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
 
 def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) -> None:
     """``head_read: marker`` through the whole loop: data rendered marked, the PL-GRPO trainer
-    and validation reading each candidate at its closing marker, the checkpoint carrying the
+    (each place credited with the tiers it can change) and validation reading each candidate
+    at its closing marker, the checkpoint carrying the
     read (served with the other read, it is refused by name)."""
     import yaml
 
@@ -172,10 +173,13 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) 
             "epochs.max_steps=2",
             "epochs.save_steps=2",
             "epochs.validation_max_questions=8",
+            "grpo.pl_credit=tiers",  # each place credited with the tiers it can change
         ],
     )
     result = run_training(cfg, log=lambda _: None)
     assert read_spec(result["model"]).head_read == "marker"
+    state = json.loads((out / "epoch-0" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert all(e["pl_depth"] == 8 and e["grad_norm"] > 0 for e in state["log_history"])
     validation = json.loads((out / "epoch-0" / "validation.json").read_text())
     assert all(v["ndcg_1_useful"] is not None for v in validation.values()), validation
     with pytest.raises(PromptSpecError, match="head_read: 'label'"):

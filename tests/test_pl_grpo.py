@@ -6,6 +6,7 @@ at the depth :func:`reward_depth` names is paid exactly what the whole ranking i
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from pathlib import Path
@@ -184,3 +185,113 @@ def test_pl_depth_knob_loads_from_yaml(tmp_path: Path) -> None:
         path = tmp_path / "t.yaml"
         path.write_text(f"grpo:\n  pl_depth: {value}\n", encoding="utf-8")
         assert load_train_config(path).grpo.pl_depth == want
+
+
+# -- a place's credit (grpo.pl_credit: tiers) ------------------------------------------------
+
+
+def test_marginal_utility_to_go_keeps_the_tiers_deeper_than_each_place() -> None:
+    from memsifter.rewards.marginal_utility import marginal_utility, marginal_utility_to_go
+    from memsifter.rewards.tiers import tier_weights
+
+    scores = {0: 0.25, 1: 1.0, 2: 0.0, 3: 1.0, 5: 0.5, 8: 1.0}
+    w = dict(zip((1, 2, 3, 5, 8), tier_weights((1, 2, 3, 5, 8)), strict=True))
+    for s0 in (True, False):
+        got = marginal_utility_to_go(scores, 10, s0)
+        assert got[0] == marginal_utility(scores, s0)  # the same float, not just close
+        base = 0.25 if s0 else 0.0
+        for j in range(10):
+            want = sum(w[k] * (scores[k] - base) for k in w if k > j)
+            assert got[j] == pytest.approx(want, abs=1e-12)
+        assert got[8:] == [0.0, 0.0]  # past the deepest tier nothing is left to change
+    with pytest.raises(ValueError, match="depth"):
+        marginal_utility_to_go(scores, 0)
+
+
+def _exact_credit_gradient(credit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """E over every top-3 of Σ_j ∇log π(σ_j | σ_<j) · credit_j (no baseline), against the exact
+    ∇E[R_ans], on 5 candidates with one useful one (s_k = 1 once it is in the top k)."""
+    from memsifter.rewards.marginal_utility import marginal_utility, marginal_utility_to_go
+
+    scores = torch.tensor([[0.4, -0.3, 1.1, 0.0, -0.8]], requires_grad=True)
+    useful, depth = 3, 3
+    prefixes = torch.tensor([[list(p) for p in _prefixes(5, depth)]])
+    places = pl_place_log_probs(scores, prefixes)[0]  # [P, 3]
+    prob = places.sum(-1).exp()
+    value, surrogate = torch.zeros(()), torch.zeros(())
+    for i, p in enumerate(prefixes[0].tolist()):
+        tiers = {0: 0.0, **{k: float(useful in p[:k]) for k in (1, 2, 3)}}
+        value = value + prob[i] * marginal_utility(tiers)
+        to_go = marginal_utility_to_go(tiers, depth)
+        r = to_go[0]
+        # "tiers": place j gets what it can change; "past": the settled tiers instead (wrong)
+        per_place = to_go if credit == "tiers" else [r - t for t in to_go]
+        if credit == "ranking":
+            per_place = [r] * depth
+        surrogate = surrogate + prob[i].detach() * (places[i] * torch.tensor(per_place)).sum()
+    (exact,) = torch.autograd.grad(value, scores, retain_graph=True)
+    (got,) = torch.autograd.grad(surrogate, scores)
+    return got[0], exact[0]
+
+
+def test_tier_credit_estimates_the_same_gradient_and_settled_tiers_do_not() -> None:
+    for credit in ("ranking", "tiers"):
+        got, exact = _exact_credit_gradient(credit)
+        assert torch.allclose(got, exact, atol=1e-6), (credit, got, exact)
+    # The control: crediting each place with the tiers above it is a different, wrong gradient.
+    got, exact = _exact_credit_gradient("past")
+    assert not torch.allclose(got, exact, atol=1e-3)
+
+
+def _scored(hits: list[tuple[float, ...]], r_ret: float, shaping: object) -> list[object]:
+    from memsifter.rewards.marginal_utility import marginal_utility
+    from memsifter.rewards.service import CompletionReward
+
+    out = []
+    for h in hits:
+        tiers = {0: 0.0, **dict(zip((1, 2, 3), h, strict=True))}
+        r_ans = marginal_utility(tiers)
+        reward = shaping.combine(r_ans, r_ret, 0)  # type: ignore[attr-defined]
+        out.append(CompletionReward(reward, True, (0, 1, 2), r_ans, r_ret, tiers))
+    return out
+
+
+def test_tier_credit_first_place_is_grpos_advantage_and_r_ret_stays_whole() -> None:
+    from memsifter.rewards.shaping import ShapingSchedule
+    from memsifter.rewards.tiers import tier_weights
+    from memsifter.training.pl_grpo import group_advantages, place_advantages, tier_credit
+
+    cfg = RewardConfig(max_k=3)
+    shaping = ShapingSchedule(alpha=1.0, beta0=0.5, decay_steps=10)
+    hits = [(1.0, 1.0, 1.0), (0.0, 1.0, 1.0), (0.0, 0.0, 0.0), (0.0, 0.0, 1.0)]
+    done = _scored(hits, 0.4, shaping)
+    to_go = tier_credit(done, shaping, 0, cfg, 3)
+    rewards = torch.tensor([[c.reward for c in done]])  # type: ignore[attr-defined]
+    assert [row[0] for row in to_go] == [c.reward for c in done]  # type: ignore[attr-defined]
+    # Place 2 (0-based) changes tier 3 only; R_ret (beta 0.5 at step 0) is on every place.
+    w3 = tier_weights((1, 2, 3))[2]
+    assert [row[2] for row in to_go] == pytest.approx([w3 * h[2] + 0.5 * 0.4 for h in hits])
+    for scale in ("group", "batch", "none"):
+        adv = place_advantages(torch.tensor([to_go]), rewards, scale)
+        assert torch.allclose(adv[..., 0], group_advantages(rewards, scale))
+        assert torch.allclose(adv.mean(1), torch.zeros(1, 3), atol=1e-6)  # each place centred
+    # A reward with another term added cannot be split by place: refused, not approximated.
+    bad = [dataclasses.replace(done[0], reward=done[0].reward + 1.0)]  # type: ignore[type-var]
+    with pytest.raises(DataError, match="pl_credit"):
+        tier_credit(bad, shaping, 0, cfg, 3)
+
+
+def test_pl_credit_is_validated_and_tiers_needs_the_reward_service() -> None:
+    assert GRPOSettings().pl_credit == "ranking"
+    with pytest.raises(ValueError, match="pl_credit"):
+        GRPOSettings(pl_credit="places")
+    cfg = TrainConfig()
+    cfg.grpo = GRPOSettings(
+        num_generations=2, per_device_train_batch_size=2, pl_depth=3, pl_credit="tiers"
+    )
+
+    def plain(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [0.0] * len(completions)
+
+    with pytest.raises(DataError, match="pl_credit"):
+        PLGRPOTrainer(cfg, "unused", [{"prompt": "p", "n_candidates": 3}], plain, Path("x"))

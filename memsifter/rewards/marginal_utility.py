@@ -35,13 +35,37 @@ def marginal_utility(
     the ablation that scores the answers alone, sum_n w_n s_{F_n}; s_0 is still required (the
     reward service measures it either way). ``weights`` is ``paper`` or ``tail``
     (:func:`memsifter.rewards.tiers.tier_weights`)."""
+    return marginal_utility_to_go(tier_scores, 1, subtract_s0, weights)[0]
+
+
+def marginal_utility_to_go(
+    tier_scores: Mapping[int, float],
+    depth: int,
+    subtract_s0: bool = True,
+    weights: str = "paper",
+) -> list[float]:
+    """R_ans's part that each of the first ``depth`` places can still change: entry j (0-based
+    place) sums the tiers k > j, since tier k reads the top k and a tier k <= j is settled by
+    the places above j. Entry 0 is R_ans itself (the same sum in the same order, so the same
+    float); past the deepest tier an entry is 0. The Plackett–Luce trainer credits each place
+    with its entry (``grpo.pl_credit: tiers``): the tiers above a place are noise to it."""
     if 0 not in tier_scores:
         raise ValueError("tier_scores needs key 0, the score with no memory (s_0)")
     tiers = sorted(k for k in tier_scores if k != 0)
     if not tiers:
         raise ValueError("tier_scores has s_0 but no tier")
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
     s0 = tier_scores[0] if subtract_s0 else 0.0
-    total = 0.0
-    for k, w in zip(tiers, tier_weights(tiers, weights), strict=True):
-        total += w * (tier_scores[k] - s0)
-    return total
+    terms = [
+        (k, w * (tier_scores[k] - s0))
+        for k, w in zip(tiers, tier_weights(tiers, weights), strict=True)
+    ]
+    out = []
+    for place in range(depth):
+        total = 0.0
+        for k, term in terms:
+            if k > place:
+                total += term
+        out.append(total)
+    return out

@@ -77,6 +77,7 @@ class RewardFunction:
         self.step_offset = 0
         self.last_metrics: dict[str, float] = {}
         self.last_batch: RewardBatch | None = None
+        self.last_completions: list[Any] = []
         # TRL names the reward in its logs after ``__name__`` (class name as a fallback).
         self.__name__ = "memsifter_reward"
 
@@ -120,10 +121,12 @@ class RewardFunction:
         rewards = [0.0] * n
         r_ans: list[float | None] = [None] * n
         r_ret: list[float | None] = [None] * n
+        scored: list[Any] = [None] * n
         for idx, group in zip(groups.values(), batch.rewards, strict=True):
             for i, c in zip(idx, group, strict=True):
-                rewards[i], r_ans[i], r_ret[i] = c.reward, c.r_ans, c.r_ret
+                rewards[i], r_ans[i], r_ret[i], scored[i] = c.reward, c.r_ans, c.r_ret, c
         self.last_batch = batch
+        self.last_completions = scored  # each completion's CompletionReward, in input order
         self.last_metrics = self._metrics(batch)
         if log_metric is not None:
             for name, value in self.last_metrics.items():

@@ -27,6 +27,7 @@ SFT_TARGETS = ("coarse", "gold", "random")
 SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
 VALIDATION_BACKENDS = ("transformers", "vllm")
 PL_DEPTHS = ("auto", "full")
+PL_CREDITS = ("ranking", "tiers")
 
 
 @dataclass
@@ -144,8 +145,18 @@ class GRPOSettings:
         "below it cannot change the reward and only add noise to the gradient; an int: that "
         "many places; full: every candidate (the estimator before the prefix).",
     )
+    pl_credit: str = setting(
+        "ranking",
+        help="ranking_head first_token only: what each place of a ranking is credited with. "
+        "ranking: the whole ranking's advantage on every place (GRPO's); tiers: each place "
+        "only the tiers of R_ans it can still change (those reading deeper than it, each with "
+        "its group's baseline; PL-Rank style reward-to-go), R_ret whole. Both estimate the "
+        "same gradient; tiers drops the terms a place cannot move (eval/gym_pl_variance.py).",
+    )
 
     def __post_init__(self) -> None:
+        if self.pl_credit not in PL_CREDITS:
+            raise ValueError(f"grpo.pl_credit must be one of {PL_CREDITS}, got {self.pl_credit!r}")
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"grpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.num_generations < 2:

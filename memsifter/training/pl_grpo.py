@@ -30,6 +30,15 @@ whole-ranking loss before (a mean over places would divide it by the depth). Wit
 ``num_iterations > 1`` each place's ratio is clipped on its own: the ratio of a whole ranking
 is a product over places, which a single clip lets explode or vanish.
 
+**A place's credit** (``grpo.pl_credit``). ``ranking`` (GRPO's) multiplies every place by the
+whole ranking's advantage A. But tier k of R_ans reads the top k, so a tier k <= j is settled
+by the places above j and cannot depend on σ_j: for place j those terms have zero mean and only
+add noise (the reward-to-go argument, PL-Rank's per-place credit). ``tiers`` credits place j
+with the tiers deeper than j (:func:`tier_credit`), each place centred on its own group mean
+and divided by the spread ``scale_rewards`` names (:func:`place_advantages`): place 0's
+advantage is A exactly, and the estimator's expectation is the same. R_ret stays whole on every
+place. ``eval/gym_pl_variance.py`` measures the variance and the steps to learn of both.
+
 ``beta > 0`` adds the KL of the policy's prefix distribution to the start model's
 (:func:`memsifter.ranker.first_token.pl_prefix_kl`: the exact per-place KL over the candidates
 not yet placed, summed over the drawn prefix: unbiased for the prefix's KL by the chain rule).
@@ -63,6 +72,7 @@ from memsifter.ranker.first_token import (
     pl_prefix_kl,
     ranking_text,
 )
+from memsifter.rewards.marginal_utility import marginal_utility_to_go
 from memsifter.rewards.tiers import fibonacci_tiers
 
 Log = Callable[[str], None]
@@ -82,18 +92,63 @@ def group_advantages(rewards: Any, scale: str) -> Any:
     return adv
 
 
+def place_advantages(to_go: Any, rewards: Any, scale: str) -> Any:
+    """``[B, G, k]`` per-place rewards (what each place can still change: :func:`tier_credit`)
+    to advantages: each place minus its own group mean, divided by the spread
+    :func:`group_advantages` divides by (the whole reward's). The first place's to-go is the
+    reward itself, so its advantage is exactly GRPO's; a deeper place loses the tiers it cannot
+    move, and their noise with them."""
+    if scale not in SCALES:
+        raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale!r}")
+    adv = to_go - to_go.mean(1, keepdim=True)
+    if scale == "group":
+        adv = adv / (rewards.std(1, keepdim=True)[..., None] + 1e-4)
+    elif scale == "batch":
+        adv = adv / (rewards.std() + 1e-4)
+    return adv
+
+
+def tier_credit(
+    completions: Sequence[Any], shaping: Any, step: int, config: Any, depth: int
+) -> list[list[float]]:
+    """Each scored ranking's reward as its first ``depth`` places can still change it
+    (``grpo.pl_credit: tiers``): ``alpha * R_ans``'s tiers deeper than the place
+    (:func:`memsifter.rewards.marginal_utility.marginal_utility_to_go`) plus ``beta(step) *
+    R_ret`` whole (its own depth is the warm-up's, and it is kept on every place: unbiased,
+    if not the least noisy). Place 0 gets the reward itself; a reward that is not this sum
+    (another term was added) cannot be split and is refused by name, not approximated."""
+    out = []
+    for i, c in enumerate(completions):
+        if c is None or not c.parsed:
+            raise DataError(f"ranking {i} has no scored reward to credit by place")
+        if c.r_ans is None:  # no R_ans (alpha 0, an excluded category): nothing to split
+            out.append([c.reward] * depth)
+            continue
+        r_ret = 0.0 if c.r_ret is None else c.r_ret
+        mu = marginal_utility_to_go(c.tier_scores, depth, config.subtract_s0, config.tier_weights)
+        row = [shaping.combine(m, r_ret, step) for m in mu]
+        if abs(row[0] - c.reward) > 1e-9 * max(1.0, abs(c.reward)):
+            raise DataError(
+                f"ranking {i}: its reward {c.reward} is not alpha * R_ans + beta * R_ret "
+                f"({row[0]}), so grpo.pl_credit: tiers cannot split it by place; use "
+                "grpo.pl_credit: ranking"
+            )
+        out.append(row)
+    return out
+
+
 def pl_grpo_loss(
     logp: Any, old: Any, adv: Any, mask: Any, epsilon: float, epsilon_high: float
 ) -> Any:
     """The clipped surrogate with each place a token: ``logp``/``old`` ``[B, G, k]`` per-place
-    log-probabilities, ``adv`` ``[B, G]``, ``mask`` ``[B, 1 or G, k]`` the places that count.
-    Summed over places (so at ρ = 1 the gradient is ``-A ∇log PL(prefix)``, not a
-    depth-scaled fraction of it), averaged over rankings."""
+    log-probabilities, ``adv`` ``[B, G]`` (or ``[B, G, k]``: a credit a place), ``mask``
+    ``[B, 1 or G, k]`` the places that count. Summed over places (so at ρ = 1 the gradient
+    is ``-A ∇log PL(prefix)``, not a depth-scaled fraction of it), averaged over rankings."""
     import torch
 
     ratio = torch.exp(logp - old)
     clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
-    a = adv.unsqueeze(-1)
+    a = adv if adv.dim() == logp.dim() else adv.unsqueeze(-1)  # per place, or per ranking
     per_place = -torch.minimum(ratio * a, clipped * a)
     return (per_place * mask).sum(-1).mean()
 
@@ -194,6 +249,16 @@ class PLGRPOTrainer:
                     "none. Set grpo.pl_depth to the number of top places your reward reads, or "
                     "full",
                     field="grpo.pl_depth",
+                )
+        if self.g.pl_credit == "tiers":
+            service = getattr(reward_fn, "service", None)
+            if not hasattr(reward_fn, "last_completions") or not hasattr(service, "shaping"):
+                raise DataError(
+                    f"grpo.pl_credit: tiers credits each place with the tiers of R_ans it can "
+                    f"change, read from the reward service's scored rankings; this reward "
+                    f"function ({type(reward_fn).__name__}) gives none. Use grpo.pl_credit: "
+                    "ranking",
+                    field="grpo.pl_credit",
                 )
         self.output_dir = Path(output_dir)
         self.on_save = list(on_save)
@@ -296,7 +361,19 @@ class PLGRPOTrainer:
         )
         rankings = [[o[:d] for o in group] for group, d in zip(drawn.tolist(), depths, strict=True)]
         rewards = self._rewards(rows, rankings)
-        adv = group_advantages(rewards, g.scale_rewards).to(scores.device)
+        if g.pl_credit == "tiers":
+            service = self.reward_fn.service
+            to_go = tier_credit(
+                self.reward_fn.last_completions,
+                service.shaping,
+                self.reward_fn.last_batch.stats.step,
+                service.config,
+                drawn.shape[-1],
+            )
+            to_go_t = torch.tensor(to_go, dtype=torch.float32).view(*rewards.shape, -1)
+            adv = place_advantages(to_go_t, rewards, g.scale_rewards).to(scores.device)
+        else:
+            adv = group_advantages(rewards, g.scale_rewards).to(scores.device)
         places = torch.arange(drawn.shape[-1], device=scores.device)
         mask = (places[None, :] < torch.tensor(depths, device=scores.device)[:, None]).float()
         mask = mask.unsqueeze(1)  # [B, 1, k]: every ranking of a row has the row's depth
