@@ -185,18 +185,35 @@ class FrozenPrefix:
             out = self.model(inputs_embeds=h[None].to(self.device, dtype), logits_to_keep=keep)
         return out.logits[0].to(torch.float32)
 
-    def check(self, tok: Any, prompt: str, label_ids: list[int]) -> float:
-        """Largest difference between the cached path's label logits and the full model's on
-        ``prompt``, both in fp32 (it must be float noise)."""
+    def check(
+        self,
+        tok: Any,
+        prompt: str,
+        label_ids: list[int],
+        marker: tuple[int, str] | None = None,
+    ) -> float:
+        """Largest difference between the cached path's scores and the full model's on
+        ``prompt``, both in fp32 (it must be float noise): the label logits at the last
+        position, or with ``marker`` (the candidate count, the labelling) the read token's
+        logit at each closer, the full model's through the library's ``head_scores``."""
         import torch
+
+        from memsifter.ranker.first_token import head_scores, marker_positions, marker_token_id
 
         ids = tok(prompt, add_special_tokens=False)["input_ids"]
         was, self.autocast = self.autocast, False
         try:
             with torch.no_grad():
-                full = self.model(input_ids=torch.tensor([ids], device=self.device))
-                a = full.logits[0, -1, label_ids].float()
-                b = self.logits(self.prefix(ids))[label_ids]
+                if marker is None:
+                    full = self.model(input_ids=torch.tensor([ids], device=self.device))
+                    a = full.logits[0, -1, label_ids].float()
+                    b = self.logits(self.prefix(ids))[label_ids]
+                else:
+                    n, labels = marker
+                    a = head_scores(self.model, tok, [prompt], [n], labels=labels, read="marker")
+                    where = marker_positions(tok, prompt, n, labels)
+                    b = self.logits_at(self.prefix(ids), where)[:, marker_token_id(tok)]
+                    a = a[0]
         finally:
             self.autocast = was
         return float((a - b).abs().max())
@@ -329,21 +346,8 @@ def probe(
         labels_all = label_token_ids(tok, max(int(r["n_candidates"]) for r in train), spec.labels)
         diff = frozen.check(tok, val[0]["prompt"], labels_all)
         if read == "marker":
-            with torch.no_grad():
-                was, frozen.autocast = frozen.autocast, False
-                ids0 = tok(val[0]["prompt"], add_special_tokens=False)["input_ids"]
-                a = frozen.logits_at(frozen.prefix(ids0), where(val[0]))[:, read_id]
-                frozen.autocast = was
-                # both sides in fp32: the check is of the cache, not of bf16's rounding
-                b = head_scores(
-                    model,
-                    tok,
-                    [val[0]["prompt"]],
-                    [int(val[0]["n_candidates"])],
-                    labels=spec.labels,
-                    read=read,
-                )[0, : len(a)]
-            diff = max(diff, float((a - b).abs().max()))
+            n0 = int(val[0]["n_candidates"])
+            diff = max(diff, frozen.check(tok, val[0]["prompt"], [], (n0, spec.labels)))
         if diff > 1e-3:
             raise RuntimeError(f"the cached top layers differ from the full model by {diff}")
         log(f"frozen prefix: cached path = full model to {diff:.1e} on a validation prompt")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,23 +95,15 @@ def test_the_reports_sample_and_steps_to_learn_choose_by_ids_only() -> None:
     assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.5)]) is None
 
 
-def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
-    read_world: dict[str, Path],
-) -> None:
-    """The probe's cached path (eval/gym_reading.py FrozenPrefix) gives the full model's label
-    logits to float noise, and its gradient reaches the top layers' adapters only."""
+def _top_adapted(proxy: Path) -> tuple[Any, Any, int]:
+    """The proxy with a LoRA adapter on its top layer, initialised away from the zero start so
+    that the top layer changes the scores (a check against it then compares something)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, str(ROOT / "eval"))
-    import gym_reading
-
-    from memsifter.ranker.checkpoint import read_spec
-    from memsifter.ranker.first_token import label_token_ids
-
-    tok = AutoTokenizer.from_pretrained(str(read_world["proxy"]))
-    model = AutoModelForCausalLM.from_pretrained(str(read_world["proxy"]), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(proxy))
+    model = AutoModelForCausalLM.from_pretrained(str(proxy), dtype=torch.float32)
     layers = model.config.num_hidden_layers
     model = get_peft_model(
         model,
@@ -118,8 +111,24 @@ def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
                    task_type="CAUSAL_LM"),
     )  # fmt: skip
     for name, p in model.named_parameters():
-        if "lora_B" in name:  # a trained adapter, not the zero start, so the top layer matters
+        if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)
+    return tok, model, layers
+
+
+def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
+    read_world: dict[str, Path],
+) -> None:
+    """The probe's cached path (eval/gym_reading.py FrozenPrefix) gives the full model's label
+    logits to float noise, and its gradient reaches the top layers' adapters only."""
+
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.ranker.first_token import label_token_ids
+
+    tok, model, layers = _top_adapted(read_world["proxy"])
     rows = gym_reading.load_split(read_world["data"], "validation")
     n = max(int(r["n_candidates"]) for r in rows)
     labels = label_token_ids(tok, n, read_spec(read_world["data"]).labels)
@@ -184,3 +193,13 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) 
     assert all(v["ndcg_1_useful"] is not None for v in validation.values()), validation
     with pytest.raises(PromptSpecError, match="head_read: 'label'"):
         resolve_spec(str(result["model"]), {"head_read": "label"})
+    # The probe's cached path reads the same marker scores as the full model (fp32 both).
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    tok, model, _ = _top_adapted(made["proxy"])
+    row = gym_reading.load_split(made["data"], "validation")[0]
+    frozen = gym_reading.FrozenPrefix(model, 1, "cpu", autocast=True)
+    marker = (int(row["n_candidates"]), "letters")
+    assert frozen.check(tok, row["prompt"], [], marker) < 1e-4
+    assert frozen.autocast  # restored after the fp32 check
