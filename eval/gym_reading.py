@@ -818,6 +818,11 @@ def render(results: dict[str, Any]) -> str:
                 f"question a user, n = {p['n_questions']}: {text} ({p['seconds']} s; loss by "
                 f"step in `{p.get('log', '-')}`).",
             ]
+            if p.get("command") and p["command"] != rung["command"]:
+                lines += [
+                    "",
+                    f"`{p['command']}` at code version `{p['code_version']}`; {p['machine']}.",
+                ]
         if rung.get("notes"):
             lines += [""] + [f"- {n}" for n in rung["notes"]]
         lines.append("")
@@ -902,12 +907,23 @@ def _rung_table(rung: dict[str, Any]) -> list[str]:
     return lines
 
 
+def committed(rung: dict[str, Any]) -> dict[str, Any] | None:
+    """The committed results' entry for ``rung``'s key (size, layout, world, read), if any."""
+    path = RESULTS / "gym_reading.json"
+    if not path.is_file():
+        return None
+    return next((r for r in json.loads(path.read_text())["rungs"] if _key(r) == _key(rung)), None)
+
+
 def merge(rung: dict[str, Any]) -> dict[str, Any]:
     path = RESULTS / "gym_reading.json"
     results = json.loads(path.read_text()) if path.is_file() else {"rungs": []}
     rungs = [r for r in results["rungs"] if _key(r) != _key(rung)] + [rung]
     results["rungs"] = sorted(rungs, key=lambda r: (SIZES.index(r["size"]), _key(r)))
     path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    # Rendered from the file as written (keys sorted), so a rung's table reads the same whether
+    # it was just run or merged later.
+    results = json.loads(path.read_text())
     (RESULTS / "gym_reading.md").write_text(render(results))
     return results
 
@@ -990,21 +1006,26 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = build_data(world_path, out, layout, args.head_read)
     rung_file = out / "rung.json"
-    rung: dict[str, Any] = json.loads(rung_file.read_text()) if rung_file.is_file() else {}
     world = load_world(ROOT / world_path)
-    rung.update(
-        {
-            "size": args.size,
-            "layout": layout,
-            "head_read": args.head_read,
-            "level": world.config.level,
-            "world_config": world_path,
-            "model": MODEL,
-            "code_version": code_version(),
-            "command": "python eval/gym_reading.py " + " ".join(sys.argv[1:]),
-            "machine": machine_line(machine_facts(), run=True),
-        }
-    )
+    rung: dict[str, Any] = {
+        "size": args.size,
+        "layout": layout,
+        "head_read": args.head_read,
+        "level": world.config.level,
+        "world_config": world_path,
+        "model": MODEL,
+    }
+    # A fresh checkout has no outputs/: the rung then grows from its committed entry, so a
+    # probe added later never drops the table that an earlier eval wrote.
+    rung = json.loads(rung_file.read_text()) if rung_file.is_file() else committed(rung) or rung
+    this_run = {
+        "code_version": code_version(),
+        "command": "python eval/gym_reading.py " + " ".join(sys.argv[1:]),
+        "machine": machine_line(machine_facts(), run=True),
+    }
+    # The rung's own provenance is the table's (train, eval); a probe keeps its own.
+    if set(stages) & {"train", "eval"} or "command" not in rung:
+        rung.update(this_run)
     if args.note is not None:
         rung["notes"] = list(args.note)
     if "probe" in stages:
@@ -1035,6 +1056,7 @@ def main() -> None:
                 read=args.probe_read,
             )
         result["log"] = str(log_file.relative_to(ROOT))
+        result.update(this_run)
         rung.setdefault("probes", {})[key] = result
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if "train" in stages:
