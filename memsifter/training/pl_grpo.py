@@ -82,14 +82,19 @@ SCALES = ("group", "batch", "none")
 def group_advantages(rewards: Any, scale: str) -> Any:
     """``[B, G]`` rewards to advantages: minus the group mean, divided by the group's std
     (``group``), the whole batch's (``batch``) or nothing (``none``), as TRL's GRPO does."""
+    return (rewards - rewards.mean(1, keepdim=True)) / _spread(rewards, scale)
+
+
+def _spread(rewards: Any, scale: str) -> Any:
+    """What ``scale_rewards`` divides a ``[B, G]`` batch's advantages by: ``[B, 1]`` (group),
+    a scalar (batch) or 1 (none)."""
     if scale not in SCALES:
         raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale!r}")
-    adv = rewards - rewards.mean(1, keepdim=True)
     if scale == "group":
-        adv = adv / (rewards.std(1, keepdim=True) + 1e-4)
-    elif scale == "batch":
-        adv = adv / (rewards.std() + 1e-4)
-    return adv
+        return rewards.std(1, keepdim=True) + 1e-4
+    if scale == "batch":
+        return rewards.std() + 1e-4
+    return 1.0
 
 
 def place_advantages(to_go: Any, rewards: Any, scale: str) -> Any:
@@ -98,14 +103,10 @@ def place_advantages(to_go: Any, rewards: Any, scale: str) -> Any:
     :func:`group_advantages` divides by (the whole reward's). The first place's to-go is the
     reward itself, so its advantage is exactly GRPO's; a deeper place loses the tiers it cannot
     move, and their noise with them."""
-    if scale not in SCALES:
-        raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale!r}")
-    adv = to_go - to_go.mean(1, keepdim=True)
+    spread = _spread(rewards, scale)
     if scale == "group":
-        adv = adv / (rewards.std(1, keepdim=True)[..., None] + 1e-4)
-    elif scale == "batch":
-        adv = adv / (rewards.std() + 1e-4)
-    return adv
+        spread = spread[..., None]
+    return (to_go - to_go.mean(1, keepdim=True)) / spread
 
 
 def tier_credit(
