@@ -14,7 +14,15 @@ is a near-tie when the two candidates it swaps are within ``--tie`` in transform
 largest label-logprob difference (log-softmax, so the engines' numbers compare directly) and the
 wall time. Goal (issue 24): >= 99% of the prompts rank the same.
 
-    python eval/bench_head_engines.py [--prompts 100] [--engines vllm,llamacpp]
+``--read marker`` measures the head's marker read instead (``head_read: marker``,
+eval/bench_head_engines_marker.{md,json}): the same recipe rendered with ``layout: marked``
+(``data/rl/locomo_smollm2_marker``, built when missing), each candidate scored by the logit of
+" yes" at its closing marker; transformers in process (``head_scores(..., read="marker")``), the
+servers started for that read (``marker_read=True``: vLLM as a pooling model, ``/pooling``
+``token_classify``; llama-server with ``--embeddings --pooling none``, the hidden states times the
+LM head's row client-side), compared as raw logits.
+
+    python eval/bench_head_engines.py [--prompts 100] [--engines vllm,llamacpp] [--read marker]
 """
 
 from __future__ import annotations
@@ -41,11 +49,31 @@ def _near_tie(ref: list[float], a: list[int], b: list[int], tie: float) -> bool:
     return True
 
 
+MARKER = "data/rl/locomo_smollm2_marker"  # the head recipe rendered marked, read at markers
+
+
+def _marker_rows() -> list[dict[str, Any]]:
+    """The head recipe's test prompts rendered with ``layout: marked`` for ``head_read: marker``
+    (the recipe's prompt block with those two keys changed; built once into :data:`MARKER`)."""
+    import tempfile
+
+    import yaml
+    from bench_head_latency import HEAD, _rows
+
+    recipe = yaml.safe_load((ROOT / HEAD[0]).read_text())
+    recipe["prompt"].update(layout="marked", head_read="marker")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "locomo_smollm2_marker.yaml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        return _rows(str(path), MARKER)
+
+
 def main(
     prompts: Annotated[int, typer.Option(help="LoCoMo test prompts")] = 100,
     engines: Annotated[str, typer.Option()] = "vllm,llamacpp",
     threads: Annotated[int, typer.Option()] = 2,
     tie: Annotated[float, typer.Option(help="logit gap counted as a near-tie")] = 1e-3,
+    read: Annotated[str, typer.Option(help="the head read: label or marker")] = "label",
 ) -> None:
     import torch
     from bench_head_latency import HEAD, _rows
@@ -55,40 +83,58 @@ def main(
     from memsifter.llm.llamacpp import launch_llamacpp_server
     from memsifter.llm.vllm_cpu import launch_vllm_cpu_server
     from memsifter.models import resolve_model
-    from memsifter.ranker.first_token import engine_scores, head_scores, order_scores
+    from memsifter.ranker.first_token import (
+        HEAD_READS,
+        engine_marker_scores,
+        engine_scores,
+        head_scores,
+        order_scores,
+    )
 
+    if read not in HEAD_READS:
+        raise typer.BadParameter(f"--read must be one of {HEAD_READS}, got {read!r}")
+    marker = read == "marker"
     torch.set_num_threads(threads)
     facts = machine()
     name = "smollm2-135m-instruct"
     path = resolve_model(name).path
     hf = build_backend(BackendSpec(kind="transformers", model=name, batch_size=1))
     tok = hf.tokenizer
-    rows = _rows(*HEAD)[:prompts]
+    rows = (_marker_rows() if marker else _rows(*HEAD))[:prompts]
     ns = [int(r["n_candidates"]) for r in rows]
-    ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+    texts = [r["prompt"] for r in rows]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     t0 = time.perf_counter()
     ref: list[list[float]] = []
     with torch.no_grad():
-        for r, n in zip(rows, ns, strict=True):
-            s = head_scores(hf.model, tok, [r["prompt"]], [n])[0]
-            ref.append(torch.log_softmax(s.float(), -1).tolist())  # among the labels
+        for t, n in zip(texts, ns, strict=True):
+            s = head_scores(hf.model, tok, [t], [n], read=read)[0, :n]
+            # label: log-softmax among the labels (the servers' logprobs are over the whole
+            # vocabulary, renormalised below); marker: the raw logits, as the servers give them
+            ref.append(s.float().tolist() if marker else torch.log_softmax(s.float(), -1).tolist())
     ref_s = time.perf_counter() - t0
     ref_orders = [order_scores(s) for s in ref]
     exact_ties = sum(len(set(s)) < len(s) for s in ref)
 
     def launch(engine: str) -> Any:
         if engine == "vllm":
-            return launch_vllm_cpu_server(path, served_model_name=name, timeout=600)
-        return launch_llamacpp_server(name, served_model_name=name, threads=threads, timeout=600)
+            return launch_vllm_cpu_server(
+                path, served_model_name=name, timeout=600, marker_read=marker
+            )
+        return launch_llamacpp_server(
+            name, served_model_name=name, threads=threads, timeout=600, marker_read=marker
+        )
 
     results: dict[str, Any] = {}
     for engine in [e.strip() for e in engines.split(",") if e.strip()]:
         with launch(engine) as url:
             be = build_backend(
-                BackendSpec(kind="openai", model=name, base_url=url, served_model_name=name)
+                BackendSpec(
+                    kind="openai", model=name, base_url=url, served_model_name=name, server=engine
+                )
             )
             t0 = time.perf_counter()
-            got = engine_scores(be, ids, ns)
+            got = engine_marker_scores(be, texts, ns) if marker else engine_scores(be, ids, ns)
             wall = time.perf_counter() - t0
         orders = [order_scores(s) for s in got]
         same = sum(o == r for o, r in zip(orders, ref_orders, strict=True))
@@ -96,17 +142,15 @@ def main(
             o == r or _near_tie(s, o, r, tie)
             for o, r, s in zip(orders, ref_orders, ref, strict=True)
         )
-        # Log-softmax among the labels on both sides: the engines' logprobs are over the whole
-        # vocabulary, so they are renormalised over the labels first.
         diff = 0.0
         for g, r in zip(got, ref, strict=True):
-            g_t = torch.log_softmax(torch.tensor(g), -1).tolist()
+            g_t = g if marker else torch.log_softmax(torch.tensor(g), -1).tolist()
             diff = max(diff, max(abs(a - b) for a, b in zip(g_t, r, strict=True)))
         results[engine] = {
             "same": same,
             "same_or_near_tie": near,
             "n": len(rows),
-            "max_label_logprob_diff": diff,
+            "max_marker_logit_diff" if marker else "max_label_logprob_diff": diff,
             "wall_s": wall,
             "disagree": [
                 {"qid": rows[i]["qid"], "transformers": ref_orders[i], engine: orders[i]}
@@ -116,37 +160,56 @@ def main(
         }
     report = {
         "machine": facts,
+        "read": read,
         "prompts": len(rows),
         "transformers_wall_s": ref_s,
         "exact_ties_in_reference": exact_ties,
         "engines": results,
     }
-    (HERE / "bench_head_engines.json").write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    stem = "bench_head_engines_marker" if marker else "bench_head_engines"
+    (HERE / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    diff_name = "max marker logit diff" if marker else "max label logprob diff"
+    data = (
+        f"the same recipe rendered with layout: marked ({MARKER}), read at each candidate's "
+        'closing marker (the logit of " yes")'
+        if marker
+        else "the CPU recipe's head data"
+    )
     lines = [
         "# The first-token head on three engines: the same rankings?",
         "",
-        f"Machine: {machine_line(facts, run=True)}. Command: `python eval/bench_head_engines.py`"
-        f" ({threads} threads). Model: SmolLM2-135M-Instruct (fp32 in transformers and vLLM, "
-        f"the f32 GGUF in llama.cpp). {len(rows)} LoCoMo test prompts of the CPU recipe's head "
-        f"data (conversations 8-9), {sum(ns) / len(ns):.1f} candidates on average; "
-        f"transformers' scores have exact ties on {exact_ties}.",
+        f"Machine: {machine_line(facts, run=True)}. Command: `python eval/bench_head_engines.py"
+        f"{' --read marker' if marker else ''}` ({threads} threads). Model: "
+        "SmolLM2-135M-Instruct (fp32 in transformers and vLLM, the f32 GGUF in llama.cpp). "
+        f"{len(rows)} LoCoMo test prompts of {data} (conversations 8-9), "
+        f"{sum(ns) / len(ns):.1f} candidates on average; transformers' scores have exact ties "
+        f"on {exact_ties}.",
         "",
-        "| engine | same ranking | same, near-ties aside | max label logprob diff | wall s |",
+        f"| engine | same ranking | same, near-ties aside | {diff_name} | wall s |",
         "|---|---|---|---|---|",
         f"| transformers (reference) | {len(rows)}/{len(rows)} | - | 0 | {ref_s:.1f} |",
     ]
     for engine, r in results.items():
+        diff = r["max_marker_logit_diff" if marker else "max_label_logprob_diff"]
         lines.append(
             f"| {engine} | {r['same']}/{r['n']} | {r['same_or_near_tie']}/{r['n']} | "
-            f"{r['max_label_logprob_diff']:.2e} | {r['wall_s']:.1f} |"
+            f"{diff:.2e} | {r['wall_s']:.1f} |"
         )
+    how = (
+        "The servers were started for the marker read: vLLM as a pooling model whose one-label "
+        'token classifier is the LM head\'s row of " yes" (`/pooling`, `token_classify`), '
+        "llama-server with `--embeddings --pooling none` (the hidden states times that row, "
+        "client-side)."
+        if marker
+        else "The servers return the next token's top 20 logprobs (token ids); every label of "
+        "every prompt was among them (a missing one stops the run, named)."
+    )
     lines += [
         "",
-        f"A near-tie: every swapped pair within {tie:g} in transformers' logits. The servers "
-        "return the next token's top 20 logprobs (token ids); every label of every prompt was "
-        "among them (a missing one stops the run, named). Goal: >= 99% the same.",
+        f"A near-tie: every swapped pair within {tie:g} in transformers' logits. {how} "
+        "Goal: >= 99% the same.",
     ]
-    (HERE / "bench_head_engines.md").write_text("\n".join(lines) + "\n", "utf-8")
+    (HERE / f"{stem}.md").write_text("\n".join(lines) + "\n", "utf-8")
     print("\n".join(lines))
 
 

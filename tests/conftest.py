@@ -124,3 +124,32 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_cache: Path) -> Path:
     return smollm2_cache / "models" / "smollm2-135m-instruct"
+
+
+def _require_build(built: bool, env: str, why: str) -> None:
+    """Skip a real-engine test without its build, unless CI said the build must be there (``env``
+    set: then a missing build fails instead of passing by skipping)."""
+    if not built:
+        if os.environ.get(env):
+            pytest.fail(f"{env} is set but {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture
+def vllm_built() -> None:
+    """The vLLM CPU venv (``.venv-vllm``) is there, or the test skips (fails under
+    ``MEMSIFTER_REQUIRE_VLLM``)."""
+    from memsifter.llm.vllm_cpu import vllm_venv
+
+    why = f"{vllm_venv()} not built (bash scripts/vllm_cpu_server.sh --setup-only)"
+    _require_build((vllm_venv() / "bin" / "python").exists(), "MEMSIFTER_REQUIRE_VLLM", why)
+
+
+@pytest.fixture
+def llamacpp_built() -> None:
+    """llama.cpp's server is built, or the test skips (fails under
+    ``MEMSIFTER_REQUIRE_LLAMACPP``)."""
+    from memsifter.llm.llamacpp import is_built, llamacpp_dir
+
+    why = f"llama.cpp not built in {llamacpp_dir()} (bash scripts/llamacpp_server.sh --setup-only)"
+    _require_build(is_built(), "MEMSIFTER_REQUIRE_LLAMACPP", why)

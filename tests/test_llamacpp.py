@@ -25,7 +25,6 @@ from memsifter.llm.llamacpp import (
     gguf_for,
     is_built,
     launch_llamacpp_server,
-    llamacpp_dir,
 )
 
 ADAPTER = "memsifter-smollm2-135m-locomo"
@@ -132,23 +131,13 @@ def test_gguf_for_takes_a_gguf_file_as_is(tmp_path: Path) -> None:
 # ---- slow: the real llama-server -------------------------------------------------------------
 
 
-def _require_llamacpp() -> None:
-    """Skip without a build, unless CI said it must be there (then a missing build fails)."""
-    if not is_built():
-        setup = "bash scripts/llamacpp_server.sh --setup-only"
-        why = f"llama.cpp not built in {llamacpp_dir()} ({setup})"
-        if os.environ.get("MEMSIFTER_REQUIRE_LLAMACPP"):
-            pytest.fail(f"MEMSIFTER_REQUIRE_LLAMACPP is set but {why}")
-        pytest.skip(why)
-
-
 @pytest.mark.slow
 @pytest.mark.llamacpp_server
+@pytest.mark.usefixtures("llamacpp_built")
 def test_tiny_model_exported_and_served_agrees_with_transformers(tmp_path: Path) -> None:
     """``memsifter export-gguf`` on a tiny SmolLM2-shaped model, served by llama-server: a prompt
     sent as token ids is read as exactly those ids (no BOS added), the same prompt as text is
     tokenized as Hugging Face does, and greedy outputs match transformers'."""
-    _require_llamacpp()
     from typer.testing import CliRunner
 
     from memsifter.cli import app
@@ -197,6 +186,7 @@ def test_tiny_model_exported_and_served_agrees_with_transformers(tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.llamacpp_server
+@pytest.mark.usefixtures("llamacpp_built")
 def test_shipped_proxy_through_llamacpp_agrees_with_transformers(
     request: pytest.FixtureRequest, locomo_mini_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,7 +194,6 @@ def test_shipped_proxy_through_llamacpp_agrees_with_transformers(
     ranks LoCoMo-style prompts through llama-server as it does through transformers: the same
     prompt tokens, the same parse results, and greedy texts identical but for explained
     near-ties."""
-    _require_llamacpp()
     import httpx
 
     smollm2_cache: Path = request.getfixturevalue("smollm2_cache")

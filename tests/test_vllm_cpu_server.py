@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from memsifter.llm import vllm_cpu
-from memsifter.llm.vllm_cpu import VllmServerError, launch_vllm_cpu_server, vllm_venv
+from memsifter.llm.vllm_cpu import VllmServerError, launch_vllm_cpu_server
 
 # ---- fast: stand-in scripts ------------------------------------------------------------------
 
@@ -110,15 +110,6 @@ def test_missing_model_folder(tmp_path: Path) -> None:
 # ---- slow: the real server ------------------------------------------------------------------
 
 
-def _require_vllm_venv() -> None:
-    """Skip without .venv-vllm, unless CI said it must be there (then a missing venv fails)."""
-    if not (vllm_venv() / "bin" / "python").exists():
-        why = f"{vllm_venv()} not built (bash scripts/vllm_cpu_server.sh --setup-only)"
-        if os.environ.get("MEMSIFTER_REQUIRE_VLLM"):
-            pytest.fail(f"MEMSIFTER_REQUIRE_VLLM is set but {why}")
-        pytest.skip(why)
-
-
 def _chat(base_url: str, model: str, content: str, max_tokens: int) -> dict:
     body = {
         "model": model,
@@ -137,8 +128,8 @@ def _chat(base_url: str, model: str, content: str, max_tokens: int) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.vllm_server
+@pytest.mark.usefixtures("vllm_built")
 def test_real_vllm_cpu_server_serves_smollm2(request: pytest.FixtureRequest) -> None:
-    _require_vllm_venv()
     # Requested only now, so a skip does not first pay for the ~20 s conversion.
     smollm2_dir: Path = request.getfixturevalue("smollm2_dir")
     import torch
@@ -172,13 +163,13 @@ def test_real_vllm_cpu_server_serves_smollm2(request: pytest.FixtureRequest) -> 
 
 @pytest.mark.slow
 @pytest.mark.vllm_server
+@pytest.mark.usefixtures("vllm_built")
 def test_proxy_rankings_over_http_agree_with_transformers(
     request: pytest.FixtureRequest, locomo_mini_path: Path
 ) -> None:
     """LoCoMo-style proxy prompts through the OpenAI backend against the real server: every
     answer parses to a valid ranking or a typed error, and greedy fp32 outputs match the
     transformers backend's, except at near-ties of the logits (explained divergences)."""
-    _require_vllm_venv()
     smollm2_dir: Path = request.getfixturevalue("smollm2_dir")
     import torch
 

@@ -33,14 +33,11 @@ if __name__ == "__main__":  # vLLM spawns its engine process
 
 @pytest.mark.slow
 @pytest.mark.vllm_server
+@pytest.mark.usefixtures("vllm_built")
 def test_vllm_engine_backend_matches_transformers(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     python = vllm_venv() / "bin" / "python"
-    if not python.exists():
-        if os.environ.get("MEMSIFTER_REQUIRE_VLLM"):
-            pytest.fail(f"MEMSIFTER_REQUIRE_VLLM is set but {vllm_venv()} is not built")
-        pytest.skip(f"{vllm_venv()} not built (bash scripts/vllm_cpu_server.sh --setup-only)")
     smollm2_dir: Path = request.getfixturevalue("smollm2_dir")
     script = tmp_path / "engine.py"
     script.write_text(_SCRIPT)

@@ -19,6 +19,16 @@ quantized export would change the model, not just its speed). The proxy sends pr
 ids counted with the Hugging Face tokenizer (:mod:`memsifter.llm.openai_http`); llama-server takes
 a list of ids as the prompt and adds no BOS to it, so both engines read the same tokens and greedy
 decoding differs only where the two kernels' float sums differ at a near-tie.
+
+**The marker read** (``head_read: marker``) needs one token's logit at every candidate's closing
+marker, which the completions API never returns. ``launch_llamacpp_server(..., marker_read=True)``
+(the launcher's ``--marker-read``) starts llama-server with ``--embeddings --pooling none`` and a
+micro-batch as large as a slot's context: its ``/embeddings`` endpoint then returns every token's
+hidden state after the final norm, not normalised (llama.cpp's ``result_norm`` tensor, read back
+unpooled; an embeddings request cannot be split across micro-batches, hence the batch size). The
+client (:meth:`memsifter.llm.openai_http.OpenAIBackend.marker_logits`) multiplies the markers'
+states by the LM head's row of the read token, :func:`output_row`, read from the folder the GGUF
+was exported from (f32: the same numbers). An embeddings server answers embeddings only.
 """
 
 from __future__ import annotations
@@ -178,6 +188,59 @@ def gguf_for(model: str, outtype: str = "f32") -> Path:
     return dest
 
 
+# ---- the LM head's row, for the marker read -------------------------------------------------
+
+
+def output_row(model: str | Path, token_id: int) -> tuple[list[float], float]:
+    """Row ``token_id`` of the output embedding (the LM head) of the Hugging Face model folder
+    ``model``, and its bias (0 without one), read from its safetensors alone: the weights
+    llama.cpp's marker read multiplies the hidden states by. Where the config ties the LM head
+    to the input embedding (``tie_word_embeddings``, SmolLM2 and Qwen3's small models) the row
+    is the input embedding's (``lm_head.weight`` is then not saved, or ignored by transformers);
+    else it is ``lm_head.weight``. Refused by name when the folder lacks either."""
+    import json
+
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    folder = Path(model)
+    if not (folder / "config.json").is_file():
+        raise LlamaCppError(f"{folder} is not a local model folder with a config.json")
+    config = AutoConfig.from_pretrained(str(folder))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    tied = bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        where = dict(json.loads(index.read_text())["weight_map"])
+    else:
+        single = folder / "model.safetensors"
+        if not single.is_file():
+            raise LlamaCppError(f"{folder} holds no model.safetensors (nor a sharded index)")
+        with safe_open(str(single), framework="pt") as f:
+            where = {k: single.name for k in f.keys()}
+    if tied:
+        names = [k for k in where if k.endswith("embed_tokens.weight")]
+        wanted = "the input embedding (*embed_tokens.weight; the config ties the LM head to it)"
+    else:
+        names = [k for k in where if k == "lm_head.weight" or k.endswith(".lm_head.weight")]
+        wanted = "lm_head.weight (the config does not tie it to the input embedding)"
+    if len(names) != 1:
+        raise LlamaCppError(f"{folder}: found {names or 'no tensor'} for {wanted}")
+    name = names[0]
+    with safe_open(str(folder / where[name]), framework="pt") as f:
+        weight = f.get_slice(name)
+        rows = weight.get_shape()[0]
+        if not 0 <= token_id < rows:
+            raise LlamaCppError(f"{folder}: token {token_id} is outside {name}'s {rows} rows")
+        row = weight[token_id : token_id + 1][0].double().tolist()
+    bias = 0.0
+    bias_name = name.removesuffix("weight") + "bias"
+    if not tied and bias_name in where:
+        with safe_open(str(folder / where[bias_name]), framework="pt") as f:
+            bias = float(f.get_slice(bias_name)[token_id : token_id + 1][0].double())
+    return row, bias
+
+
 # ---- the server ------------------------------------------------------------------------------
 
 
@@ -195,9 +258,14 @@ def launch_llamacpp_server(
     extra_args: Sequence[str] = (),
     log_path: str | Path | None = None,
     setup: bool = True,
+    marker_read: bool = False,
 ) -> Iterator[str]:
     """Serve ``model`` (a ``.gguf`` file, or any model name, exported once by :func:`gguf_for`)
     with llama-server and yield the OpenAI base URL, ``http://127.0.0.1:PORT/v1``.
+
+    ``marker_read``: serve the first-token head's marker read instead of completions
+    (``--embeddings --pooling none``, a micro-batch of ``ctx_size`` tokens; the module doc):
+    talk to it with ``BackendSpec(kind="openai", server="llamacpp", ...)``.
 
     ``served_model_name`` defaults to the model name (the GGUF's stem for a file). ``ctx_size``
     is each slot's KV cache in tokens, ``parallel`` the slots decoded together, ``threads`` the
@@ -218,6 +286,8 @@ def launch_llamacpp_server(
     cmd += ["--ctx-size", str(ctx_size), "--parallel", str(parallel)]
     if threads is not None:
         cmd += ["--threads", str(threads)]
+    if marker_read:
+        cmd += ["--marker-read"]
     cmd += list(extra_args)
     with run_server(
         cmd,
@@ -239,5 +309,6 @@ __all__ = [
     "is_built",
     "launch_llamacpp_server",
     "llamacpp_dir",
+    "output_row",
     "setup_llamacpp",
 ]

@@ -31,6 +31,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
         "timeout_s",
         "max_retries",
         "retry_wait_s",
+        "server",
     ),
     "vllm": ("dtype",),
     "gym": (),  # the memory gym's deterministic reader (memsifter.llm.gym)
@@ -52,6 +53,9 @@ class BackendSpec:
     timeout_s: float | None = None  # per request
     max_retries: int | None = None  # per request, on transient errors
     retry_wait_s: float | None = None  # backoff base
+    # which server is behind base_url (vllm | llamacpp): said, never guessed; the first-token
+    # head's marker read needs it (memsifter.llm.openai_http.MARKER_SERVE_HINT)
+    server: str | None = None
     # transformers (local); dtype also for vllm
     device: str | None = None
     dtype: str | None = None

@@ -12,11 +12,28 @@ tests and local runs get a real server without a GPU::
 The process handling (its own process group, readiness on ``/v1/models``, the log tail in every
 error) is :func:`memsifter.llm.local_server.run_server`; a server that dies or does not answer
 in time raises :class:`VllmServerError`.
+
+**The marker read** (``head_read: marker``: one token's logit at every candidate's closing
+marker) is served by the same vLLM started as a pooling model, ``marker_read=True`` (the
+launcher's ``--marker-read``, flags from :func:`marker_read_args`): ``--runner pooling --convert
+classify`` turns the causal LM into a classifier, ``--hf-overrides`` with
+``classifier_from_token: [<the read token>]`` and ``method: no_post_processing`` makes that
+classifier's one weight row the LM head's row of the read token (vLLM 0.32:
+``vllm/model_executor/models/adapters.py``, ``load_weights_no_post_processing``; the tied input
+embedding where the config ties them), and ``--pooler-config '{"task": "token_classify"}'``
+serves it at every token (the default task of a classifier is ``classify``, the last token's
+score, and ``/pooling`` refuses the other: ``entrypoints/pooling/pooling/serving.py``).
+``POST /pooling`` with task ``token_classify`` and ``use_activation: false`` then returns that
+token's logit at every prompt token, computed in
+vLLM's fp32 pooling head: one float a token, where ``token_embed`` would return the whole
+hidden state for the client to multiply (as llama.cpp must). A pooling server answers pooling
+requests only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +59,43 @@ def vllm_venv() -> Path:
     one read against the working directory (the repository root, in a checkout), like every
     other default path. The script is handed this absolute path."""
     return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV).expanduser().resolve()
+
+
+def marker_read_args(model: str | Path, token: str) -> list[str]:
+    """The vLLM arguments that serve the first-token head's marker read from ``model``'s folder
+    (module doc): the read token ``token`` (the head's
+    :data:`memsifter.ranker.first_token.MARKER_TOKEN`, passed in by the launcher: this floor
+    does not import the ranker's) is named as its tokenizer's vocabulary writes it (``Ġyes``
+    in a byte-level BPE), since vLLM looks the name up with ``convert_tokens_to_ids``; a
+    tokenizer that does not give it one token is refused by name."""
+    from memsifter.models import load_tokenizer
+
+    tok = load_tokenizer(str(model))
+    ids = tok(token, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise VllmServerError(
+            f"the marker read's token {token!r} is {len(ids)} tokens in {model}'s tokenizer, "
+            "not one"
+        )
+    name = tok.convert_ids_to_tokens(ids[0])
+    if tok.convert_tokens_to_ids(name) != ids[0]:
+        raise VllmServerError(
+            f"the read token's vocabulary name {name!r} does not map back to its id in "
+            f"{model}'s tokenizer"
+        )
+    overrides = {"classifier_from_token": [name], "method": "no_post_processing"}
+    return [
+        "--runner",
+        "pooling",
+        "--convert",
+        "classify",
+        "--hf-overrides",
+        json.dumps(overrides, ensure_ascii=False),
+        # A classifier serves `classify` (the last token) unless told otherwise; /pooling
+        # refuses any task but the one chosen here.
+        "--pooler-config",
+        json.dumps({"task": "token_classify"}),
+    ]
 
 
 def _script() -> Path:
@@ -86,9 +140,13 @@ def launch_vllm_cpu_server(
     extra_args: Sequence[str] = (),
     log_path: str | Path | None = None,
     setup: bool = True,
+    marker_read: bool = False,
 ) -> Iterator[str]:
     """Serve ``model_dir`` (default: the converted ``smollm2-135m-instruct``) and yield the
     OpenAI base URL, ``http://127.0.0.1:PORT/v1``.
+
+    ``marker_read``: serve the first-token head's marker read (a pooling model, the module doc)
+    instead of completions; talk to it with ``BackendSpec(kind="openai", server="vllm", ...)``.
 
     ``port`` None picks a free one. ``timeout`` bounds the startup only (on 2 cores: ~30 s eager);
     ``setup`` first builds ``.venv-vllm`` if needed, outside that timeout. The served model name
@@ -115,7 +173,7 @@ def launch_vllm_cpu_server(
         raise VllmServerError(f"{vllm_venv()} missing: run bash {_script()} --setup-only")
     port = port or free_port()
     cmd = ["bash", str(_script()), "--model", str(model), "--port", str(port)]
-    cmd += ["--served-model-name", name, *extra_args]
+    cmd += ["--served-model-name", name, *(["--marker-read"] if marker_read else []), *extra_args]
     with run_server(
         cmd,
         port=port,

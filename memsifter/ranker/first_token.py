@@ -162,6 +162,11 @@ def marker_positions(tokenizer: Any, prompt: str, n: int, labels: str = "digits"
     breaks the marker's text anywhere else (a session cannot forge one), so a prompt whose
     closers are not exactly the n labels in order was not rendered with ``layout: marked``
     and is refused by name."""
+    return _marker_read(tokenizer, prompt, n, labels)[0]
+
+
+def _marker_read(tokenizer: Any, prompt: str, n: int, labels: str) -> tuple[list[int], list[int]]:
+    """:func:`marker_positions` and the prompt's token ids they index (one tokenization)."""
     import bisect
     import re
 
@@ -177,7 +182,8 @@ def marker_positions(tokenizer: Any, prompt: str, n: int, labels: str = "digits"
         )
     enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
     starts = [a for a, _ in enc["offset_mapping"]]
-    return [bisect.bisect_right(starts, m.end() - 1) - 1 for m in found]
+    where = [bisect.bisect_right(starts, m.end() - 1) - 1 for m in found]
+    return where, list(enc["input_ids"])
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any]:
@@ -296,25 +302,36 @@ def rank_prompts(
 
 def check_backend(backend: Any, read: str = "label") -> Any:
     """What the head reads a backend with: its in-process model (transformers: the logits at
-    one position) or its ``label_logprobs`` (a vLLM or llama.cpp server: the next token's top
-    logprobs); else a refusal naming the backend. An engine that cannot score is refused at
-    start, not at the first request. ``read: marker`` needs hidden states at every marker,
-    which only the in-process model gives."""
+    one position, or at every marker) or the backend itself, a server read through the OpenAI
+    backend: ``label_logprobs`` (``read: label``, a vLLM or llama.cpp server: the next token's
+    top logprobs) or ``marker_logits`` (``read: marker``: one token's logit at each marker,
+    from a server named and started for it, docs/ranking_head.md); else a refusal naming the
+    backend. An engine that cannot score is refused at start, not at the first request."""
     model = getattr(backend, "model", None)
     if model is not None and callable(getattr(model, "parameters", None)):
         return model
+    name = getattr(backend, "name", type(backend).__name__)
     if read == "marker":
+        if callable(getattr(backend, "marker_logits", None)):
+            refusal = getattr(backend, "marker_read_refusal", None)
+            why = refusal() if callable(refusal) else None
+            if why:
+                raise RankingHeadError(
+                    f"head_read: marker reads a score at every candidate's closing marker: {why}"
+                )
+            return backend
         raise RankingHeadError(
-            f"head_read: marker reads a score at every candidate's closing marker; the "
-            f"{getattr(backend, 'name', type(backend).__name__)} backend returns the next "
-            "token's logprobs only (serve it with backend transformers)"
+            f"head_read: marker reads a score at every candidate's closing marker; the {name} "
+            "backend returns no per-token scores (serve it with backend transformers, or openai "
+            "with server: vllm or llamacpp, started for the marker read: --marker-read of "
+            "scripts/vllm_cpu_server.sh or scripts/llamacpp_server.sh)"
         )
     if callable(getattr(backend, "label_logprobs", None)):
         return backend
     raise RankingHeadError(
-        f"ranking_head: first_token reads the next token's scores; the "
-        f"{getattr(backend, 'name', type(backend).__name__)} backend holds no model to read and "
-        "returns no logprobs (use backend transformers, or openai with a vLLM or llama.cpp server)"
+        f"ranking_head: first_token reads the next token's scores; the {name} backend holds no "
+        "model to read and returns no logprobs (use backend transformers, or openai with a vLLM "
+        "or llama.cpp server)"
     )
 
 
@@ -353,6 +370,43 @@ def engine_scores(
     return out
 
 
+def engine_marker_scores(
+    backend: Any,
+    prompts: Sequence[str],
+    n_candidates: Sequence[int],
+    payloads: Sequence[Any] | None = None,
+    *,
+    labels: str = "digits",
+) -> list[list[float]]:
+    """Each prompt's marker-read scores from a server (``backend.marker_logits``): the logit of
+    :data:`MARKER_TOKEN` at each candidate's closing marker, as :func:`head_scores` computes
+    them in process. The server is sent the prompt's own tokens, the ones the positions
+    index (the builder's ids equal them by construction; ``payloads`` that are ids and differ
+    are refused by name, since the positions would then point elsewhere). A server that
+    answers another count than a prompt's candidates is refused, naming the prompt."""
+    tok = backend.tokenizer
+    read_id = marker_token_id(tok)
+    ids: list[list[int]] = []
+    where: list[list[int]] = []
+    for i, (text, n) in enumerate(zip(prompts, n_candidates, strict=True)):
+        pos, toks = _marker_read(tok, text, n, labels)
+        sent = None if payloads is None else payloads[i]
+        if sent is not None and not isinstance(sent, str) and list(sent) != toks:
+            raise RankingHeadError(
+                f"prompt {i}: the token ids to send ({len(sent)}) are not the rendered text's "
+                f"own ({len(toks)}), which the marker positions index"
+            )
+        ids.append(toks)
+        where.append(pos)
+    scores = backend.marker_logits(ids, where, read_id)
+    if len(scores) != len(prompts):
+        raise RankingHeadError(f"{len(scores)} marker-read answers for {len(prompts)} prompts")
+    for i, (got, n) in enumerate(zip(scores, n_candidates, strict=True)):
+        if len(got) != n:
+            raise RankingHeadError(f"prompt {i}: {len(got)} marker scores for {n} candidates")
+    return [[float(x) for x in got] for got in scores]
+
+
 def backend_rankings(
     backend: Any,
     prompts: Sequence[str],
@@ -367,12 +421,16 @@ def backend_rankings(
     """Greedy head rankings of rendered prompts by a backend: its in-process model, or its
     server's top-``top`` logprobs (``payloads``: what is sent, the prompts' token ids by
     default; 20 is vLLM's default --max-logprobs, and SmolLM2-135M-Instruct puts every label of
-    60 LoCoMo test prompts within its top 10)."""
+    60 LoCoMo test prompts within its top 10), or under ``read: marker`` its server's logits at
+    the markers (:func:`engine_marker_scores`)."""
     reader = check_backend(backend, read)
     if reader is not backend:
         return rank_prompts(
             reader, backend.tokenizer, prompts, n_candidates, batch_size, labels=labels, read=read
         )
+    if read == "marker":
+        marked = engine_marker_scores(backend, prompts, n_candidates, payloads, labels=labels)
+        return [order_scores(s) for s in marked]
     if payloads is None:
         tok = backend.tokenizer
         payloads = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]

@@ -14,7 +14,8 @@
 # Usage:
 #   bash llamacpp_server.sh --setup-only
 #   bash llamacpp_server.sh --model MODEL [--port PORT] [--served-model-name NAME]
-#                           [--threads N] [--ctx-size N] [--parallel N] [EXTRA LLAMA-SERVER ARGS...]
+#                           [--threads N] [--ctx-size N] [--parallel N] [--marker-read]
+#                           [EXTRA LLAMA-SERVER ARGS...]
 #   --setup-only         fetch and build llama-server (once) and exit
 #   --model MODEL        a .gguf file, or any memsifter model name (a folder, a built-in such as
 #                        memsifter-smollm2-135m-locomo, an adapter): exported once to f32 GGUF in
@@ -25,6 +26,12 @@
 #   --threads N          compute threads (default: all cores)
 #   --ctx-size N         KV-cache tokens per slot (default 4096: the proxy's 2K-token prompts)
 #   --parallel N         slots, i.e. requests decoded together (default 4)
+#   --marker-read        serve the first-token head's marker read (head_read: marker) instead of
+#                        completions: --embeddings --pooling none, so /embeddings returns every
+#                        token's final (normed) hidden state, and a micro-batch of --ctx-size
+#                        tokens (an embeddings request is never split across micro-batches; the
+#                        default 512 would refuse a longer prompt). Clients: the openai backend
+#                        with server: llamacpp (memsifter.llm.openai_http).
 #   anything else is passed to llama-server unchanged, after our defaults, so it overrides them:
 #   --flash-attn on (llama.cpp's `auto` leaves it off on CPU; on 2 cores it cut the prefill of a
 #   1.7K-token proxy prompt by ~8%) and --no-webui.
@@ -59,6 +66,7 @@ name=""
 threads="$(nproc 2>/dev/null || echo 2)"
 ctx=4096
 parallel=4
+marker_read=0
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -75,6 +83,7 @@ while [ $# -gt 0 ]; do
     --ctx-size=*) ctx="${1#*=}"; shift ;;
     --parallel) parallel="$2"; shift 2 ;;
     --parallel=*) parallel="${1#*=}"; shift ;;
+    --marker-read) marker_read=1; shift ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -133,8 +142,13 @@ from memsifter.llm.llamacpp import gguf_for
 print(gguf_for(sys.argv[1]))' "$model")" ;;
 esac
 [ -f "$model" ] || { echo "model file $model does not exist" >&2; exit 2; }
+read_args=()
+if [ "$marker_read" = 1 ]; then
+  read_args=(--embeddings --pooling none --ubatch-size "$ctx" --batch-size "$ctx")
+fi
 # exec: the server then owns this process (and its group), so a caller's SIGTERM reaches it.
 # --ctx-size is for all slots together: each of the `parallel` slots gets `ctx` tokens.
 exec "$DIR/build/bin/llama-server" --model "$model" --alias "$name" \
   --host "${LLAMACPP_HOST:-127.0.0.1}" --port "$port" --threads "$threads" \
-  --ctx-size "$((ctx * parallel))" --parallel "$parallel" --flash-attn on --no-webui "${extra[@]}"
+  --ctx-size "$((ctx * parallel))" --parallel "$parallel" --flash-attn on --no-webui \
+  "${read_args[@]}" "${extra[@]}"

@@ -10,12 +10,17 @@
 #
 # Usage:
 #   bash vllm_cpu_server.sh [--setup-only] [--model DIR] [--port PORT]
-#                              [--served-model-name NAME] [EXTRA VLLM ARGS...]
+#                              [--served-model-name NAME] [--marker-read] [EXTRA VLLM ARGS...]
 #   --setup-only         build/refresh the vLLM venv and exit
 #   --model DIR          model folder (default: the converted smollm2-135m-instruct, see
 #                        memsifter/models.py; converting it on first use)
 #   --port PORT          default 8011
 #   --served-model-name  default: smollm2-135m-instruct for the default model, else DIR's name
+#   --marker-read        serve the first-token head's marker read (head_read: marker) instead of
+#                        completions: a pooling model whose token classifier is the LM head's row
+#                        of the read token (--runner pooling --convert classify --hf-overrides
+#                        ... --pooler-config ..., from memsifter.llm.vllm_cpu.marker_read_args),
+#                        read on POST /pooling by the openai backend with server: vllm
 #   anything else is passed to vllm.entrypoints.openai.api_server unchanged.
 # Environment:
 #   MEMSIFTER_VLLM_VENV     venv folder (default .venv-vllm)
@@ -42,6 +47,7 @@ setup_only=0
 model=""
 port=8011
 name=""
+marker_read=0
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -52,6 +58,7 @@ while [ $# -gt 0 ]; do
     --port=*) port="${1#*=}"; shift ;;
     --served-model-name) name="$2"; shift 2 ;;
     --served-model-name=*) name="${1#*=}"; shift ;;
+    --marker-read) marker_read=1; shift ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -84,6 +91,15 @@ print(resolve_model('smollm2-135m-instruct').path)")"
 fi
 [ -d "$model" ] || { echo "model folder $model does not exist" >&2; exit 2; }
 name="${name:-$(basename "$model")}"
+read_args=()
+if [ "$marker_read" = 1 ]; then
+  # One argument a line; in a variable first, so a failure stops the script (set -e).
+  read_text="$("$MAIN_PY" -c 'import sys
+from memsifter.llm.vllm_cpu import marker_read_args
+from memsifter.ranker.first_token import MARKER_TOKEN
+print("\n".join(marker_read_args(sys.argv[1], MARKER_TOKEN)))' "$model")"
+  mapfile -t read_args <<< "$read_text"
+fi
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
@@ -97,4 +113,4 @@ fi
 # exec: the server then owns this process (and its group), so a caller's SIGTERM reaches it.
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$model" \
   --dtype float32 --host "${VLLM_HOST:-127.0.0.1}" --port "$port" --served-model-name "$name" \
-  "${compile_args[@]}" "${extra[@]}"
+  "${compile_args[@]}" "${read_args[@]}" "${extra[@]}"

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 RANKERS = ("coarse", "proxy")
 PROXY_BACKENDS = ("transformers", "openai")
+PROXY_SERVERS = ("vllm", "llamacpp")  # memsifter.llm.openai_http.SERVERS, without its import
 FACT_TYPES = ("entity", "preference", "event", "task")
 KEYWORD_EXTRACTORS = ("yake", "llm")
 DEFAULT_CONFIG = SERVE_DEFAULT
@@ -60,6 +61,10 @@ class ProxySettings:
     timeout_s: float = 120.0
     # openai: send the prompt as token ids (vLLM, llama.cpp); false for servers that take text
     token_ids: bool = True
+    # openai: which server is behind base_url (vllm | llamacpp), said, never guessed. A model
+    # whose spec reads the head at markers (head_read: marker) needs it, and a server started
+    # for that read (docs/ranking_head.md, "Head reads"); null serves every other proxy.
+    server: str | None = None
 
     def __post_init__(self) -> None:
         if self.backend == "coarse-only":
@@ -71,6 +76,8 @@ class ProxySettings:
             raise ValueError(f"proxy.backend must be one of {PROXY_BACKENDS}, got {self.backend!r}")
         if self.backend == "openai" and not self.base_url:
             raise ValueError("proxy.base_url is required with the openai backend")
+        if self.server is not None and self.server not in PROXY_SERVERS:
+            raise ValueError(f"proxy.server must be one of {PROXY_SERVERS}, got {self.server!r}")
         if self.max_candidates < 1 or self.max_concurrency < 1:
             raise ValueError("proxy.max_candidates and proxy.max_concurrency must be >= 1")
 
@@ -85,6 +92,7 @@ class ProxySettings:
             served_model_name=self.served_model_name,
             max_concurrency=self.max_concurrency,
             timeout_s=self.timeout_s,
+            server=self.server if self.backend == "openai" else None,
             options={"token_ids": self.token_ids} if self.backend == "openai" else {},
         )
 

@@ -20,6 +20,8 @@ import string
 from pathlib import Path
 from typing import Any
 
+from memsifter.ranker.spec import PromptSpec
+
 # English plus Chinese because BGE-M3 is multilingual and our data (LoCoMo, LongMemEval plus the
 # Chinese splits) mixes both; the tokenizer should split either into real pieces, not <unk>.
 _CORPUS = (
@@ -346,3 +348,12 @@ def build_tiny_smollm2(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Pat
         if previous_bars:
             hf_logging.enable_progress_bar()
     return out_dir
+
+
+def marker_head_spec(model: str, labels: str = "digits") -> PromptSpec:
+    """A first-token head spec with the marker read (``head_read: marker``) on ``model``: marked
+    layout, no think, a window wide enough for the tests' prompts."""
+    return PromptSpec(
+        model=model, window_tokens=8192, completion_tokens=0, ask_think=False,
+        ranking_head="first_token", labels=labels, layout="marked", head_read="marker",
+    )  # fmt: skip
