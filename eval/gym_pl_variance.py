@@ -16,6 +16,13 @@ session is in the top k, else 0). It reads the trainer's own pieces (``gumbel_to
   credited only with the tiers it can still change (F_t > j), each place centred on its group's
   mean (the trainer's own ``tier_credit`` sums and ``place_advantages``).
 
+and, in the learning runs only, two rules that do not estimate that gradient:
+
+* ``prefix+best``: the top 8 with ``grpo.pl_advantage: best_of_group``, each group's
+  best-rewarded rankings imitated (the trainer's ``best_of_group_advantages``);
+* ``label``: a cross-entropy on the useful candidate's first place, which is told the answer:
+  how fast the same scorer learns when it is supervised.
+
 (a) **Gradient variance.** 16 prompts with fixed random scores N(0, 1) (the policy's parameters
 are the scores themselves), 8 rankings per prompt, over ``--seeds`` draws: the trace of the
 estimator's covariance relative to its mean's squared norm, the cosine of the mean to the exact
@@ -47,13 +54,23 @@ from benchlib import command_line
 from memsifter.ranker.first_token import gumbel_topk, pl_place_log_probs
 from memsifter.rewards.marginal_utility import marginal_utility_to_go
 from memsifter.rewards.tiers import fibonacci_tiers, tier_weights
-from memsifter.training.pl_grpo import group_advantages, pl_grpo_loss, place_advantages
+from memsifter.testing.linear_world import LinearWorld
+from memsifter.training.pl_grpo import (
+    best_of_group_advantages,
+    group_advantages,
+    pl_grpo_loss,
+    place_advantages,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "eval" / "results" / "gym_pl_variance"
 TIERS = fibonacci_tiers(8)
 WEIGHTS = torch.tensor(tier_weights(TIERS, "paper"))
 ESTIMATORS = ("full", "prefix", "prefix+credit")
+# Learning runs only: not estimators of E[R]'s gradient. ``prefix+best`` is grpo.pl_advantage:
+# best_of_group (the group's best rankings imitated); ``label`` a cross-entropy on the useful
+# candidate's first place, which knows the answer: the ceiling a reward-only rule can reach.
+LEARNERS = (*ESTIMATORS, "prefix+best", "label")
 G = 8  # rankings per prompt
 P = 16  # prompts per batch
 
@@ -69,11 +86,18 @@ def estimator_loss(scores: torch.Tensor, useful: torch.Tensor, how: str, scale: 
     """The surrogate loss of one batch under estimator ``how``; its gradient is the estimate."""
     n = scores.shape[-1]
     depth = n if how == "full" else min(TIERS[-1], n)
+    if how == "label":
+        # The rankings are drawn and unused, so the generator (which also draws the learning
+        # runs' prompts) stays in step with the other rows: the same prompts, paired by seed.
+        gumbel_topk(scores.detach(), G, k=depth, generator=gen)
+        return torch.nn.functional.cross_entropy(scores, useful), None
     drawn = gumbel_topk(scores, G, k=depth, generator=gen)
     hits = tier_hits(drawn, useful)
     rewards = (hits * WEIGHTS).sum(-1)  # R_ans with s_0 = 0
     logp = pl_place_log_probs(scores, drawn)
     adv = group_advantages(rewards, scale)
+    if how == "prefix+best":
+        adv = best_of_group_advantages(rewards)
     mask = torch.ones(1, 1, depth)
     if how != "prefix+credit":
         return pl_grpo_loss(logp, logp.detach(), adv, mask, 0.2, 0.28), rewards
@@ -141,27 +165,17 @@ def variance(n: int, seeds: int, scale: str) -> dict[str, Any]:
 
 
 def learn(n: int, how: str, seed: int, steps: int, d: int = 8) -> int | None:
-    gen = torch.Generator().manual_seed(seed)
-    w_star = torch.randn(d, generator=gen)
-
-    def prompts(count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.randn(count, n, d, generator=gen)
-        return x, (x @ w_star).argmax(-1)
-
-    val_x, val_u = prompts(500)
+    world = LinearWorld(n, d, seed, held_out=500)
     theta = torch.zeros(d, requires_grad=True)
     opt = torch.optim.AdamW([theta], lr=0.05, weight_decay=0.0)
     for step in range(1, steps + 1):
-        x, u = prompts(P)
-        loss, _ = estimator_loss(x @ theta, u, how, "group", gen)
+        x, u = world.prompts(P)
+        loss, _ = estimator_loss(x @ theta, u, how, "group", world.gen)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 5 == 0:
-            with torch.no_grad():
-                acc = float(((val_x @ theta).argmax(-1) == val_u).float().mean())
-            if acc >= 0.9:
-                return step
+        if step % 5 == 0 and world.accuracy(theta) >= 0.9:
+            return step
     return None
 
 
@@ -181,7 +195,7 @@ def main() -> None:
     var = [variance(n, args.seeds, scale) for n in ns for scale in ("none", "group")]
     learning: dict[str, Any] = {}
     for n in ns:
-        for how in ESTIMATORS:
+        for how in LEARNERS:
             hit = [learn(n, how, seed, args.steps) for seed in range(args.runs)]
             done = sorted(h for h in hit if h is not None)
             learning[f"{n}/{how}"] = {

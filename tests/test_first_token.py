@@ -4,6 +4,7 @@ refused settings, an exact resume)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -525,9 +526,12 @@ def test_autocast_bf16_trains_the_head_in_bf16_with_fp32_weights(
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
 
-def test_autocast_is_refused_where_it_means_nothing(gym_head: dict[str, Path]) -> None:
+PL_OPTION = {"pl_advantage": "best_of_group", "pl_credit": "tiers"}
+
+
+def test_head_only_options_are_refused_where_they_mean_nothing(gym_head: dict[str, Path]) -> None:
     from memsifter.training.config import ModelSettings, load_train_config
-    from memsifter.training.grpo import check_autocast
+    from memsifter.training.grpo import check_head_only
 
     with pytest.raises(ValueError, match="model.autocast"):
         ModelSettings(autocast="fp8")
@@ -537,5 +541,14 @@ def test_autocast_is_refused_where_it_means_nothing(gym_head: dict[str, Path]) -
         [f"output_dir={gym_head['tmp'] / 'trl'}", "model.autocast=bf16"],
     )
     with pytest.raises(DataError, match="first-token trainers' option"):
-        check_autocast(cfg, head=False)
-    check_autocast(cfg, head=True)  # the head's trainers honour it
+        check_head_only(cfg, head=False)
+    check_head_only(cfg, head=True)  # the head's trainers honour it
+    cfg.model.autocast = "none"
+    check_head_only(cfg, head=False)
+    for setting in ("pl_advantage", "pl_credit"):
+        head_only = dataclasses.replace(
+            cfg, grpo=dataclasses.replace(cfg.grpo, **{setting: PL_OPTION[setting]})
+        )
+        with pytest.raises(DataError, match=f"grpo.{setting}"):
+            check_head_only(head_only, head=False)
+        check_head_only(head_only, head=True)

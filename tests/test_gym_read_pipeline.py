@@ -203,3 +203,23 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) 
     marker = (int(row["n_candidates"]), "letters")
     assert frozen.check(tok, row["prompt"], [], marker) < 1e-4
     assert frozen.autocast  # restored after the fp32 check
+
+
+def test_the_first_place_report_tells_position_from_content() -> None:
+    """eval/gym_first_place.py's summary: a recency habit (always the newest) and a reader
+    (always the useful session) are told apart, and relative positions fall in the right bins."""
+    sys.path.insert(0, str(ROOT / "eval"))
+    from gym_first_place import first_place_report
+
+    rows = [
+        {"n_candidates": 5, "useful_positions": [1]},
+        {"n_candidates": 11, "useful_positions": [0, 3]},
+        {"n_candidates": 2, "useful_positions": [1]},
+    ]
+    newest = first_place_report([[4, 0], [10, 0], [1, 0]], rows)
+    assert newest["first_is_newest"] == 1.0 and newest["first_rel_position_hist"] == [0, 0, 0, 0, 3]
+    assert newest["first_is_useful"] == pytest.approx(1 / 3)
+    reader = first_place_report([[1, 0], [3, 0], [1, 0]], rows)
+    assert reader["first_is_useful"] == 1.0
+    assert reader["first_rel_position_hist"] == [0, 2, 0, 0, 1]  # 0.25, 0.3, 1.0
+    assert reader["first_rel_position_mean"] == pytest.approx((0.25 + 0.3 + 1.0) / 3)

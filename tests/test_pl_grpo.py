@@ -295,3 +295,94 @@ def test_pl_credit_is_validated_and_tiers_needs_the_reward_service() -> None:
 
     with pytest.raises(DataError, match="pl_credit"):
         PLGRPOTrainer(cfg, "unused", [{"prompt": "p", "n_candidates": 3}], plain, Path("x"))
+
+
+# -- what a group's rankings weigh (grpo.pl_advantage: best_of_group) ---------------------------
+
+
+def test_best_of_group_is_a_cross_entropy_on_the_best_rankings_and_flat_groups_teach_nothing() -> (
+    None
+):
+    from memsifter.training.pl_grpo import best_of_group_advantages
+
+    rewards = torch.tensor([[0.1, 0.7, 0.3, 0.7], [0.2, 0.2, 0.2, 0.2], [-1.0, -0.5, -2.0, -3.0]])
+    adv = best_of_group_advantages(rewards)
+    # Ties share the weight (2 of 4 best: 4/2 - 1), a flat group is all 0, negatives work.
+    assert torch.allclose(adv[0], torch.tensor([-1.0, 1.0, -1.0, 1.0]))
+    assert torch.equal(adv[1], torch.zeros(4))
+    assert torch.allclose(adv[2], torch.tensor([-1.0, 3.0, -1.0, -1.0]))
+    assert torch.allclose(adv.mean(1), torch.zeros(3), atol=1e-6)
+    # The first pass's gradient: the cross-entropy on the best prefixes minus the group's mean
+    # score function, one cross-entropy's weight a prompt however unlikely the best was.
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(3, 6, generator=gen, requires_grad=True)
+    drawn = gumbel_topk(scores, 4, k=3, generator=gen)
+    mask = torch.ones(3, 1, 3)
+    logp = pl_place_log_probs(scores, drawn)
+    (got,) = torch.autograd.grad(pl_grpo_loss(logp, logp.detach(), adv, mask, 0.2, 0.28), scores)
+    ll = pl_log_prob(scores, drawn)  # [B, G] log PL of each prefix
+    best = adv > -1.0
+    ce = -sum((ll[b][best[b]].mean() - ll[b].mean()) for b in range(3) if not best[b].all())
+    (want,) = torch.autograd.grad(ce / 3, scores)
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_best_of_group_is_validated_and_refuses_what_does_not_apply() -> None:
+    assert GRPOSettings().pl_advantage == "grpo"
+    with pytest.raises(ValueError, match="pl_advantage"):
+        GRPOSettings(pl_advantage="best")
+
+    def plain(prompts: list[str], completions: list[str], **_: object) -> list[float]:
+        return [0.0] * len(completions)
+
+    for setting, field in (
+        ({"pl_credit": "tiers"}, "pl_credit"),
+        ({"scale_rewards": "none"}, "scale_rewards"),
+    ):
+        cfg = TrainConfig()
+        cfg.grpo = GRPOSettings(
+            num_generations=2,
+            per_device_train_batch_size=2,
+            pl_depth=3,
+            pl_advantage="best_of_group",
+            **setting,
+        )
+        with pytest.raises(DataError, match=field):
+            PLGRPOTrainer(cfg, "unused", [{"prompt": "p", "n_candidates": 3}], plain, Path("x"))
+
+
+def _learn_linear(shuffle: bool, steps: int = 40, n: int = 10) -> float:
+    """A linear scorer trained by best_of_group on R_ans's tiers in the content-only world of
+    :mod:`memsifter.testing.linear_world`; its held-out NDCG@1."""
+    from memsifter.rewards.tiers import fibonacci_tiers, tier_weights
+    from memsifter.testing.linear_world import LinearWorld
+    from memsifter.training.pl_grpo import best_of_group_advantages
+
+    tiers = torch.tensor(fibonacci_tiers(8))
+    weights = torch.tensor(tier_weights(tuple(tiers.tolist()), "paper"))
+    world = LinearWorld(n, d=8, seed=0, held_out=400)
+    theta = torch.zeros(8, requires_grad=True)
+    opt = torch.optim.AdamW([theta], lr=0.05, weight_decay=0.0)
+    for _ in range(steps):
+        x, u = world.prompts(16)
+        scores = x @ theta
+        drawn = gumbel_topk(scores.detach(), 8, k=8, generator=world.gen)
+        hit = drawn == u[:, None, None]
+        place = torch.where(hit.any(-1), hit.float().argmax(-1), 10**6)
+        rewards = (place[..., None] < tiers).float() @ weights
+        if shuffle:  # the control: the same rewards, no longer on the rankings that earned them
+            rewards = rewards.flatten()[torch.randperm(rewards.numel(), generator=world.gen)]
+            rewards = rewards.view(16, 8)
+        logp = pl_place_log_probs(scores, drawn)
+        adv = best_of_group_advantages(rewards)
+        loss = pl_grpo_loss(logp, logp.detach(), adv, torch.ones(1, 1, 8), 0.2, 0.28)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return world.accuracy(theta)
+
+
+def test_best_of_group_learns_from_the_reward_and_a_shuffled_reward_does_not() -> None:
+    learned, control = _learn_linear(shuffle=False), _learn_linear(shuffle=True)
+    assert learned >= 0.8, learned  # chance is 0.1
+    assert control <= 0.3, control

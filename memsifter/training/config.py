@@ -28,6 +28,7 @@ SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
 VALIDATION_BACKENDS = ("transformers", "vllm")
 PL_DEPTHS = ("auto", "full")
 PL_CREDITS = ("ranking", "tiers")
+PL_ADVANTAGES = ("grpo", "best_of_group")
 
 
 @dataclass
@@ -153,10 +154,25 @@ class GRPOSettings:
         "its group's baseline; PL-Rank style reward-to-go), R_ret whole. Both estimate the "
         "same gradient; tiers drops the terms a place cannot move (eval/gym_pl_variance.py).",
     )
+    pl_advantage: str = setting(
+        "grpo",
+        help="ranking_head first_token only: what the rankings of a group are weighted by. "
+        "grpo: the reward minus the group's mean, scaled by scale_rewards (the policy gradient "
+        "of the expected reward, which reaches a candidate in proportion to its probability); "
+        "best_of_group: the group's best-rewarded rankings (ties shared) imitated with weight 1 "
+        "a prompt against the group's mean log-probability (RAFT/ReST style: the reward chooses, "
+        "the step is a cross-entropy's size however unlikely the best ranking was; no "
+        "scale_rewards, no pl_credit). It assumes a reward whose best is worth copying: a noisy "
+        "reward's luckiest draw is copied too.",
+    )
 
     def __post_init__(self) -> None:
         if self.pl_credit not in PL_CREDITS:
             raise ValueError(f"grpo.pl_credit must be one of {PL_CREDITS}, got {self.pl_credit!r}")
+        if self.pl_advantage not in PL_ADVANTAGES:
+            raise ValueError(
+                f"grpo.pl_advantage must be one of {PL_ADVANTAGES}, got {self.pl_advantage!r}"
+            )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"grpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.num_generations < 2:

@@ -53,14 +53,26 @@ def precision(cfg: TrainConfig, cuda: bool) -> tuple[bool, str]:
     return dtype == "bfloat16", dtype
 
 
-def check_autocast(cfg: TrainConfig, head: bool) -> None:
-    """``model.autocast`` is the first-token trainers'; under TRL it would be a silent no-op."""
-    if cfg.model.autocast != "none" and not head:
+def check_head_only(cfg: TrainConfig, head: bool) -> None:
+    """The first-token trainers' options; under TRL they would be silent no-ops."""
+    if head:
+        return
+    if cfg.model.autocast != "none":
         raise DataError(
             f"model.autocast: {cfg.model.autocast} is the first-token trainers' option; the TRL "
             "trainer takes its precision from model.dtype (bf16 on a GPU)",
             field="model.autocast",
         )
+    for name, value, default in (
+        ("pl_advantage", cfg.grpo.pl_advantage, "grpo"),
+        ("pl_credit", cfg.grpo.pl_credit, "ranking"),
+    ):
+        if value != default:
+            raise DataError(
+                f"grpo.{name}: {value} is the first-token head's Plackett-Luce option; the TRL "
+                f"trainer (ranking_head: generate) has only GRPO's {default}",
+                field=f"grpo.{name}",
+            )
 
 
 def policy_autocast(cfg: TrainConfig, cuda: bool) -> AbstractContextManager[Any]:

@@ -236,7 +236,7 @@ def run_training(
     from memsifter.training.distributed import start_processes
     from memsifter.training.grpo import (
         build_trainer,
-        check_autocast,
+        check_head_only,
         lora_config,
         precision,
         tracking_kwargs,
@@ -283,7 +283,7 @@ def run_training(
     rcfg.check_scorers(data_sources(cfg.data), where=str(cfg.reward))
     spec = read_spec(cfg.data)
     head = spec.ranking_head == "first_token"  # nothing is generated: no completion budget
-    check_autocast(cfg, head)
+    check_head_only(cfg, head)
     if not head and cfg.grpo.max_completion_length > spec.completion_tokens:
         raise DataError(
             f"grpo.max_completion_length ({cfg.grpo.max_completion_length}) exceeds the prompt "

@@ -39,6 +39,19 @@ and divided by the spread ``scale_rewards`` names (:func:`place_advantages`): pl
 advantage is A exactly, and the estimator's expectation is the same. R_ret stays whole on every
 place. ``eval/gym_pl_variance.py`` measures the variance and the steps to learn of both.
 
+**What a group's rankings weigh** (``grpo.pl_advantage``). ``grpo`` is the above: an unbiased
+estimate of the gradient of E[R]. That gradient reaches a candidate in proportion to the
+policy's probability of placing it: a useful session the start ranks first with p = 1/15 gets
+a fifteenth of the push a cross-entropy on it would give, while anything the batch shares (a
+position, recency) adds up over every prompt, is learned first, and the entropy collapses onto
+it (docs/gym.md, findings 15 and 17). ``best_of_group`` weighs the group's best-rewarded
+rankings (ties share the weight) by 1 and subtracts the group's mean log-probability as the
+baseline: advantage ``G w_g - 1`` with ``w`` uniform over the best, 0 for a flat group.
+The step on a prompt is then a cross-entropy on the best prefix the reward found, whatever its
+probability was (RAFT's and ReST's "imitate the best-rewarded sample", in GRPO's clipped,
+per-place loss). It optimises the best of G draws, not their mean, so it is biased for E[R]
+and copies the luckiest draw of a noisy reward; the gym's reader is deterministic.
+
 ``beta > 0`` adds the KL of the policy's prefix distribution to the start model's
 (:func:`memsifter.ranker.first_token.pl_prefix_kl`: the exact per-place KL over the candidates
 not yet placed, summed over the drawn prefix: unbiased for the prefix's KL by the chain rule).
@@ -83,6 +96,16 @@ def group_advantages(rewards: Any, scale: str) -> Any:
     """``[B, G]`` rewards to advantages: minus the group mean, divided by the group's std
     (``group``), the whole batch's (``batch``) or nothing (``none``), as TRL's GRPO does."""
     return (rewards - rewards.mean(1, keepdim=True)) / _spread(rewards, scale)
+
+
+def best_of_group_advantages(rewards: Any) -> Any:
+    """``[B, G]`` rewards to ``grpo.pl_advantage: best_of_group``'s advantages: ``G w - 1``
+    with ``w`` uniform over each group's best rewards (equal within float noise), so the mean
+    over the group of ``A ∇log π`` is the cross-entropy step on the best rankings minus the
+    group's mean score function (zero in expectation). A group whose rankings all tie gets 0."""
+    top = rewards.max(1, keepdim=True).values
+    best = (rewards >= top - 1e-9 * top.abs().clamp_min(1.0)).float()
+    return rewards.shape[1] * best / best.sum(1, keepdim=True) - 1.0
 
 
 def _spread(rewards: Any, scale: str) -> Any:
@@ -193,6 +216,20 @@ def check_settings(cfg: Any) -> None:
         check_listwise_settings(cfg.sft)  # the head's cold start is a listwise cross-entropy
     if g.scale_rewards not in SCALES:
         raise DataError(f"grpo.scale_rewards must be one of {SCALES}", field="grpo.scale_rewards")
+    if g.pl_advantage == "best_of_group":
+        if g.pl_credit != "ranking":
+            raise DataError(
+                "grpo.pl_advantage: best_of_group imitates whole best rankings, so there is no "
+                f"reward to split by place: grpo.pl_credit must be ranking, not {g.pl_credit}",
+                field="grpo.pl_credit",
+            )
+        if g.scale_rewards != "group":
+            raise DataError(
+                "grpo.pl_advantage: best_of_group weighs each prompt's best rankings by 1, "
+                f"unscaled: grpo.scale_rewards ({g.scale_rewards}) does not apply; leave it "
+                "at its default (group)",
+                field="grpo.scale_rewards",
+            )
 
 
 class _State:
@@ -362,7 +399,9 @@ class PLGRPOTrainer:
         )
         rankings = [[o[:d] for o in group] for group, d in zip(drawn.tolist(), depths, strict=True)]
         rewards = self._rewards(rows, rankings)
-        if g.pl_credit == "tiers":
+        if g.pl_advantage == "best_of_group":
+            adv = best_of_group_advantages(rewards).to(scores.device)
+        elif g.pl_credit == "tiers":
             service = self.reward_fn.service
             to_go = tier_credit(
                 self.reward_fn.last_completions,
@@ -428,6 +467,8 @@ class PLGRPOTrainer:
         }
         if kls:
             entry["kl"] = sum(kls) / len(kls)
+        if g.pl_advantage == "best_of_group":  # how many rankings a group's weight is shared by
+            entry["best_share"] = float((adv > -1.0).float().mean())
         return entry
 
     # -- the loop's surface ------------------------------------------------------------------

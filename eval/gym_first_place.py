@@ -1,0 +1,98 @@
+"""Where a reading-gym ranker puts its first place: position or content?
+
+For each model (the start, or a checkpoint folder whose adapter is merged first) ranks the first
+``--n`` validation memory questions of a rung's data and reports how often its first place is
+the useful session, the newest candidate, and the histogram of the first place's relative
+position (0 the oldest session, 1 the newest) beside the useful session's own. A policy that
+has learned recency rather than reading puts its first place late whatever the question.
+Validation users only (test users choose nothing)::
+
+    python eval/gym_first_place.py --rung small-marker smollm2-135m-instruct \\
+        outputs/gym_reading/small-marker/train/outcome/epoch-0/checkpoint-40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "eval"))
+
+BINS = 5
+
+
+def rel_histogram(positions: list[int], sizes: list[int]) -> list[int]:
+    rel = [p / max(k - 1, 1) for p, k in zip(positions, sizes, strict=True)]
+    return np.histogram(rel, bins=BINS, range=(0.0, 1.0))[0].tolist()
+
+
+def first_place_report(ranks: list[list[int]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    first = [r[0] for r in ranks]
+    sizes = [int(r["n_candidates"]) for r in rows]
+    useful = [{int(x) for x in r["useful_positions"]} for r in rows]
+    return {
+        "n": len(rows),
+        "first_is_useful": float(np.mean([f in u for f, u in zip(first, useful, strict=True)])),
+        "first_is_newest": float(np.mean([f == k - 1 for f, k in zip(first, sizes, strict=True)])),
+        "first_rel_position_mean": float(
+            np.mean([f / max(k - 1, 1) for f, k in zip(first, sizes, strict=True)])
+        ),
+        "first_rel_position_hist": rel_histogram(first, sizes),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", help="a model name or folder, or a checkpoint folder")
+    ap.add_argument("--rung", default="small-marker")
+    ap.add_argument("--n", type=int, default=60, help="validation memory questions ranked")
+    ap.add_argument("--out", default=None, help="JSON file (default: beside the rung's logs)")
+    args = ap.parse_args()
+
+    import gym_reading as G
+
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.training.loop import merged_for_eval
+
+    data = ROOT / "outputs/gym_reading" / args.rung / "data"
+    rows = [r for r in G.load_split(data, "validation") if len(r["useful_positions"])][: args.n]
+    spec = read_spec(data)
+    sizes = [int(r["n_candidates"]) for r in rows]
+    newest_useful = [max(int(x) for x in r["useful_positions"]) for r in rows]
+    report: dict[str, Any] = {
+        "rung": args.rung,
+        "split": "validation",
+        "bins": f"{BINS} equal bins of the relative position, oldest first",
+        "useful_rel_position_hist": rel_histogram(newest_useful, sizes),
+        "useful_is_newest": float(
+            np.mean([u == k - 1 for u, k in zip(newest_useful, sizes, strict=True)])
+        ),
+        "models": {},
+        "command": "python eval/gym_first_place.py " + " ".join(sys.argv[1:]),
+        "code_version": G.code_version(),
+    }
+    scratch = ROOT / "outputs/gym_reading" / args.rung / "first_place_scratch"
+    for name in args.models:
+        model: str | Path = name
+        if (Path(name) / "adapter_config.json").is_file():
+            model = merged_for_eval(Path(name), scratch / Path(name).name)
+        report["models"][name] = first_place_report(G.rank_with(model, rows, spec), rows)
+        print(name, json.dumps(report["models"][name]), flush=True)
+    out = (
+        Path(args.out)
+        if args.out
+        else G.RESULTS / "gym_reading_runs" / args.rung / "first_place.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
