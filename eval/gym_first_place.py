@@ -81,7 +81,9 @@ def main() -> None:
     for name in args.models:
         model: str | Path = name
         if (Path(name) / "adapter_config.json").is_file():
-            model = merged_for_eval(Path(name), scratch / Path(name).name)
+            # merged_for_eval reuses a merged folder by its checkpoint's name: one folder a
+            # run, or two runs' checkpoint-40 would read as one model.
+            model = merged_for_eval(Path(name), scratch / "_".join(Path(name).resolve().parts[-3:]))
         report["models"][name] = first_place_report(G.rank_with(model, rows, spec), rows)
         print(name, json.dumps(report["models"][name]), flush=True)
     out = (
