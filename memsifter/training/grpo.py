@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memsifter.errors import DataError
-from memsifter.training.config import TrainConfig, has_cuda
+from memsifter.training.config import GRPOSettings, TrainConfig, has_cuda
 
 
 def report_to(cfg: TrainConfig) -> list[str]:
@@ -63,10 +63,9 @@ def check_head_only(cfg: TrainConfig, head: bool) -> None:
             "trainer takes its precision from model.dtype (bf16 on a GPU)",
             field="model.autocast",
         )
-    for name, value, default in (
-        ("pl_advantage", cfg.grpo.pl_advantage, "grpo"),
-        ("pl_credit", cfg.grpo.pl_credit, "ranking"),
-    ):
+    defaults = GRPOSettings()  # the settings' own defaults are GRPO's choices
+    for name in ("pl_advantage", "pl_credit"):
+        value, default = getattr(cfg.grpo, name), getattr(defaults, name)
         if value != default:
             raise DataError(
                 f"grpo.{name}: {value} is the first-token head's Plackett-Luce option; the TRL "
