@@ -51,6 +51,7 @@ MODEL = "smollm2-135m-instruct"
 DATA_RECIPE = "configs/data/gym_read_first_token.yaml"
 RECIPES: dict[str, str] = {
     "outcome": "configs/train/gym_read_pl_outcome.yaml",
+    "outcome_kl": "configs/train/gym_read_pl_outcome_kl.yaml",
     "labels": "configs/train/gym_read_pl_labels.yaml",
     "outcome_absolute": "configs/train/gym_read_pl_outcome_absolute.yaml",
 }

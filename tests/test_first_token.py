@@ -231,6 +231,77 @@ def test_head_scores_are_the_same_alone_and_in_a_padded_batch(tiny_qwen3: Path) 
         head_scores(model, tok, ["no tag here"], [3])
 
 
+def _lora_top(model: Any, top: int) -> Any:
+    """``model`` with a LoRA on its top ``top`` layers whose B is random (a fresh adapter is
+    zero, so the policy and the reference would agree for nothing)."""
+    from peft import LoraConfig, get_peft_model
+
+    layers = model.config.num_hidden_layers
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+        layers_to_transform=list(range(layers - top, layers)),
+    )  # fmt: skip
+    peft = get_peft_model(model, cfg)
+    gen = torch.Generator().manual_seed(0)
+    for name, p in peft.named_parameters():
+        if "lora_B" in name:
+            p.data = torch.randn(p.shape, generator=gen) * 0.5
+    return peft
+
+
+@pytest.mark.parametrize("read", ["label", "marker"])
+def test_the_trunk_split_scores_as_the_whole_model_and_its_reference_is_the_start(
+    tiny_qwen3: Path, request: pytest.FixtureRequest, read: str
+) -> None:
+    """:class:`HeadTrunk` (the frozen layers once, the top layers twice) gives the full
+    forward's scores with the adapter on, the base model's with it off, and the same gradient:
+    the label read on a 4-layer Qwen3 (trunk 2), the marker read on the 2-layer SmolLM2-shaped
+    model (trunk 1; its tokenizer has the read token)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.ranker.first_token import HeadTrunk, frozen_trunk
+    from memsifter.testing.rewards import topic_sessions
+    from memsifter.testing.tiny_models import build_tiny_qwen3, marker_head_spec
+
+    if read == "marker":
+        from memsifter.coarse.bm25 import BM25Filter
+
+        folder = request.getfixturevalue("tiny_smollm2")
+        tok = AutoTokenizer.from_pretrained(folder)
+        builder = marker_head_spec(str(folder)).builder(tok, BM25Filter())
+        built = [builder.build(q, topic_sessions(n)) for q, n in (("topic 2?", 4), ("t 1?", 7))]
+        prompts, ns, cut = [b.text for b in built], [4, 7], 1
+    else:
+        folder = build_tiny_qwen3(tiny_qwen3.parent / "deep", layers=4)
+        tok = AutoTokenizer.from_pretrained(folder)
+        prompts = ["a short question <ranking>", "a much longer question " * 6 + "<ranking>"]
+        ns, cut = [3, 5], 2
+    start = AutoModelForCausalLM.from_pretrained(folder).eval()
+    layers = start.config.num_hidden_layers
+    model = _lora_top(AutoModelForCausalLM.from_pretrained(folder), layers - cut)
+    assert frozen_trunk(model) == cut and frozen_trunk(start) == 0
+    full = head_scores(model, tok, prompts, ns, read=read)
+    trunk = HeadTrunk(model, tok, prompts, ns, read=read, cut=cut)
+    split = trunk.scores()
+    real = torch.isfinite(full)
+    assert torch.equal(real, torch.isfinite(split))
+    assert torch.allclose(full[real], split[real], atol=1e-5)
+    with torch.no_grad():
+        ref = trunk.scores(adapter=False)
+        want = head_scores(start, tok, prompts, ns, read=read)
+    assert torch.allclose(ref[real], want[real], atol=1e-5)
+    assert not torch.allclose(split[real], ref[real], atol=1e-3)  # the adapter does something
+    adapted = [p for p in model.parameters() if p.requires_grad]
+    g_full = torch.autograd.grad(full[real].sum(), adapted)
+    g_split = torch.autograd.grad(split[real].sum(), adapted)
+    for a, b in zip(g_full, g_split, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(RankingHeadError, match=f"between 1 and {layers - 1}"):
+        HeadTrunk(model, tok, prompts, ns, read=read, cut=layers)
+    with pytest.raises(RankingHeadError, match="needs a PEFT model"):
+        HeadTrunk(start, tok, prompts, ns, read=read, cut=1).scores(adapter=False)
+
+
 def test_eval_and_validation_read_the_head_through_the_proxy(
     tiny_qwen3: Path, tmp_path: Path
 ) -> None:
@@ -436,6 +507,7 @@ def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) ->
     training the policy's head scores have moved and the reference's have not."""
     t = _trainer(gym_head, "kl", 3, "grpo.beta=0.5")
     assert t.ref is not None and not any(p.requires_grad for p in t.ref.parameters())
+    assert t.trunk == 0  # a full fine-tune: the reference is a frozen copy
     t.train()
     rows = t._batch(0)
     with torch.no_grad():
@@ -443,6 +515,22 @@ def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) ->
         now = head_scores(t.model, t.tok, [r["prompt"] for r in rows], ns)
         start = head_scores(t.ref, t.tok, [r["prompt"] for r in rows], ns)
     assert not torch.allclose(now, start)  # the policy moved; the reference did not follow
+
+
+def test_with_lora_on_the_top_layers_the_kl_reference_is_the_adapter_off(
+    gym_head: dict[str, Path],
+) -> None:
+    """LoRA on the top layer of the 2-layer gym proxy: no copy of the model is kept, the trunk
+    below the adapter is shared, and the KL is logged, growing from 0 as the policy moves."""
+    t = _trainer(
+        gym_head, "kl-lora", 3, "grpo.beta=0.5", "grpo.learning_rate=0.05",
+        "model.lora.r=4", "model.lora.top_layers=1", "model.lora.dropout=0.0",
+        "model.lora.target_modules=[q_proj,v_proj]",
+    )  # fmt: skip
+    assert t.ref is None and t.trunk == 1
+    t.train()
+    kls = [e["kl"] for e in t.state.log_history if "kl" in e]
+    assert len(kls) == 3 and abs(kls[0]) < 1e-6 and kls[-1] > 1e-6
 
 
 def test_the_service_ranks_with_the_head_and_says_what_the_label_cap_cut(

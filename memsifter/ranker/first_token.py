@@ -12,6 +12,8 @@ validation and serving all read the head from here, at the labels of the data's 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 from memsifter.errors import MemSifterError
@@ -194,6 +196,102 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any]:
     return base.get_decoder(), base.get_output_embeddings()
 
 
+@dataclass
+class _Batch:
+    """Rendered prompts encoded for the head: left-padded ids, mask and positions, and where
+    each row's scores are read."""
+
+    ids: Any
+    mask: Any
+    pos: Any
+    n_candidates: list[int]
+    read: str
+    read_id: int | None = None  # the marker read's token
+    label_ids: Any = None  # the label read's token ids
+    row: Any = None  # the marker read's (row, column, place) of every candidate
+    col: Any = None
+    place: Any = None
+
+
+def _encode(
+    tokenizer: Any, prompts: Sequence[str], n_candidates: Sequence[int], labels: str, read: str
+) -> _Batch:
+    import torch
+
+    if len(prompts) != len(n_candidates):
+        raise RankingHeadError(f"{len(prompts)} prompts for {len(n_candidates)} candidate counts")
+    bad = [i for i, p in enumerate(prompts) if not str(p).rstrip().endswith("<ranking>")]
+    if bad:
+        raise RankingHeadError(
+            f"prompt {bad[0]} does not end with <ranking>: it was not rendered with "
+            "ranking_head: first_token (rebuild the data with that prompt spec)"
+        )
+    if read not in HEAD_READS:
+        raise RankingHeadError(f"head read must be one of {HEAD_READS}, got {read!r}")
+    width_n = max(n_candidates)
+    enc = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    width = max(map(len, enc))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(enc), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(enc), width), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, width - len(e) :] = torch.tensor(e)
+        mask[i, width - len(e) :] = 1
+    batch = _Batch(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), list(n_candidates), read)
+    if read == "marker":
+        where = [
+            marker_positions(tokenizer, p, n, labels)
+            for p, n in zip(prompts, n_candidates, strict=True)
+        ]
+        batch.read_id = marker_token_id(tokenizer)
+        batch.row = torch.tensor([i for i, w in enumerate(where) for _ in w])
+        batch.col = torch.tensor(
+            [width - len(e) + p for e, w in zip(enc, where, strict=True) for p in w]
+        )
+        batch.place = torch.tensor([j for w in where for j in range(len(w))])
+    else:
+        batch.label_ids = torch.tensor(label_token_ids(tokenizer, width_n, labels))
+    return batch
+
+
+def _forward_scores(model: Any, batch: _Batch, inputs_embeds: Any = None) -> Any:
+    """The head's scores ``[B, max n]`` from the model's forward over ``batch`` (or over
+    ``inputs_embeds``, the hidden states entering the layers the model holds now)."""
+    import torch
+
+    device = next(model.parameters()).device
+    feed = (
+        {"input_ids": batch.ids.to(device)}
+        if inputs_embeds is None
+        else {"inputs_embeds": inputs_embeds}
+    )
+    # No KV cache: one forward, and a cache would hold every layer's keys for nothing.
+    common = {
+        "attention_mask": batch.mask.to(device),
+        "position_ids": batch.pos.to(device),
+        "use_cache": False,
+    }
+    width_n = max(batch.n_candidates)
+    if batch.read == "marker":
+        decoder, lm_head = _decoder_and_head(model)
+        hidden = decoder(**feed, **common).last_hidden_state
+        row = batch.row.to(device)
+        # The read token's logit at each marker: that LM-head row against the hidden states.
+        # (under autocast the product comes back in bf16, as the label read's logits do)
+        logit = (hidden[row, batch.col.to(device)] @ lm_head.weight[batch.read_id]).float()
+        if getattr(lm_head, "bias", None) is not None:
+            logit = logit + lm_head.bias[batch.read_id].float()
+        scores = torch.full((len(batch.ids), width_n), float("-inf"), device=device)
+        return scores.index_put((row, batch.place.to(device)), logit)
+    out = model(**feed, **common, logits_to_keep=1)
+    scores = out.logits[:, -1, :].float()[:, batch.label_ids.to(device)]
+    real = (
+        torch.arange(width_n, device=device)[None, :]
+        < torch.tensor(batch.n_candidates, device=device)[:, None]
+    )
+    return scores.masked_fill(~real, float("-inf"))
+
+
 def head_scores(
     model: Any,
     tokenizer: Any,
@@ -208,66 +306,91 @@ def head_scores(
     ``-inf`` past a row's own count. Left-padded, with positions counted from the mask (as
     ``generate`` counts them), so a prompt scores the same alone or in a batch.
     Differentiable (the trainer's forward)."""
-    import torch
+    return _forward_scores(model, _encode(tokenizer, prompts, n_candidates, labels, read))
 
-    if len(prompts) != len(n_candidates):
-        raise RankingHeadError(f"{len(prompts)} prompts for {len(n_candidates)} candidate counts")
-    bad = [i for i, p in enumerate(prompts) if not str(p).rstrip().endswith("<ranking>")]
-    if bad:
-        raise RankingHeadError(
-            f"prompt {bad[0]} does not end with <ranking>: it was not rendered with "
-            "ranking_head: first_token (rebuild the data with that prompt spec)"
-        )
-    if read not in HEAD_READS:
-        raise RankingHeadError(f"head read must be one of {HEAD_READS}, got {read!r}")
-    width_n = max(n_candidates)
-    if read == "marker":
-        where = [
-            marker_positions(tokenizer, p, n, labels)
-            for p, n in zip(prompts, n_candidates, strict=True)
-        ]
-        read_id = marker_token_id(tokenizer)
-    else:
-        label_ids = torch.tensor(label_token_ids(tokenizer, width_n, labels))
-    enc = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    width = max(map(len, enc))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.full((len(enc), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(enc), width), dtype=torch.long)
-    for i, e in enumerate(enc):
-        ids[i, width - len(e) :] = torch.tensor(e)
-        mask[i, width - len(e) :] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    device = next(model.parameters()).device
-    if read == "marker":
-        decoder, lm_head = _decoder_and_head(model)
-        hidden = decoder(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=pos.to(device),
-        ).last_hidden_state
-        row = torch.tensor([i for i, w in enumerate(where) for _ in w], device=device)
-        col = torch.tensor([width - len(e) + p for e, w in zip(enc, where, strict=True) for p in w])
-        # The read token's logit at each marker: that LM-head row against the hidden states.
-        # (under autocast the product comes back in bf16, as the label read's logits do)
-        logit = (hidden[row, col.to(device)] @ lm_head.weight[read_id]).float()
-        if getattr(lm_head, "bias", None) is not None:
-            logit = logit + lm_head.bias[read_id].float()
-        scores = torch.full((len(enc), width_n), float("-inf"), device=device)
-        place = torch.tensor([j for w in where for j in range(len(w))], device=device)
-        return scores.index_put((row, place), logit)
-    out = model(
-        input_ids=ids.to(device),
-        attention_mask=mask.to(device),
-        position_ids=pos.to(device),
-        logits_to_keep=1,
-    )
-    scores = out.logits[:, -1, :].float()[:, label_ids.to(device)]
-    real = (
-        torch.arange(width_n, device=device)[None, :]
-        < torch.tensor(list(n_candidates), device=device)[:, None]
-    )
-    return scores.masked_fill(~real, float("-inf"))
+
+def frozen_trunk(model: Any) -> int:
+    """How many bottom decoder layers (with the embeddings) hold no trainable parameter: the
+    layers whose output is a fixed function of the prompt while training (LoRA on the top
+    layers only). 0 when the embeddings or the first layer train."""
+    decoder, _ = _decoder_and_head(model)
+    if any(p.requires_grad for p in decoder.get_input_embeddings().parameters()):
+        return 0
+    cut = 0
+    for layer in decoder.layers:
+        if any(p.requires_grad for p in layer.parameters()):
+            break
+        cut += 1
+    return cut
+
+
+@contextmanager
+def _only_layers(decoder: Any, part: Any) -> Any:
+    """The decoder runs ``part`` of its layers (its own forward: masks, rotary positions and
+    the final norm stay the model's)."""
+    every = decoder.layers
+    decoder.layers = part
+    try:
+        yield
+    finally:
+        decoder.layers = every
+
+
+class HeadTrunk:
+    """The head's forward split at the frozen trunk (:func:`frozen_trunk`): the trunk's
+    output for one batch is computed once, without grad, and the top layers read it as often as
+    a step needs: the policy's scores (each of ``num_iterations``) and, with the adapter
+    switched off, the start model's (the KL's reference), which below the adapter *is* the
+    policy. Exact, not an approximation (the tests compare it with :func:`head_scores`)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        prompts: Sequence[str],
+        n_candidates: Sequence[int],
+        *,
+        labels: str = "digits",
+        read: str = "label",
+        cut: int,
+    ) -> None:
+        import torch
+
+        decoder, _ = _decoder_and_head(model)
+        if not 0 < cut < len(decoder.layers):
+            raise RankingHeadError(
+                f"a trunk of {cut} layers: it must be between 1 and {len(decoder.layers) - 1}"
+            )
+        self.model, self.cut = model, cut
+        self.batch = _encode(tokenizer, prompts, n_candidates, labels, read)
+        got: dict[str, Any] = {}
+
+        def keep(_m: Any, _a: Any, out: Any) -> None:  # before the final norm
+            got["h"] = out[0] if isinstance(out, tuple) else out
+
+        device = next(model.parameters()).device
+        hook = decoder.layers[cut - 1].register_forward_hook(keep)
+        try:
+            with torch.no_grad(), _only_layers(decoder, decoder.layers[:cut]):
+                decoder(
+                    input_ids=self.batch.ids.to(device),
+                    attention_mask=self.batch.mask.to(device),
+                    position_ids=self.batch.pos.to(device),
+                    use_cache=False,
+                )
+        finally:
+            hook.remove()
+        self.hidden = got["h"]
+
+    def scores(self, *, adapter: bool = True) -> Any:
+        """The head's scores from the top layers: the policy's (differentiable in the adapter),
+        or with ``adapter=False`` the base model's (call it under ``torch.no_grad``)."""
+        decoder, _ = _decoder_and_head(self.model)
+        if not adapter and not hasattr(self.model, "disable_adapter"):
+            raise RankingHeadError("adapter=False needs a PEFT model: this one has no adapter")
+        off = nullcontext() if adapter else self.model.disable_adapter()
+        with off, _only_layers(decoder, decoder.layers[self.cut :]):
+            return _forward_scores(self.model, self.batch, inputs_embeds=self.hidden)
 
 
 def rank_prompts(

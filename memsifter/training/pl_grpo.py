@@ -73,12 +73,15 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from memsifter.errors import DataError
 from memsifter.ranker.checkpoint import read_spec
 from memsifter.ranker.first_token import (
+    HeadTrunk,
+    frozen_trunk,
     gumbel_topk,
     head_scores,
     pl_place_log_probs,
@@ -319,8 +322,12 @@ class PLGRPOTrainer:
         if cuda:
             self.model.to("cuda")
         self.model.train()
+        # LoRA on the top layers leaves a frozen trunk below them: its output is computed once a
+        # step, and the KL's reference is the top layers with the adapter off (the start model,
+        # exactly), not a second model's whole forward.
+        self.trunk = frozen_trunk(self.model) if self.lora else 0
         self.ref = None
-        if self.g.beta > 0:
+        if self.g.beta > 0 and not self.trunk:
             import copy
 
             self.ref = copy.deepcopy(self.model).eval()
@@ -389,9 +396,18 @@ class PLGRPOTrainer:
         depths = self._depths(rows, ns, step)
         gen = torch.Generator().manual_seed(g.seed * 1_000_003 + step)
         with self.autocast():
-            scores = head_scores(
-                self.model, self.tok, prompts, ns, labels=self.labels, read=self.read
-            )
+            if self.trunk:
+                trunk = HeadTrunk(
+                    self.model, self.tok, prompts, ns,
+                    labels=self.labels, read=self.read, cut=self.trunk,
+                )  # fmt: skip
+                policy_scores = trunk.scores
+            else:
+                policy_scores = partial(
+                    head_scores, self.model, self.tok, prompts, ns,
+                    labels=self.labels, read=self.read,
+                )  # fmt: skip
+            scores = policy_scores()
         # The batch's deepest prefix is drawn; each row keeps its own depth. Depths never pass
         # a row's candidate count, so padding (-inf, drawn last) never enters a prefix.
         drawn = gumbel_topk(
@@ -419,18 +435,20 @@ class PLGRPOTrainer:
         mask = mask.unsqueeze(1)  # [B, 1, k]: every ranking of a row has the row's depth
         old = pl_place_log_probs(scores, drawn, g.temperature).detach()
         ref = None
-        if self.ref is not None:
+        if g.beta > 0:
             with torch.no_grad(), self.autocast():
-                ref = head_scores(
-                    self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read
+                ref = (
+                    trunk.scores(adapter=False)
+                    if self.trunk
+                    else head_scores(
+                        self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read
+                    )
                 )
         losses, kls, clipped_frac = [], [], []
         for it in range(g.num_iterations):
             if it:
                 with self.autocast():
-                    scores = head_scores(
-                        self.model, self.tok, prompts, ns, labels=self.labels, read=self.read
-                    )
+                    scores = policy_scores()
             logp = pl_place_log_probs(scores, drawn, g.temperature)
             loss = pl_grpo_loss(logp, old, adv, mask, g.epsilon, g.epsilon_high)
             with torch.no_grad():
