@@ -608,13 +608,21 @@ def evaluate(
     users = [q["user"] for q in qfacts]
     cache = out / "eval"
     cache.mkdir(parents=True, exist_ok=True)
+    # Every ranker's rankings are committed beside the logs, by question id, so the table and
+    # its CIs can be recomputed without the checkpoints (outputs/ is not committed).
+    kept = RESULTS / "gym_reading_runs" / out.name / "rankings"
+    kept.mkdir(parents=True, exist_ok=True)
+    qids = [str(r["qid"]) for r in rows]
 
     def cached(name: str, make: Any) -> list[list[int]]:
         path = cache / f"{name}.json"
         if path.is_file():
-            return json.loads(path.read_text())
-        rankings = make()
-        path.write_text(json.dumps(rankings) + "\n")
+            rankings = json.loads(path.read_text())
+        else:
+            rankings = make()
+            path.write_text(json.dumps(rankings) + "\n")
+        record = {"qids": qids, "rankings": rankings, "code_version": code_version()}
+        (kept / f"{name}.json").write_text(json.dumps(record) + "\n")
         return rankings
 
     runs: dict[str, list[list[int]]] = {"bm25": [list(r["coarse_order"]) for r in rows]}
@@ -679,11 +687,12 @@ def evaluate(
         return paired_bootstrap(subset(a, keep), subset(b, keep), clusters=cl)
 
     pairs: dict[str, Any] = {}
+    for name in trained:  # each recipe against the start, the best shortcut and BM25
+        pairs[f"{name}-start"] = ci(values[name], values["start"])
+        pairs[f"{name}-best_shortcut"] = ci(values[name], short_values[best_shortcut])
+        pairs[f"{name}-bm25"] = ci(values[name], values["bm25"])
     main = "outcome" if "outcome" in values else None
     if main:
-        pairs["outcome-start"] = ci(values[main], values["start"])
-        pairs["outcome-best_shortcut"] = ci(values[main], short_values[best_shortcut])
-        pairs["outcome-bm25"] = ci(values[main], values["bm25"])
         if "labels" in values:
             pairs["outcome-labels"] = ci(values[main], values["labels"])
         if "outcome_absolute" in values and prior.any():
@@ -755,6 +764,51 @@ def evaluate(
     }
 
 
+# What one evaluation wrote into a rung (the rest of a rung is its world, probes and runs).
+EVAL_KEYS = (
+    "split", "n_questions", "n_users", "n_candidates_mean", "n_unseen", "n_s0_prior",
+    "n_two_session", "rankers", "best_shortcut", "by_subset", "unseen_phrasing_or_value", "seen",
+    "cluster_ci95", "cluster_mean", "bootstrap", "sample", "permuted_order",
+    "most_common_first_share", "models", "model", "code_version", "command", "machine",
+)  # fmt: skip
+
+
+def fold_earlier(before: dict[str, Any], rung: dict[str, Any]) -> None:
+    """Keep what an earlier evaluation of the rung measured for recipes this one did not rank
+    (their checkpoints may be gone): on the same sample of questions, their rows join this
+    table (named in ``carried`` with the code version that ranked them; their pairs keep that
+    run's start, which is the same model on the same questions); on another sample, the earlier
+    evaluation is kept whole, as its own table under ``earlier``."""
+    # Training curves do not depend on the test sample: a run not retrained keeps its curve.
+    for name, curve in before.get("curves", {}).items():
+        rung.setdefault("curves", {}).setdefault(name, curve)
+    learned = {n: steps_to_learn(c) for n, c in rung.get("curves", {}).items()}
+    rung["steps_to_learn_by_recipe"] = learned
+    rung["steps_to_learn"] = learned.get("outcome")
+    if not before.get("rankers"):
+        return
+    rung["earlier"] = list(before.get("earlier", []))
+    rung["carried"] = dict(before.get("carried", {}))
+    same = before.get("sample") == rung["sample"] and before["n_questions"] == rung["n_questions"]
+    gone = [n for n in before["rankers"] if n not in rung["rankers"] and n != "shortcuts"]
+    if not same:
+        rung["earlier"].append({k: before[k] for k in EVAL_KEYS if k in before})
+        rung["carried"] = {}
+        return
+    for name in gone:
+        rung["rankers"][name] = before["rankers"][name]
+        rung["carried"].setdefault(name, before["code_version"])
+        for key in ("by_subset", "unseen_phrasing_or_value", "seen", "permuted_order"):
+            if name in before.get(key, {}):
+                rung.setdefault(key, {})[name] = before[key][name]
+        if name in before.get("most_common_first_share", {}):
+            rung["most_common_first_share"][name] = before["most_common_first_share"][name]
+        for key in ("cluster_ci95", "cluster_mean"):
+            for pair, v in before.get(key, {}).items():
+                if pair.startswith(f"{name}-") and pair not in rung[key]:
+                    rung[key][pair] = v
+
+
 # -- the report --------------------------------------------------------------------------------
 
 
@@ -806,6 +860,15 @@ def render(results: dict[str, Any]) -> str:
         ]
         if rung.get("split"):
             lines += _rung_table(rung)
+        for name, version in sorted(rung.get("carried", {}).items()):
+            lines += ["", f"Row `{name}` carried from the evaluation at `{version}` (same sample)."]
+        for old in rung.get("earlier", []):
+            lines += [
+                "",
+                f"### Earlier evaluation: `{old['command']}` at `{old['code_version']}` "
+                f"({old['sample']})",
+            ]
+            lines += _rung_table({k: v for k, v in old.items() if k != "curves"})
         for name, p in sorted(rung.get("probes", {}).items()):
             text = ", ".join(f"{s}: {v:.3f}" for s, v in p["curve"])
             lines += [
@@ -1068,7 +1131,9 @@ def main() -> None:
             runs[recipe]["logs"] = copy_logs(recipe, out / "train" / recipe, name)
             rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if "eval" in stages:
+        before = dict(rung)
         rung.update(evaluate(args.size, data, out, names, args.per_user or None))
+        fold_earlier(before, rung)
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if rung.get("split") or rung.get("probes"):
         print(render(merge(rung)))

@@ -223,3 +223,45 @@ def test_the_first_place_report_tells_position_from_content() -> None:
     assert reader["first_is_useful"] == 1.0
     assert reader["first_rel_position_hist"] == [0, 2, 0, 0, 1]  # 0.25, 0.3, 1.0
     assert reader["first_rel_position_mean"] == pytest.approx((0.25 + 0.3 + 1.0) / 3)
+
+
+def test_an_evaluation_keeps_the_rows_of_recipes_it_did_not_rerank() -> None:
+    """A rung re-evaluated with another recipe keeps the earlier recipe's rows: joined to the
+    table on the same sample (named as carried, with their own code version), or as a whole
+    earlier table on another sample; training curves stay either way."""
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    def evaluation(recipe: str, sample: str, version: str) -> dict[str, Any]:
+        return {
+            "split": "test", "n_questions": 4, "n_users": 2, "n_candidates_mean": 5.0,
+            "n_unseen": 1, "n_s0_prior": 0, "n_two_session": 1, "sample": sample,
+            "model": "m", "code_version": version, "command": f"run {recipe}", "machine": "-",
+            "rankers": {"start": {"ndcg@1_useful": 0.1}, recipe: {"ndcg@1_useful": 0.5},
+                        "shortcuts": {"recency": {"ndcg@1_useful": 0.2}}},
+            "cluster_ci95": {f"{recipe}-start": {"ndcg@1_useful": [0.1, 0.7]}},
+            "cluster_mean": {f"{recipe}-start": {"ndcg@1_useful": 0.4}},
+            "most_common_first_share": {"start": 0.5, recipe: 0.25},
+            "curves": {recipe: [[0, 0.1], [40, 0.85]]},
+        }  # fmt: skip
+
+    before = evaluation("outcome", "one a user", "v1")
+    rung = {**before, **evaluation("outcome_kl", "one a user", "v2")}
+    gym_reading.fold_earlier(before, rung)
+    assert rung["carried"] == {"outcome": "v1"} and rung["earlier"] == []
+    assert rung["rankers"]["outcome"] == {"ndcg@1_useful": 0.5}
+    assert set(rung["cluster_ci95"]) == {"outcome-start", "outcome_kl-start"}
+    assert rung["steps_to_learn"] == 40 and rung["steps_to_learn_by_recipe"]["outcome_kl"] == 40
+    assert "Row `outcome` carried from the evaluation at `v1`" in gym_reading.render(
+        {"rungs": [{**rung, "size": "small", "world_config": "w", "level": "read"}]}
+    )
+    other = {**before, **evaluation("outcome_kl", "two a user", "v2")}
+    gym_reading.fold_earlier(before, other)
+    assert other["carried"] == {} and "outcome" not in other["rankers"]
+    assert [e["code_version"] for e in other["earlier"]] == ["v1"]
+    assert other["earlier"][0]["rankers"]["outcome"] == {"ndcg@1_useful": 0.5}
+    assert set(other["curves"]) == {"outcome", "outcome_kl"}
+    text = gym_reading.render(
+        {"rungs": [{**other, "size": "small", "world_config": "w", "level": "read"}]}
+    )
+    assert "### Earlier evaluation: `run outcome` at `v1` (one a user)" in text
