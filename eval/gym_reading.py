@@ -137,17 +137,9 @@ class FrozenPrefix:
         return torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.autocast)
 
     def _swap(self, part: Any) -> Any:
-        import contextlib
+        from memsifter.ranker.first_token import only_layers
 
-        @contextlib.contextmanager
-        def swapped() -> Any:
-            self.inner.layers = part
-            try:
-                yield
-            finally:
-                self.inner.layers = self.all
-
-        return swapped()
+        return only_layers(self.inner, part)
 
     def prefix(self, ids: list[int]) -> Any:
         """The hidden state entering layer ``cut``, ``[T, H]``, fp32 on the CPU (bf16 storage

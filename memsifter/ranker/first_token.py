@@ -325,7 +325,7 @@ def frozen_trunk(model: Any) -> int:
 
 
 @contextmanager
-def _only_layers(decoder: Any, part: Any) -> Any:
+def only_layers(decoder: Any, part: Any) -> Any:
     """The decoder runs ``part`` of its layers (its own forward: masks, rotary positions and
     the final norm stay the model's)."""
     every = decoder.layers
@@ -371,7 +371,7 @@ class HeadTrunk:
         device = next(model.parameters()).device
         hook = decoder.layers[cut - 1].register_forward_hook(keep)
         try:
-            with torch.no_grad(), _only_layers(decoder, decoder.layers[:cut]):
+            with torch.no_grad(), only_layers(decoder, decoder.layers[:cut]):
                 decoder(
                     input_ids=self.batch.ids.to(device),
                     attention_mask=self.batch.mask.to(device),
@@ -389,7 +389,7 @@ class HeadTrunk:
         if not adapter and not hasattr(self.model, "disable_adapter"):
             raise RankingHeadError("adapter=False needs a PEFT model: this one has no adapter")
         off = nullcontext() if adapter else self.model.disable_adapter()
-        with off, _only_layers(decoder, decoder.layers[self.cut :]):
+        with off, only_layers(decoder, decoder.layers[self.cut :]):
             return _forward_scores(self.model, self.batch, inputs_embeds=self.hidden)
 
 
