@@ -62,6 +62,11 @@ def test_format_reward_may_not_beat_a_parsed_ranking(tmp_path: Path) -> None:
     assert RewardConfig(alpha=0.0, format_reward=0.0).lowest_reward == 0.0
     with pytest.raises(ValueError, match="format_reward must be <= 0.0"):
         RewardConfig(alpha=0.0, format_reward=0.1)
+    # subtract_s0: false scores the answers alone, R_ans in [0, 1]: the floor is 0 there too
+    # (what grpo.scale_rewards: mean, which needs rewards >= 0, trains on).
+    assert RewardConfig(subtract_s0=False, format_reward=0.0).lowest_reward == 0.0
+    with pytest.raises(ValueError, match="format_reward must be <= 0.0"):
+        RewardConfig(subtract_s0=False, format_reward=0.1)
     with pytest.raises(ValueError, match="alpha must be >= 0"):
         RewardConfig(alpha=-1.0, format_reward=-5.0)
 

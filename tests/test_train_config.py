@@ -53,7 +53,7 @@ def test_config_builds_grpo_config(path: Path, tmp_path: Path) -> None:
         cpu_safe = {**kwargs, "bf16": False, "use_cpu": True, "use_vllm": False}
         args = GRPOConfig(**cpu_safe)
         assert args.num_generations == cfg.grpo.num_generations
-        assert (args.epsilon, args.epsilon_high, args.beta) == (0.2, 0.28, 0.0)
+        assert (args.epsilon, args.epsilon_high, args.beta) == (0.2, 0.28, cfg.grpo.beta)
         assert args.loss_type == "dapo" and args.learning_rate == cfg.grpo.learning_rate
         assert args.generation_batch_size % args.num_generations == 0
         if not cuda:

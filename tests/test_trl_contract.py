@@ -136,3 +136,22 @@ def test_completions_table_keys() -> None:
         'self._logs["extra"][column].extend(gather_object(values))',
     ):
         assert line in score, f"GRPOTrainer no longer fills its table with: {line}"
+
+
+def test_what_the_mean_scale_divides() -> None:
+    """``grpo.scale_rewards: mean`` (``memsifter.training.mean_scale_trainer``) divides TRL's
+    centred advantages under ``scale_rewards: none`` by group means it recomputes from the
+    gathered rewards: TRL must still centre on the NaN-aware group mean of the weighted sum,
+    leave ``none`` unscaled, zero unscored rows and slice this process's rows by index."""
+    score = _source("_generate_and_score_completions")
+    for line in (
+        "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)",
+        "mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)",
+        "advantages = rewards - mean_grouped_rewards",
+        'if self.scale_rewards != "none":',
+        "advantages = torch.nan_to_num(advantages, nan=0.0)",
+        "self.accelerator.process_index * len(prompts),",
+        "advantages = advantages[process_slice]",
+        'num_generations = self.num_generations if mode == "train" else self.num_generations_eval',
+    ):
+        assert line in score, f"GRPOTrainer no longer has: {line}"

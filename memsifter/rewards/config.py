@@ -14,8 +14,10 @@ Two rules keep the reward from paying for the wrong thing:
 
 * ``format_reward`` may not exceed the lowest reward a parsed ranking can get. R_ans lies in
   [-1, 1] (task scores are in [0, 1] and the tier weights sum to 1) and beta * R_ret >= 0, so the
-  floor is -alpha, or 0 for a retrieval-only stage (alpha = 0). A higher format reward would let
-  an unparseable completion beat an honest ranking whose answers got worse.
+  floor is -alpha, or 0 for a retrieval-only stage (alpha = 0) or when ``subtract_s0`` is false
+  (R_ans in [0, 1]: what ``grpo.scale_rewards: mean``, which needs rewards >= 0, can train on).
+  A higher format reward would let an unparseable completion beat an honest ranking whose
+  answers got worse.
 * ``exclude_categories`` leaves rows out of R_ans (R_ans counts as 0, no working-LLM call; R_ret
   and the format reward still apply). The default excludes LoCoMo category 5 (adversarial): the
   answerer is told to reply "No information available" to these, which scores 1 with no memory,
@@ -126,7 +128,8 @@ class RewardConfig:
     decay_fraction: float | None = None
     schedule: str = "linear"  # linear | cosine
     # The reward of a completion without a usable ranking; at most the lowest reward a parsed
-    # ranking can get (-alpha; 0 when alpha is 0). See the module docstring.
+    # ranking can get (-alpha; 0 when alpha is 0 or subtract_s0 is false). See the module
+    # docstring.
     format_reward: float = -1.0
     task_metrics: dict[str, str] = field(
         default_factory=lambda: {"locomo": "locomo", "longmemeval": "judge"}
@@ -172,7 +175,8 @@ class RewardConfig:
         if self.format_reward > floor:
             raise ValueError(
                 f"format_reward must be <= {floor}, the lowest reward a parsed ranking can get "
-                f"(alpha={self.alpha}, R_ans in [-1, 1], beta * R_ret >= 0); got "
+                f"(alpha={self.alpha}, subtract_s0={self.subtract_s0}: R_ans in "
+                f"[{-1 if self.subtract_s0 else 0}, 1], beta * R_ret >= 0); got "
                 f"{self.format_reward}, which would let an unparseable completion beat an honest "
                 f"ranking. Set format_reward: {floor} (or lower)"
             )
@@ -188,8 +192,9 @@ class RewardConfig:
 
     @property
     def lowest_reward(self) -> float:
-        """The lowest reward a parsed ranking can get: -alpha, or 0 when alpha is 0."""
-        return -self.alpha if self.alpha > 0 else 0.0
+        """The lowest reward a parsed ranking can get: -alpha, or 0 when alpha is 0 or
+        subtract_s0 is false (R_ans = sum_n w_n s_{F_n} >= 0 then)."""
+        return -self.alpha if self.alpha > 0 and self.subtract_s0 else 0.0
 
     @property
     def shaping(self) -> ShapingSchedule:

@@ -23,6 +23,11 @@ from memsifter.config import load_config, setting
 from memsifter.errors import DataError
 
 LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
+# What grpo.scale_rewards divides a group's centred rewards by: the group's std (GRPO's), the
+# batch's, nothing, or the group's mean reward (the sampled gradient of log E[R]; rewards >= 0
+# only, see memsifter.training.mean_scale). TRL has the first three; mean is ours, on both
+# trainers.
+SCALE_REWARDS = ("group", "batch", "none", "mean")
 SFT_TARGETS = ("coarse", "gold", "random")
 SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
 VALIDATION_BACKENDS = ("transformers", "vllm")
@@ -116,7 +121,15 @@ class GRPOSettings:
     epsilon_high: float = 0.28  # clip-higher
     beta: float = 0.0  # no KL term, no reference model
     loss_type: str = "dapo"  # token-mean over the generation batch
-    scale_rewards: str = "group"
+    scale_rewards: str = setting(
+        "group",
+        help="what each group's centred rewards (r - the group's mean) are divided by. group: "
+        "the group's std (GRPO's); batch: the batch's std; none: nothing; mean: the group's "
+        "mean reward, so the advantage is the sampled gradient of log E[R] and a rare success "
+        "keeps its full weight where the std would shrink it (eval/gym_pg_probe.py). mean "
+        "needs rewards >= 0: refused with subtract_s0, a negative format_reward (generate "
+        "mode) or soft_overlong.",
+    )
     learning_rate: float = 1e-6
     weight_decay: float = 0.1
     max_grad_norm: float = 1.0
@@ -175,6 +188,10 @@ class GRPOSettings:
             )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"grpo.loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(
+                f"grpo.scale_rewards must be one of {SCALE_REWARDS}, got {self.scale_rewards!r}"
+            )
         if self.num_generations < 2:
             raise ValueError("grpo.num_generations must be >= 2: GRPO's baseline is the group")
         depth = self.pl_depth

@@ -124,7 +124,8 @@ def grpo_config_kwargs(
         epsilon_high=g.epsilon_high,
         beta=g.beta,
         loss_type=g.loss_type,
-        scale_rewards=g.scale_rewards,
+        # TRL has no mean scale: it centres (none) and MeanScaledGRPOTrainer divides.
+        scale_rewards="none" if g.scale_rewards == "mean" else g.scale_rewards,
         learning_rate=g.learning_rate,
         weight_decay=g.weight_decay,
         max_grad_norm=g.max_grad_norm,
@@ -304,7 +305,9 @@ def build_trainer(
     step_offset: int = 0,
 ) -> Any:
     """The GRPO trainer for one epoch; ``step_offset`` is the optimiser steps of the run's
-    earlier epochs (it seeds dynamic sampling's refills, so epochs draw different prompts)."""
+    earlier epochs (it seeds dynamic sampling's refills, so epochs draw different prompts).
+    ``grpo.scale_rewards: mean`` gets the mean-scaled trainer of either kind
+    (:mod:`memsifter.training.mean_scale_trainer`)."""
     from memsifter.training.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     cuda = has_cuda() if cuda is None else cuda
@@ -322,9 +325,16 @@ def build_trainer(
         peft_config=peft_config,
         callbacks=callbacks,
     )
+    mean = cfg.grpo.scale_rewards == "mean"
+    if mean:
+        from memsifter.training.mean_scale_trainer import (
+            MeanScaledDynamicSamplingGRPOTrainer,
+            MeanScaledGRPOTrainer,
+        )
     ds = cfg.dynamic_sampling
     if ds.enabled:
-        return DynamicSamplingGRPOTrainer(
+        sampling = MeanScaledDynamicSamplingGRPOTrainer if mean else DynamicSamplingGRPOTrainer
+        return sampling(
             **common,
             max_extra_rounds=ds.max_extra_rounds,
             min_std=ds.min_std,
@@ -332,4 +342,4 @@ def build_trainer(
         )
     from trl import GRPOTrainer
 
-    return GRPOTrainer(**common)
+    return (MeanScaledGRPOTrainer if mean else GRPOTrainer)(**common)

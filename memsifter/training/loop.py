@@ -241,6 +241,7 @@ def run_training(
         precision,
         tracking_kwargs,
     )
+    from memsifter.training.mean_scale import check_mean_scale
     from memsifter.training.sft import run_sft
     from memsifter.training.validation import ValidationEngine
 
@@ -284,6 +285,7 @@ def run_training(
     spec = read_spec(cfg.data)
     head = spec.ranking_head == "first_token"  # nothing is generated: no completion budget
     check_head_only(cfg, head)
+    check_mean_scale(cfg, rcfg, head)  # before any model loads: mean needs rewards >= 0
     if not head and cfg.grpo.max_completion_length > spec.completion_tokens:
         raise DataError(
             f"grpo.max_completion_length ({cfg.grpo.max_completion_length}) exceeds the prompt "

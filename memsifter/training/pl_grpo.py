@@ -90,14 +90,18 @@ from memsifter.ranker.first_token import (
 )
 from memsifter.rewards.marginal_utility import marginal_utility_to_go
 from memsifter.rewards.tiers import fibonacci_tiers
+from memsifter.training.config import SCALE_REWARDS
+from memsifter.training.mean_scale import mean_divisor
 
 Log = Callable[[str], None]
-SCALES = ("group", "batch", "none")
+SCALES = SCALE_REWARDS
 
 
 def group_advantages(rewards: Any, scale: str) -> Any:
     """``[B, G]`` rewards to advantages: minus the group mean, divided by the group's std
-    (``group``), the whole batch's (``batch``) or nothing (``none``), as TRL's GRPO does."""
+    (``group``), the whole batch's (``batch``) or nothing (``none``), as TRL's GRPO does, or by
+    the group's mean reward (``mean``: the gradient of log E[R], rewards >= 0;
+    :mod:`memsifter.training.mean_scale`)."""
     return (rewards - rewards.mean(1, keepdim=True)) / _spread(rewards, scale)
 
 
@@ -112,12 +116,14 @@ def best_of_group_advantages(rewards: Any) -> Any:
 
 
 def _spread(rewards: Any, scale: str) -> Any:
-    """What ``scale_rewards`` divides a ``[B, G]`` batch's advantages by: ``[B, 1]`` (group),
-    a scalar (batch) or 1 (none)."""
+    """What ``scale_rewards`` divides a ``[B, G]`` batch's advantages by: ``[B, 1]`` (group,
+    mean), a scalar (batch) or 1 (none)."""
     if scale not in SCALES:
         raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale!r}")
     if scale == "group":
         return rewards.std(1, keepdim=True) + 1e-4
+    if scale == "mean":
+        return mean_divisor(rewards)
     if scale == "batch":
         return rewards.std() + 1e-4
     return 1.0
@@ -130,7 +136,7 @@ def place_advantages(to_go: Any, rewards: Any, scale: str) -> Any:
     reward itself, so its advantage is exactly GRPO's; a deeper place loses the tiers it cannot
     move, and their noise with them."""
     spread = _spread(rewards, scale)
-    if scale == "group":
+    if scale in ("group", "mean"):  # [B, 1]: one per group, broadcast over the places
         spread = spread[..., None]
     return (to_go - to_go.mean(1, keepdim=True)) / spread
 
