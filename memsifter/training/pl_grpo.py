@@ -7,7 +7,13 @@ replacement by Gumbel top-k. Each ranking is written as the completion ``generat
 produce (``<ranking>3, 0, 4</ranking>``) and scored by the run's reward function, unchanged:
 the R_ret warm-up, R_ans with its tiers and s_0, shaping, the gym's reader or a real answerer.
 Advantages are group-relative with GRPO's ``scale_rewards`` choices (``group``: the group's
-std; ``batch``: the batch's; ``none``), as TRL computes them.
+std; ``batch``: the batch's; ``none``), as TRL computes them, or ``mean`` (the group's mean
+reward: :mod:`memsifter.training.mean_scale`).
+
+With LoRA on the top layers only, the frozen trunk below the adapter runs once a step without
+grad (:class:`memsifter.ranker.first_token.HeadTrunk`): the policy's scores (each of
+``num_iterations``) and the KL's reference (the top layers with the adapter off, which is the
+start model exactly) are read from it, so ``beta > 0`` keeps no copy of the model.
 
 **Only the places the reward reads are drawn and trained** (``grpo.pl_depth``, default
 ``auto``). R_ans reads the top ``max_k`` (its deepest Fibonacci tier; ``tier_max_k`` per data
