@@ -1079,8 +1079,10 @@ def main() -> None:
         "command": "python eval/gym_reading.py " + " ".join(sys.argv[1:]),
         "machine": machine_line(machine_facts(), run=True),
     }
-    # The rung's own provenance is the table's (train, eval); a probe keeps its own.
-    if set(stages) & {"train", "eval"} or "command" not in rung:
+    # The rung's own provenance is its table's (the eval's); a training run and a probe keep
+    # their own, so an eval's rows keep the code version that ranked them.
+    before = dict(rung)
+    if "eval" in stages or "command" not in rung:
         rung.update(this_run)
     if args.note is not None:
         rung["notes"] = list(args.note)
@@ -1118,12 +1120,11 @@ def main() -> None:
     if "train" in stages:
         runs = rung.setdefault("runs", {})
         for recipe in names:
-            runs[recipe] = train(recipe, data, out, args.max_steps, sets=args.set)
+            runs[recipe] = {**train(recipe, data, out, args.max_steps, sets=args.set), **this_run}
             (out / "train" / recipe / "result.json").write_text(json.dumps(runs[recipe]) + "\n")
             runs[recipe]["logs"] = copy_logs(recipe, out / "train" / recipe, name)
             rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if "eval" in stages:
-        before = dict(rung)
         rung.update(evaluate(args.size, data, out, names, args.per_user or None))
         fold_earlier(before, rung)
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
