@@ -640,7 +640,8 @@ def evaluate(
     permuted: dict[str, Any] = {}
     if trained:
         prow = permuted_rows(size, rows, spec, seed=1)
-        for name, model in trained.items():
+        # The start too: what a ranker keeps out of date order is measured against it.
+        for name, model in {"start": MODEL, **trained}.items():
             rk = cached(f"{name}_permuted", lambda m=model: rank_with(m, prow, spec))
             hits = [
                 bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
