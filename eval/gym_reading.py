@@ -614,7 +614,12 @@ def evaluate(
             rankings = make()
             path.write_text(json.dumps(rankings) + "\n")
         record = {"qids": qids, "rankings": rankings, "code_version": code_version()}
-        (kept / f"{name}.json").write_text(json.dumps(record) + "\n")
+        was = kept / f"{name}.json"
+        if was.is_file():  # rankings read back from the cache keep the version that made them
+            old = json.loads(was.read_text())
+            if (old["qids"], old["rankings"]) == (qids, rankings):
+                record["code_version"] = old["code_version"]
+        was.write_text(json.dumps(record) + "\n")
         return rankings
 
     runs: dict[str, list[list[int]]] = {"bm25": [list(r["coarse_order"]) for r in rows]}
