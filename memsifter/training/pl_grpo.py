@@ -100,7 +100,6 @@ from memsifter.training.config import SCALE_REWARDS
 from memsifter.training.mean_scale import mean_divisor
 
 Log = Callable[[str], None]
-SCALES = SCALE_REWARDS
 
 
 def group_advantages(rewards: Any, scale: str) -> Any:
@@ -124,8 +123,8 @@ def best_of_group_advantages(rewards: Any) -> Any:
 def _spread(rewards: Any, scale: str) -> Any:
     """What ``scale_rewards`` divides a ``[B, G]`` batch's advantages by: ``[B, 1]`` (group,
     mean), a scalar (batch) or 1 (none)."""
-    if scale not in SCALES:
-        raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale!r}")
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale!r}")
     if scale == "group":
         return rewards.std(1, keepdim=True) + 1e-4
     if scale == "mean":
@@ -229,8 +228,10 @@ def check_settings(cfg: Any) -> None:
         from memsifter.training.listwise_sft import check_listwise_settings
 
         check_listwise_settings(cfg.sft)  # the head's cold start is a listwise cross-entropy
-    if g.scale_rewards not in SCALES:
-        raise DataError(f"grpo.scale_rewards must be one of {SCALES}", field="grpo.scale_rewards")
+    if g.scale_rewards not in SCALE_REWARDS:
+        raise DataError(
+            f"grpo.scale_rewards must be one of {SCALE_REWARDS}", field="grpo.scale_rewards"
+        )
     if g.pl_advantage == "best_of_group":
         if g.pl_credit != "ranking":
             raise DataError(
