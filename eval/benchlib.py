@@ -41,7 +41,8 @@ TENANT = "bench"
 
 
 def git_head() -> str:
-    """The repository's short HEAD, or "unknown" outside a git checkout."""
+    """The repository's short HEAD. Outside a git checkout (a copy of the tree sent to a lent
+    GPU) it is ``MEMSIFTER_CODE_VERSION`` when the sender named its commit, else "unknown"."""
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -51,7 +52,7 @@ def git_head() -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("MEMSIFTER_CODE_VERSION") or "unknown"
 
 
 def git_dirty(*paths: str) -> bool:

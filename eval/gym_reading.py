@@ -33,6 +33,7 @@ regenerates ``eval/results/gym_reading.md`` from that JSON; each run's training 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -60,6 +61,34 @@ STAGES = ("data", "probe", "train", "eval")
 # validation NDCG@1 (useful session) a run must reach for "steps to learn": the issue's goal
 LEARNED = 0.8
 RESULTS = ROOT / "eval/results"
+
+
+def recipe_of(name: str) -> str:
+    """A run's recipe: its name up to the first ``+``. ``outcome_kl+b32`` is a variant of
+    ``outcome_kl`` trained under its own name; its ``--set`` overrides are in its run record."""
+    return name.split("+", 1)[0]
+
+
+def run_name(value: str) -> str:
+    if recipe_of(value) not in RECIPES:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: a run is a recipe ({', '.join(RECIPES)}) or RECIPE+VARIANT"
+        )
+    return value
+
+
+@contextlib.contextmanager
+def rung_lock(out: Path) -> Any:
+    """Runs of one rung trained side by side (on a lent GPU) each add their record to the
+    rung's file; the read-modify-write of that file and of the results is one at a time."""
+    import fcntl
+
+    with (out / "rung.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def world_config(size: str) -> str:
@@ -432,12 +461,12 @@ def train(
     if max_steps is not None:
         over.append(f"epochs.max_steps={max_steps}")
     over += sets or []
-    cfg = load_train_config(ROOT / RECIPES[name], over)
+    cfg = load_train_config(ROOT / RECIPES[recipe_of(name)], over)
     t0 = time.perf_counter()
     result = run_training(cfg, log=log)
     return {
         "model": str(result["model"]),
-        "config": RECIPES[name],
+        "config": RECIPES[recipe_of(name)],
         "overrides": over[3:],
         "seconds": round(time.perf_counter() - t0),
     }
@@ -491,10 +520,15 @@ def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
 
 def rank_with(model: str | Path, rows: list[dict[str, Any]], spec: Any) -> list[list[int]]:
     from memsifter.ranker.parse import parse_ranking
+    from memsifter.training.config import has_cuda
     from memsifter.training.validation import ValidationEngine, generate_completions
 
     engine = ValidationEngine(
-        batch_size=8, ranking_head=spec.ranking_head, labels=spec.labels, head_read=spec.head_read
+        batch_size=8,
+        ranking_head=spec.ranking_head,
+        labels=spec.labels,
+        head_read=spec.head_read,
+        device="cuda" if has_cuda() else "cpu",
     )
     texts = generate_completions(model, rows, max_new_tokens=1, engine=engine)
     return [
@@ -718,7 +752,7 @@ def evaluate(
                 ("two_session", two),
             )
         }
-    curves = {n: curve_of(out / "train" / n) for n in RECIPES}
+    curves = {n: curve_of(out / "train" / n) for n in dict.fromkeys([*RECIPES, *names])}
     return {
         "split": "test",
         "n_questions": len(rows),
@@ -994,7 +1028,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=SIZES, default="small")
     ap.add_argument("--stage", action="append", choices=STAGES, help="default: all, in order")
-    ap.add_argument("--recipe", action="append", choices=list(RECIPES), help="default: all")
+    ap.add_argument(
+        "--recipe",
+        action="append",
+        type=run_name,
+        metavar="RECIPE[+VARIANT]",
+        help=f"one of {', '.join(RECIPES)} (default: all); RECIPE+VARIANT trains the recipe "
+        "under its own name, with this command's --set overrides",
+    )
     ap.add_argument("--max-steps", type=int, default=None, help="override the recipes' budget")
     ap.add_argument(
         "--set",
@@ -1129,13 +1170,19 @@ def main() -> None:
             runs[recipe] = {**train(recipe, data, out, args.max_steps, sets=args.set), **this_run}
             (out / "train" / recipe / "result.json").write_text(json.dumps(runs[recipe]) + "\n")
             runs[recipe]["logs"] = copy_logs(recipe, out / "train" / recipe, name)
-            rung_file.write_text(json.dumps(rung, indent=1) + "\n")
+            with rung_lock(out):
+                fresh = json.loads(rung_file.read_text()) if rung_file.is_file() else rung
+                fresh.setdefault("runs", {})[recipe] = runs[recipe]
+                rung_file.write_text(json.dumps(fresh, indent=1) + "\n")
     if "eval" in stages:
         rung.update(evaluate(args.size, data, out, names, args.per_user or None))
         fold_earlier(before, rung)
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
-    if rung.get("split") or rung.get("probes"):
-        print(render(merge(rung)))
+    with rung_lock(out):
+        if rung_file.is_file():  # with the records of runs trained beside this one
+            rung = json.loads(rung_file.read_text())
+        if rung.get("split") or rung.get("probes"):
+            print(render(merge(rung)))
 
 
 if __name__ == "__main__":

@@ -502,6 +502,27 @@ def test_a_first_token_run_trains_validates_and_averages(gym_head: dict[str, Pat
     assert read_spec(summary["model"]).ranking_head == "first_token"
 
 
+def test_a_time_budget_stops_after_a_step_saves_it_and_the_loop_validates_it(
+    gym_head: dict[str, Path],
+) -> None:
+    """epochs.max_minutes: the run planned for 50 steps stops after the first (its budget is a
+    few microseconds), saves that step with its log, and validates it as its last."""
+    import json
+
+    from memsifter.training.loop import run_training
+
+    cfg = _cfg(
+        gym_head, "timed", "epochs.max_steps=50", "epochs.save_steps=0", "epochs.max_minutes=1e-7"
+    )
+    run_training(cfg, log=lambda _: None)
+    epoch = Path(cfg.output_dir) / "epoch-0"
+    assert sorted(p.name for p in epoch.glob("checkpoint-*")) == ["checkpoint-1"]
+    state = json.loads((epoch / "checkpoint-1" / "trainer_state.json").read_text())
+    assert state["global_step"] == 1
+    assert state["log_history"][-1]["stopped"] == "max_minutes"
+    assert "checkpoint-1" in json.loads((epoch / "validation.json").read_text())
+
+
 def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) -> None:
     """With beta > 0 the trainer keeps a frozen copy of the start as the KL reference: after
     training the policy's head scores have moved and the reference's have not."""

@@ -251,6 +251,9 @@ class EpochSettings:
     epochs: int = 1
     max_steps: int = -1  # optimiser steps per epoch; -1: one pass over the selected data
     save_steps: int = 50
+    # A wall-clock budget per epoch (memsifter.training.time_budget): stop and save after the
+    # first step that ends past it. max_steps stays the plan (it sizes the schedules).
+    max_minutes: float | None = None
     top_k: int = 3
     select_metric: str = "ndcg@5"  # ndcg@1 | ndcg@5 | reward
     validation_max_questions: int | None = None  # a seeded sample of the held-out split
@@ -288,6 +291,8 @@ class EpochSettings:
             )
         if self.top_k < 1:
             raise ValueError("epochs.top_k must be >= 1")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"epochs.max_minutes must be > 0 or null, got {self.max_minutes}")
         if self.keep_start_if_better and not self.validate_start:
             raise ValueError(
                 "epochs.keep_start_if_better compares the average with the start model, so it "

@@ -243,6 +243,7 @@ def run_training(
     )
     from memsifter.training.mean_scale import check_mean_scale
     from memsifter.training.sft import run_sft
+    from memsifter.training.time_budget import check_time_budget, time_budget_callback
     from memsifter.training.validation import ValidationEngine
 
     t_start = time.perf_counter()
@@ -265,6 +266,7 @@ def run_training(
             "epochs.validation_max_questions",
             field="epochs.validation_max_questions",
         )
+    check_time_budget(cfg.epochs.max_minutes, procs.world)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
@@ -406,9 +408,12 @@ def run_training(
                     on_save=[partial(save_spec, spec)], log=log,
                 )  # fmt: skip
             else:
+                callbacks = [spec_callback(spec)]
+                if cfg.epochs.max_minutes is not None:
+                    callbacks.append(time_budget_callback(cfg.epochs.max_minutes, log=log))
                 trainer = build_trainer(
                     cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
-                    vllm_server_host=vllm_server_host, callbacks=[spec_callback(spec)],
+                    vllm_server_host=vllm_server_host, callbacks=callbacks,
                     step_offset=reward_fn.step_offset,
                 )  # fmt: skip
             trainer.train(resume_from_checkpoint=resume)

@@ -98,6 +98,7 @@ from memsifter.rewards.marginal_utility import marginal_utility_to_go
 from memsifter.rewards.tiers import fibonacci_tiers
 from memsifter.training.config import SCALE_REWARDS
 from memsifter.training.mean_scale import mean_divisor
+from memsifter.training.time_budget import TimeBudget
 
 Log = Callable[[str], None]
 
@@ -510,6 +511,7 @@ class PLGRPOTrainer:
             self._resume(Path(resume_from_checkpoint))
         torch.manual_seed(self.g.seed + self.state.global_step)
         t0 = time.perf_counter()
+        budget = TimeBudget(self.cfg.epochs.max_minutes)
         while self.state.global_step < self.max_steps:
             entry = self._step(self.state.global_step)
             self.state.global_step += 1
@@ -520,9 +522,17 @@ class PLGRPOTrainer:
                     f"step {entry['step']}/{self.max_steps}: reward {entry['reward']:.3f}, "
                     f"entropy {entry['entropy']:.3f}, {entry['seconds']:.0f} s"
                 )
+            # Out of time: this step is saved with its log and optimizer (a resume goes on from
+            # it) and the epoch loop validates it as its last.
+            stop = budget.expired() and self.state.global_step < self.max_steps
+            if stop:
+                self.log(budget.note(self.state.global_step))
+                entry["stopped"] = "max_minutes"
             save = self.cfg.epochs.save_steps
-            if save > 0 and self.state.global_step % save == 0:
+            if stop or (save > 0 and self.state.global_step % save == 0):
                 self.save_checkpoint()
+            if stop:
+                break
 
     def save_model(self, path: str) -> None:
         out = Path(path)
