@@ -69,6 +69,12 @@ def recipe_of(name: str) -> str:
     return name.split("+", 1)[0]
 
 
+def counterpart(name: str, recipe: str) -> str:
+    """The run of ``recipe`` with ``name``'s variant: ``outcome+kl`` -> ``labels+kl``."""
+    _, plus, variant = name.partition("+")
+    return recipe + plus + variant
+
+
 def run_name(value: str) -> str:
     if recipe_of(value) not in RECIPES:
         raise argparse.ArgumentTypeError(
@@ -723,14 +729,16 @@ def evaluate(
         pairs[f"{name}-start"] = ci(values[name], values["start"])
         pairs[f"{name}-best_shortcut"] = ci(values[name], short_values[best_shortcut])
         pairs[f"{name}-bm25"] = ci(values[name], values["bm25"])
-    main = "outcome" if "outcome" in values else None
-    if main:
-        if "labels" in values:
-            pairs["outcome-labels"] = ci(values[main], values["labels"])
-        if "outcome_absolute" in values and prior.any():
-            pairs["outcome-outcome_absolute (s_0 > 0 share)"] = ci(
-                values[main], values["outcome_absolute"], prior
-            )
+    # The outcome reward against the labels and the absolute score: runs of those recipes with
+    # the same variant (outcome+kl against labels+kl), so only the reward differs.
+    for name in trained:
+        if recipe_of(name) != "outcome":
+            continue
+        labels, absolute = counterpart(name, "labels"), counterpart(name, "outcome_absolute")
+        if labels in values:
+            pairs[f"{name}-{labels}"] = ci(values[name], values[labels])
+        if absolute in values and prior.any():
+            pairs[f"{name}-{absolute} (s_0 > 0 share)"] = ci(values[name], values[absolute], prior)
     split_rows = {}
     for name in runs:
         if name in ("oracle",):

@@ -95,6 +95,21 @@ def test_the_reports_sample_and_steps_to_learn_choose_by_ids_only() -> None:
     assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.5)]) is None
 
 
+def test_a_variant_is_its_recipe_under_its_own_name_and_pairs_with_its_own_variant() -> None:
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    assert gym_reading.recipe_of("outcome_kl+b32") == "outcome_kl"
+    assert gym_reading.recipe_of("labels") == "labels"
+    assert gym_reading.run_name("labels+kl") == "labels+kl"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'label\+kl': a run is a recipe"):
+        gym_reading.run_name("label+kl")
+    assert gym_reading.counterpart("outcome+kl", "labels") == "labels+kl"
+    assert gym_reading.counterpart("outcome", "outcome_absolute") == "outcome_absolute"
+
+
 def _top_adapted(proxy: Path) -> tuple[Any, Any, int]:
     """The proxy with a LoRA adapter on its top layer, initialised away from the zero start so
     that the top layer changes the scores (a check against it then compares something)."""
