@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The reading gym on one lent GPU (no network, minutes of device time): several runs of a rung
 # trained side by side, each under a wall-clock budget (epochs.max_minutes: it stops, saves and
-# validates), then one evaluation on test users; the results and the averaged checkpoints'
-# adapters are packed into $GYM_OUT.
+# validates), then one evaluation on test users. The records, the averaged checkpoints'
+# adapters and the results are packed into $GYM_OUT (GYM_EVAL_SECONDS bounds the evaluation).
 #
 #   bash eval/gym_reading_gpu.sh SIZE MINUTES RUN[=SET,SET...] ...
 #   bash eval/gym_reading_gpu.sh medium 4 outcome_kl \
@@ -11,7 +11,8 @@
 # A RUN is a recipe of eval/gym_reading.py, or RECIPE+VARIANT with its overrides. The rung's
 # data must be built already (outputs/gym_reading/SIZE-marker/data, copied from where it was
 # built: the same bytes the CPU runs read). A tree without git names its commit in
-# MEMSIFTER_CODE_VERSION. GYM_PER_USER (default 2) test questions a user.
+# MEMSIFTER_CODE_VERSION. GYM_PER_USER (default 2) test questions a user. Only the packs land
+# in $GYM_OUT (a lent machine returns few files): the logs travel inside them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=$1 minutes=$2
@@ -19,13 +20,17 @@ shift 2
 out=${GYM_OUT:-outputs/gym_reading/gpu}
 mkdir -p "$out"
 rung=outputs/gym_reading/$size-marker
+logs=$rung/gpu_logs
+mkdir -p "$logs"
 [ -f "$rung/data/prompt_spec.json" ] || { echo "no data in $rung/data" >&2; exit 2; }
 nvidia-smi -L 2>/dev/null || echo "no GPU here"
 names=()
 pids=()
 for spec in "$@"; do
   name=${spec%%=*}
-  sets=(--set "epochs.max_minutes=$minutes" --set threads=4)
+  # fp32 weights as on a CPU (the recipes' bf16 autocast does the matmuls): "auto" would hold
+  # bf16 weights on a GPU and step AdamW on them
+  sets=(--set "epochs.max_minutes=$minutes" --set threads=4 --set model.dtype=float32)
   if [ "$name" != "$spec" ]; then
     IFS=, read -ra extra <<<"${spec#*=}"
     for s in "${extra[@]}"; do sets+=(--set "$s"); done
@@ -33,36 +38,49 @@ for spec in "$@"; do
   names+=(--recipe "$name")
   # max_steps is the plan (far past the budget): the budget stops each run
   python3 eval/gym_reading.py --size "$size" --head-read marker --stage train \
-    --recipe "$name" --max-steps 5000 "${sets[@]}" >"$out/train_${name}.log" 2>&1 &
+    --recipe "$name" --max-steps 5000 "${sets[@]}" >"$logs/train_${name}.log" 2>&1 &
   pids+=($!)
 done
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-tail -n 3 "$out"/train_*.log
+tail -n 3 "$logs"/train_*.log
 [ $status = 0 ] || { echo "a training run failed" >&2; exit 1; }
-python3 eval/gym_reading.py --size "$size" --head-read marker --stage eval "${names[@]}" \
-  --per-user "${GYM_PER_USER:-2}" 2>&1 | tee "$out/eval.log" | tail -n 60
-# What comes back: the committed results, the rung's records, and each run's averaged adapters.
-tar czf "$out/results.tgz" eval/results/gym_reading.json eval/results/gym_reading.md \
-  "eval/results/gym_reading_runs/$size-marker" "$rung/rung.json" "$rung/eval" \
-  $(ls -d "$rung"/train/*/result.json "$rung"/train/*/run_state.json \
-    "$rung"/train/*/epoch-0/validation.json 2>/dev/null)
-python3 - "$rung" "$out" <<'EOF'
+
+# What comes back, packed as soon as it exists (a call cut at its limit still returns the
+# training): each run's records and the adapters it averaged; then the evaluation's results.
+pack() {
+  python3 - "$rung" "$out" "$size" "$1" "$logs" <<'PY'
 import json, sys, tarfile
 from pathlib import Path
 
-rung, out = Path(sys.argv[1]), Path(sys.argv[2])
-for run in sorted((rung / "train").iterdir()):
-    state = run / "run_state.json"
-    if not state.is_file():
-        continue
-    tops = [c for e in json.loads(state.read_text()).values() if isinstance(e, dict)
-            for c in e.get("top", [])]
-    with tarfile.open(out / f"adapters_{run.name}.tgz", "w:gz") as tar:
-        for c in tops:
-            for f in ("adapter_model.safetensors", "adapter_config.json", "prompt_spec.json"):
-                p = run / "epoch-0" / c / f
-                if p.is_file():
-                    tar.add(p)
-EOF
+rung, out, size, what, logs = sys.argv[1:6]
+rung, out, logs = Path(rung), Path(out), Path(logs)
+runs = [r for r in sorted((rung / "train").iterdir()) if (r / "run_state.json").is_file()]
+with tarfile.open(out / f"{what}.tgz", "w:gz") as tar:
+    for path in (Path("eval/results/gym_reading.json"), Path("eval/results/gym_reading.md"),
+                 Path("eval/results/gym_reading_runs") / f"{size}-marker", rung / "rung.json",
+                 rung / "eval", logs):
+        if path.exists():
+            tar.add(path)
+    for run in runs:
+        for f in ("result.json", "run_state.json", "summary.json", "epoch-0/validation.json",
+                  "epoch-0/trainer_state.json"):
+            if (run / f).is_file():
+                tar.add(run / f)
+if what == "train":
+    for run in runs:
+        state = json.loads((run / "run_state.json").read_text())
+        tops = [c for e in state.values() if isinstance(e, dict) for c in e.get("top", [])]
+        with tarfile.open(out / f"adapters_{run.name}.tgz", "w:gz") as tar:
+            for c in tops:
+                for f in ("adapter_model.safetensors", "adapter_config.json", "prompt_spec.json"):
+                    if (run / "epoch-0" / c / f).is_file():
+                        tar.add(run / "epoch-0" / c / f)
+PY
+}
+pack train
+timeout "${GYM_EVAL_SECONDS:-1800}" python3 eval/gym_reading.py --size "$size" \
+  --head-read marker --stage eval "${names[@]}" --per-user "${GYM_PER_USER:-2}" 2>&1 |
+  tee "$logs/eval.log" | tail -n 60
+pack results
 ls -la "$out"

@@ -130,12 +130,12 @@ def _oracle(q: Ask) -> int | None:
 
 def rules(attr_words: dict[str, set[str]]) -> dict[str, Callable[[Ask], int | None]]:
     bm25 = build_filter("bm25")
-    pos = {}
 
     def ranked(q: Ask) -> int:
-        order = bm25.score(q.question, list(q.haystack)).ids
-        pos.setdefault(id(q.haystack), {s.id: i for i, s in enumerate(q.haystack)})
-        return pos[id(q.haystack)][order[0]]
+        # Looked up in this haystack each time: a cache keyed by id() answered from a freed
+        # haystack whose id a later one reused.
+        top = bm25.score(q.question, list(q.haystack)).ids[0]
+        return next(i for i, s in enumerate(q.haystack) if s.id == top)
 
     def words_of(q: Ask) -> set[str]:
         return attr_words.get(q.attribute or "", set())
