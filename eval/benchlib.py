@@ -41,8 +41,12 @@ TENANT = "bench"
 
 
 def git_head() -> str:
-    """The repository's short HEAD. Outside a git checkout (a copy of the tree sent to a lent
-    GPU) it is ``MEMSIFTER_CODE_VERSION`` when the sender named its commit, else "unknown"."""
+    """The repository's short HEAD, or ``MEMSIFTER_CODE_VERSION`` when set: a copy of the tree
+    sent to a lent GPU names the sender's commit there (that copy's own git, if it has one, is
+    not the sender's: one reported its base commit "+dirty"). Else "unknown" outside git."""
+    named = os.environ.get("MEMSIFTER_CODE_VERSION")
+    if named:
+        return named
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -52,12 +56,14 @@ def git_head() -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("MEMSIFTER_CODE_VERSION") or "unknown"
+        return "unknown"
 
 
 def git_dirty(*paths: str) -> bool:
     """Whether tracked files (only ``paths``, when given) differ from HEAD: a result measured
-    on uncommitted code says so."""
+    on uncommitted code says so. With ``MEMSIFTER_CODE_VERSION`` the sender's name says it."""
+    if os.environ.get("MEMSIFTER_CODE_VERSION"):
+        return False
     try:
         return bool(
             subprocess.run(

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memsifter.errors import DataError  # noqa: E402
+from memsifter.errors import DataError, MemSifterError  # noqa: E402
 from memsifter.ranker.first_token import (  # noqa: E402
     RankingHeadError,
     gumbel_topk,
@@ -224,6 +224,17 @@ def test_head_scores_are_the_same_alone_and_in_a_padded_batch(tiny_qwen3: Path) 
         alone = head_scores(model, tok, prompts[:1], [3])
     assert torch.allclose(both[0, :3], alone[0], atol=1e-4)
     assert torch.isinf(both[0, 3:]).all() and torch.isfinite(both[1]).all()
+    # The short row is padded, and the longer one scores the same alone too.
+    with torch.no_grad():
+        long_alone = head_scores(model, tok, prompts[1:], [5])
+    assert torch.allclose(both[1], long_alone[0], atol=1e-4)
+    # Right-padded: every row starts with a prompt token, so no causal query attends to
+    # nothing (a fully masked row is where fused attention kernels give NaN).
+    from memsifter.ranker.first_token import _encode
+
+    batch = _encode(tok, prompts, [3, 5], "digits", "label")
+    assert bool(batch.mask[:, 0].all()) and not bool(batch.mask[0, -1])
+    assert batch.last.tolist() == [int(batch.mask[0].sum()) - 1, batch.ids.shape[1] - 1]
     orders = rank_prompts(model, tok, prompts, [3, 5])
     assert sorted(orders[0]) == [0, 1, 2] and sorted(orders[1]) == list(range(5))
     assert orders[1] == both[1].argsort(descending=True).tolist()
@@ -521,6 +532,34 @@ def test_a_time_budget_stops_after_a_step_saves_it_and_the_loop_validates_it(
     assert state["global_step"] == 1
     assert state["log_history"][-1]["stopped"] == "max_minutes"
     assert "checkpoint-1" in json.loads((epoch / "validation.json").read_text())
+
+
+def test_a_non_finite_gradient_is_skipped_and_logged_and_three_in_a_row_stop_the_run(
+    gym_head: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN gradient is never applied (clipping would spread it to every weight): the step is
+    skipped and logged, and a run that keeps skipping stops by name."""
+    t = _trainer(gym_head, "nonfinite", 6)
+    before = [p.detach().clone() for p in t.model.parameters() if p.requires_grad]
+    real = torch.nn.utils.clip_grad_norm_
+
+    def nan_norm(params: Any, max_norm: float) -> Any:
+        real(params, max_norm)
+        return torch.tensor(float("nan"))
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", nan_norm)
+    with pytest.raises(MemSifterError, match="3 steps in a row ended with a non-finite gradient"):
+        t.train()
+    assert [e.get("nonfinite_grad_skipped") for e in t.state.log_history] == [1, 1, 1]
+    after = [p for p in t.model.parameters() if p.requires_grad]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    # With finite norms the same trainer's steps do move the weights (the check can fail).
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", real)
+    t.max_steps = t.state.global_step + 1
+    t.train()
+    assert "nonfinite_grad_skipped" not in t.state.log_history[-1]
+    moved = [p for p in t.model.parameters() if p.requires_grad]
+    assert any(not torch.equal(a, b) for a, b in zip(before, moved, strict=True))
 
 
 def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) -> None:

@@ -198,7 +198,7 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any]:
 
 @dataclass
 class _Batch:
-    """Rendered prompts encoded for the head: left-padded ids, mask and positions, and where
+    """Rendered prompts encoded for the head: right-padded ids, mask and positions, and where
     each row's scores are read."""
 
     ids: Any
@@ -208,6 +208,7 @@ class _Batch:
     read: str
     read_id: int | None = None  # the marker read's token
     label_ids: Any = None  # the label read's token ids
+    last: Any = None  # each row's last prompt token, where the label read reads
     row: Any = None  # the marker read's (row, column, place) of every candidate
     col: Any = None
     place: Any = None
@@ -234,10 +235,15 @@ def _encode(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.full((len(enc), width), pad, dtype=torch.long)
     mask = torch.zeros((len(enc), width), dtype=torch.long)
+    # Right-padded: every query then attends to at least its own row's tokens. A left pad's
+    # query attends to nothing, and a fully masked row is where fused attention kernels give
+    # NaN (four GPU runs' gradients went NaN on one batch; docs/gym.md, finding 19). Nothing
+    # is generated, so nothing needs the prompts to end together.
     for i, e in enumerate(enc):
-        ids[i, width - len(e) :] = torch.tensor(e)
-        mask[i, width - len(e) :] = 1
+        ids[i, : len(e)] = torch.tensor(e)
+        mask[i, : len(e)] = 1
     batch = _Batch(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), list(n_candidates), read)
+    batch.last = mask.sum(-1) - 1
     if read == "marker":
         where = [
             marker_positions(tokenizer, p, n, labels)
@@ -245,9 +251,7 @@ def _encode(
         ]
         batch.read_id = marker_token_id(tokenizer)
         batch.row = torch.tensor([i for i, w in enumerate(where) for _ in w])
-        batch.col = torch.tensor(
-            [width - len(e) + p for e, w in zip(enc, where, strict=True) for p in w]
-        )
+        batch.col = torch.tensor([p for w in where for p in w])
         batch.place = torch.tensor([j for w in where for j in range(len(w))])
     else:
         batch.label_ids = torch.tensor(label_token_ids(tokenizer, width_n, labels))
@@ -283,8 +287,14 @@ def _forward_scores(model: Any, batch: _Batch, inputs_embeds: Any = None) -> Any
             logit = logit + lm_head.bias[batch.read_id].float()
         scores = torch.full((len(batch.ids), width_n), float("-inf"), device=device)
         return scores.index_put((row, batch.place.to(device)), logit)
-    out = model(**feed, **common, logits_to_keep=1)
-    scores = out.logits[:, -1, :].float()[:, batch.label_ids.to(device)]
+    decoder, lm_head = _decoder_and_head(model)
+    hidden = decoder(**feed, **common).last_hidden_state
+    rows = torch.arange(len(batch.ids), device=device)
+    # The labels' logits at each row's last token: those LM-head rows against its hidden state.
+    label_ids = batch.label_ids.to(device)
+    scores = (hidden[rows, batch.last.to(device)] @ lm_head.weight[label_ids].T).float()
+    if getattr(lm_head, "bias", None) is not None:
+        scores = scores + lm_head.bias[label_ids].float()
     real = (
         torch.arange(width_n, device=device)[None, :]
         < torch.tensor(batch.n_candidates, device=device)[:, None]
@@ -303,8 +313,8 @@ def head_scores(
 ) -> Any:
     """The head's scores ``[B, max n]`` for rendered prompts that end with ``<ranking>``: the
     last position's logits at each candidate's label (``labels``: the spec's labelling),
-    ``-inf`` past a row's own count. Left-padded, with positions counted from the mask (as
-    ``generate`` counts them), so a prompt scores the same alone or in a batch.
+    ``-inf`` past a row's own count. Right-padded, with positions counted from the mask, so a
+    prompt scores the same alone or in a batch.
     Differentiable (the trainer's forward)."""
     return _forward_scores(model, _encode(tokenizer, prompts, n_candidates, labels, read))
 

@@ -83,7 +83,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from memsifter.errors import DataError
+from memsifter.errors import DataError, MemSifterError
 from memsifter.ranker.checkpoint import read_spec
 from memsifter.ranker.first_token import (
     HeadTrunk,
@@ -101,6 +101,8 @@ from memsifter.training.mean_scale import mean_divisor
 from memsifter.training.time_budget import TimeBudget
 
 Log = Callable[[str], None]
+# Steps in a row with a non-finite gradient (each skipped) before a run stops.
+MAX_NONFINITE_STEPS = 3
 
 
 def group_advantages(rewards: Any, scale: str) -> Any:
@@ -458,7 +460,7 @@ class PLGRPOTrainer:
                         self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read
                     )
                 )
-        losses, kls, clipped_frac = [], [], []
+        losses, kls, clipped_frac, skipped = [], [], [], 0
         for it in range(g.num_iterations):
             if it:
                 with self.autocast():
@@ -480,7 +482,14 @@ class PLGRPOTrainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in self.model.parameters() if p.requires_grad], g.max_grad_norm
             )
-            self.opt.step()
+            # A non-finite gradient is not applied: clipping would spread it over every weight
+            # and the policy would be NaN from then on (as a scaler skips an overflowed step).
+            # Each skip is logged; a run that keeps skipping stops (train()).
+            if torch.isfinite(grad_norm):
+                self.opt.step()
+            else:
+                skipped += 1
+                self.opt.zero_grad()
             losses.append(float(loss.detach()))
         with torch.no_grad():
             p = torch.softmax(scores.detach() / g.temperature, -1)
@@ -499,6 +508,8 @@ class PLGRPOTrainer:
         }
         if kls:
             entry["kl"] = sum(kls) / len(kls)
+        if skipped:
+            entry["nonfinite_grad_skipped"] = skipped
         if g.pl_advantage == "best_of_group":  # how many rankings a group's weight is shared by
             entry["best_share"] = float((adv > -1.0).float().mean())
         return entry
@@ -512,11 +523,13 @@ class PLGRPOTrainer:
         torch.manual_seed(self.g.seed + self.state.global_step)
         t0 = time.perf_counter()
         budget = TimeBudget(self.cfg.epochs.max_minutes)
+        bad_run = 0
         while self.state.global_step < self.max_steps:
             entry = self._step(self.state.global_step)
             self.state.global_step += 1
             entry["seconds"] = round(time.perf_counter() - t0, 1)
             self.state.log_history.append(entry)
+            bad_run = self._count_nonfinite(entry, bad_run)
             if self.state.global_step % max(1, self.g.logging_steps) == 0:
                 self.log(
                     f"step {entry['step']}/{self.max_steps}: reward {entry['reward']:.3f}, "
@@ -533,6 +546,24 @@ class PLGRPOTrainer:
                 self.save_checkpoint()
             if stop:
                 break
+
+    def _count_nonfinite(self, entry: dict[str, Any], bad_run: int) -> int:
+        """Steps in a row whose gradient was not finite (each skipped by ``_step``), up to and
+        including ``entry``; stops the run at ``MAX_NONFINITE_STEPS``."""
+        if not entry.get("nonfinite_grad_skipped"):
+            return 0
+        bad_run += 1
+        self.log(
+            f"step {entry['step']}: non-finite gradient (norm {entry['grad_norm']}); its "
+            "optimizer step was skipped"
+        )
+        if bad_run >= MAX_NONFINITE_STEPS:
+            raise MemSifterError(
+                f"{bad_run} steps in a row ended with a non-finite gradient (the last at step "
+                f"{entry['step']}): the run stops rather than train on NaN. Its checkpoints up "
+                "to then are intact; lower grpo.learning_rate or look at those steps' prompts"
+            )
+        return bad_run
 
     def save_model(self, path: str) -> None:
         out = Path(path)
