@@ -22,8 +22,12 @@ mkdir -p "$out"
 rung=outputs/gym_reading/$size-marker
 logs=$rung/gpu_logs
 mkdir -p "$logs"
-[ -f "$rung/data/prompt_spec.json" ] || { echo "no data in $rung/data" >&2; exit 2; }
+for f in prompt_spec.json train.parquet train_pool.parquet validation.parquet test.parquet; do
+  [ -f "$rung/data/$f" ] || { echo "$rung/data/$f is missing: copy the rung's data" >&2; exit 2; }
+done
 nvidia-smi -L 2>/dev/null || echo "no GPU here"
+# One pack a run and two more: a lent machine returns at most 8 files.
+[ $# -le 6 ] || { echo "at most 6 runs a call ($# given)" >&2; exit 2; }
 names=()
 pids=()
 for spec in "$@"; do
@@ -71,7 +75,8 @@ if what == "train":
     for run in runs:
         state = json.loads((run / "run_state.json").read_text())
         tops = [c for e in state.values() if isinstance(e, dict) for c in e.get("top", [])]
-        with tarfile.open(out / f"adapters_{run.name}.tgz", "w:gz") as tar:
+        # a lent machine returns file names of letters, digits, '.', '_' and '-' only
+        with tarfile.open(out / f"adapters_{run.name.replace('+', '_')}.tgz", "w:gz") as tar:
             for c in tops:
                 for f in ("adapter_model.safetensors", "adapter_config.json", "prompt_spec.json"):
                     if (run / "epoch-0" / c / f).is_file():
