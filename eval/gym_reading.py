@@ -69,6 +69,19 @@ def recipe_of(name: str) -> str:
     return name.split("+", 1)[0]
 
 
+def without_notes(argv: list[str]) -> list[str]:
+    """The command line as recorded: the ``--note`` texts are the rung's notes already."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--note":
+            skip = True
+        elif not arg.startswith("--note="):
+            out.append(arg)
+    return out
+
+
 def counterpart(name: str, recipe: str) -> str:
     """The run of ``recipe`` with ``name``'s variant: ``outcome+kl`` -> ``labels+kl``."""
     _, plus, variant = name.partition("+")
@@ -1131,7 +1144,7 @@ def main() -> None:
     rung = json.loads(rung_file.read_text()) if rung_file.is_file() else committed(rung) or rung
     this_run = {
         "code_version": code_version(),
-        "command": "python eval/gym_reading.py " + " ".join(sys.argv[1:]),
+        "command": "python eval/gym_reading.py " + " ".join(without_notes(sys.argv[1:])),
         "machine": machine_line(machine_facts(), run=True),
     }
     # The rung's own provenance is its table's (the eval's); a training run and a probe keep

@@ -108,6 +108,8 @@ def test_a_variant_is_its_recipe_under_its_own_name_and_pairs_with_its_own_varia
         gym_reading.run_name("label+kl")
     assert gym_reading.counterpart("outcome+kl", "labels") == "labels+kl"
     assert gym_reading.counterpart("outcome", "outcome_absolute") == "outcome_absolute"
+    argv = ["--stage", "eval", "--note", "a long note", "--per-user", "2", "--note=another"]
+    assert gym_reading.without_notes(argv) == ["--stage", "eval", "--per-user", "2"]
 
 
 def _top_adapted(proxy: Path) -> tuple[Any, Any, int]:
