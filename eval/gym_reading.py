@@ -632,6 +632,34 @@ def permuted_rows(
     return out
 
 
+def rankings_of(
+    name: str, qids: list[str], cache: Path, kept: Path, make: Any
+) -> list[list[int]] | None:
+    """A ranker's rankings of the questions ``qids``, and its committed record beside the logs.
+    From this machine's cache, else made by ``make`` (the model is here), else the committed
+    record's when it ranked exactly these questions (the model is not here: ranked on a lent
+    GPU, or its checkpoint is gone); None when there is none of the three. The committed
+    rankings never stand in for a model that is here: a retrained run is ranked again."""
+    path = cache / f"{name}.json"
+    was = kept / f"{name}.json"
+    old = json.loads(was.read_text()) if was.is_file() else None
+    if path.is_file():
+        rankings = json.loads(path.read_text())
+    elif make:
+        rankings = make()
+        path.write_text(json.dumps(rankings) + "\n")
+    elif old is not None and old["qids"] == qids:
+        return old["rankings"]
+    else:
+        return None
+    record = {"qids": qids, "rankings": rankings, "code_version": code_version()}
+    # Rankings read back from the cache keep the version that made them.
+    if old is not None and (old["qids"], old["rankings"]) == (qids, rankings):
+        record["code_version"] = old["code_version"]
+    was.write_text(json.dumps(record) + "\n")
+    return rankings
+
+
 def subset(values: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v[mask] for k, v in values.items()}
 
@@ -659,35 +687,26 @@ def evaluate(
     kept.mkdir(parents=True, exist_ok=True)
     qids = [str(r["qid"]) for r in rows]
 
-    def cached(name: str, make: Any) -> list[list[int]]:
-        path = cache / f"{name}.json"
-        if path.is_file():
-            rankings = json.loads(path.read_text())
-        else:
-            rankings = make()
-            path.write_text(json.dumps(rankings) + "\n")
-        record = {"qids": qids, "rankings": rankings, "code_version": code_version()}
-        was = kept / f"{name}.json"
-        if was.is_file():  # rankings read back from the cache keep the version that made them
-            old = json.loads(was.read_text())
-            if (old["qids"], old["rankings"]) == (qids, rankings):
-                record["code_version"] = old["code_version"]
-        was.write_text(json.dumps(record) + "\n")
-        return rankings
+    def cached(name: str, make: Any) -> list[list[int]] | None:
+        return rankings_of(name, qids, cache, kept, make)
 
     runs: dict[str, list[list[int]]] = {"bm25": [list(r["coarse_order"]) for r in rows]}
     world = load_world(ROOT / world_config(size))
     shortcuts = shortcut_rankings(world, rows, positions=True)
     runs["start"] = cached("start", lambda: rank_with(MODEL, rows, spec))
-    trained = {}
+    # A trained run is ranked by its model when its folder is here; else by the rankings it
+    # made elsewhere (a lent GPU, a checkpoint since deleted), committed for these questions.
+    trained: dict[str, Path | None] = {}
     for name in names:
         final = out / "train" / name / "final"
         meta = out / "train" / name / "result.json"
         if meta.is_file():
             final = Path(json.loads(meta.read_text())["model"])
-        if final.is_dir():
-            trained[name] = final
-            runs[name] = cached(name, lambda f=final: rank_with(f, rows, spec))
+        model = final if final.is_dir() else None
+        make = None if model is None else (lambda f=model: rank_with(f, rows, spec))
+        ranked = cached(name, make)
+        if ranked is not None:
+            trained[name], runs[name] = model, ranked
     runs["oracle"] = [
         list(r["useful_positions"])
         + [i for i in range(int(r["n_candidates"])) if i not in r["useful_positions"]]
@@ -700,7 +719,10 @@ def evaluate(
         prow = permuted_rows(size, rows, spec, seed=1)
         # The start too: what a ranker keeps out of date order is measured against it.
         for name, model in {"start": MODEL, **trained}.items():
-            rk = cached(f"{name}_permuted", lambda m=model: rank_with(m, prow, spec))
+            make = None if model is None else (lambda m=model: rank_with(m, prow, spec))
+            rk = cached(f"{name}_permuted", make)
+            if rk is None:
+                continue
             hits = [
                 bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
             ]
@@ -811,7 +833,9 @@ def evaluate(
         "steps_to_learn": steps_to_learn(curves["outcome"]) if curves.get("outcome") else None,
         "steps_to_learn_by_recipe": {n: steps_to_learn(c) for n, c in curves.items() if c},
         "models": {
-            n: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+            n: (str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p))
+            if p is not None
+            else "not here: its committed rankings"
             for n, p in trained.items()
         },
     }

@@ -112,6 +112,37 @@ def test_a_variant_is_its_recipe_under_its_own_name_and_pairs_with_its_own_varia
     assert gym_reading.without_notes(argv) == ["--stage", "eval", "--per-user", "2"]
 
 
+def test_rankings_come_from_the_cache_the_model_or_the_committed_record_in_that_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run ranked on a lent GPU (or whose checkpoint is gone) is evaluated from its committed
+    rankings of exactly these questions; a model that is here is always ranked again."""
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    monkeypatch.setattr(gym_reading, "code_version", lambda: "here")
+    cache, kept = tmp_path / "cache", tmp_path / "kept"
+    cache.mkdir(), kept.mkdir()
+    qids = ["q1", "q2"]
+    committed = {"qids": qids, "rankings": [[1, 0], [0, 1]], "code_version": "gpu"}
+    (kept / "run.json").write_text(json.dumps(committed))
+    # No model, no cache: the committed record, left as it was.
+    assert gym_reading.rankings_of("run", qids, cache, kept, None) == [[1, 0], [0, 1]]
+    assert json.loads((kept / "run.json").read_text())["code_version"] == "gpu"
+    # Other questions: nothing stands in.
+    assert gym_reading.rankings_of("run", ["q1"], cache, kept, None) is None
+    # The model is here: it ranks, whatever was committed, and its record says this version.
+    made = gym_reading.rankings_of("run", qids, cache, kept, lambda: [[0, 1], [1, 0]])
+    assert made == [[0, 1], [1, 0]]
+    assert json.loads((kept / "run.json").read_text()) == {
+        "qids": qids, "rankings": made, "code_version": "here"
+    }  # fmt: skip
+    # Then this machine's cache answers, and the record keeps the version that made it.
+    monkeypatch.setattr(gym_reading, "code_version", lambda: "later")
+    assert gym_reading.rankings_of("run", qids, cache, kept, lambda: [[9]]) == made
+    assert json.loads((kept / "run.json").read_text())["code_version"] == "here"
+
+
 def _top_adapted(proxy: Path) -> tuple[Any, Any, int]:
     """The proxy with a LoRA adapter on its top layer, initialised away from the zero start so
     that the top layer changes the scores (a check against it then compares something)."""
