@@ -84,8 +84,7 @@ def without_notes(argv: list[str]) -> list[str]:
 
 def counterpart(name: str, recipe: str) -> str:
     """The run of ``recipe`` with ``name``'s variant: ``outcome+kl`` -> ``labels+kl``."""
-    _, plus, variant = name.partition("+")
-    return recipe + plus + variant
+    return recipe + name[len(recipe_of(name)) :]
 
 
 def run_name(value: str) -> str:
@@ -539,7 +538,6 @@ def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
 
 def rank_with(model: str | Path, rows: list[dict[str, Any]], spec: Any) -> list[list[int]]:
     from memsifter.ranker.parse import parse_ranking
-    from memsifter.training.config import has_cuda
     from memsifter.training.validation import ValidationEngine, generate_completions
 
     engine = ValidationEngine(
@@ -547,7 +545,7 @@ def rank_with(model: str | Path, rows: list[dict[str, Any]], spec: Any) -> list[
         ranking_head=spec.ranking_head,
         labels=spec.labels,
         head_read=spec.head_read,
-        device="cuda" if has_cuda() else "cpu",
+        device=None,  # the GPU when there is one
     )
     texts = generate_completions(model, rows, max_new_tokens=1, engine=engine)
     return [

@@ -276,25 +276,25 @@ def _forward_scores(model: Any, batch: _Batch, inputs_embeds: Any = None) -> Any
         "use_cache": False,
     }
     width_n = max(batch.n_candidates)
-    if batch.read == "marker":
-        decoder, lm_head = _decoder_and_head(model)
-        hidden = decoder(**feed, **common).last_hidden_state
-        row = batch.row.to(device)
-        # The read token's logit at each marker: that LM-head row against the hidden states.
-        # (under autocast the product comes back in bf16, as the label read's logits do)
-        logit = (hidden[row, batch.col.to(device)] @ lm_head.weight[batch.read_id]).float()
-        if getattr(lm_head, "bias", None) is not None:
-            logit = logit + lm_head.bias[batch.read_id].float()
-        scores = torch.full((len(batch.ids), width_n), float("-inf"), device=device)
-        return scores.index_put((row, batch.place.to(device)), logit)
     decoder, lm_head = _decoder_and_head(model)
     hidden = decoder(**feed, **common).last_hidden_state
+
+    def logits(at: Any, ids: Any) -> Any:
+        """The LM head's rows ``ids`` against the hidden states ``at``: those tokens' logits,
+        without the whole vocabulary's (under autocast the product comes back in bf16)."""
+        out = (at @ lm_head.weight[ids].T).float()
+        bias = getattr(lm_head, "bias", None)
+        return out if bias is None else out + bias[ids].float()
+
+    if batch.read == "marker":
+        # The read token's logit at each candidate's closing marker.
+        row = batch.row.to(device)
+        logit = logits(hidden[row, batch.col.to(device)], [batch.read_id])[:, 0]
+        scores = torch.full((len(batch.ids), width_n), float("-inf"), device=device)
+        return scores.index_put((row, batch.place.to(device)), logit)
+    # The labels' logits at each row's last prompt token.
     rows = torch.arange(len(batch.ids), device=device)
-    # The labels' logits at each row's last token: those LM-head rows against its hidden state.
-    label_ids = batch.label_ids.to(device)
-    scores = (hidden[rows, batch.last.to(device)] @ lm_head.weight[label_ids].T).float()
-    if getattr(lm_head, "bias", None) is not None:
-        scores = scores + lm_head.bias[label_ids].float()
+    scores = logits(hidden[rows, batch.last.to(device)], batch.label_ids.to(device))
     real = (
         torch.arange(width_n, device=device)[None, :]
         < torch.tensor(batch.n_candidates, device=device)[:, None]

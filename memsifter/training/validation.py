@@ -68,17 +68,15 @@ class ValidationEngine:
     labels: str | None = None
     # Where the head reads its scores (label | marker), from the data's spec like the labels.
     head_read: str | None = None
-    # Where the head's forward runs: the trainer's GPU when it has one (a lent GPU's CPUs would
+    # Where the head's forward runs; None: the GPU when there is one (a lent GPU's CPUs would
     # spend minutes a checkpoint), else the CPU. fp32 either way: the checkpoint's own dtype.
-    device: str = "cpu"
+    device: str | None = "cpu"
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, ranking_head: str = "generate") -> ValidationEngine:
         """``ranking_head`` is the run's data's (``read_spec(cfg.data).ranking_head``); with the
         head, so are its labels, read here so every model validated (the start model too, with
         no spec of its own) is read at the labels its prompts were rendered with."""
-        from memsifter.training.config import has_cuda
-
         args = dict(cfg.epochs.validation_engine_args)
         if cfg.epochs.validation_backend == "vllm" and cfg.model.context_tokens is not None:
             args.setdefault("max_model_len", cfg.model.context_tokens)
@@ -89,7 +87,7 @@ class ValidationEngine:
             ranking_head=ranking_head,
             labels=_data_labels(cfg.data) if ranking_head == "first_token" else None,
             head_read=_data_head_read(cfg.data) if ranking_head == "first_token" else None,
-            device="cuda" if has_cuda() else "cpu",
+            device=None,
         )
 
     def spec(self, model_path: str | Path) -> BackendSpec:
