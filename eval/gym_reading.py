@@ -82,9 +82,47 @@ def without_notes(argv: list[str]) -> list[str]:
     return out
 
 
-def counterpart(name: str, recipe: str) -> str:
-    """The run of ``recipe`` with ``name``'s variant: ``outcome+kl`` -> ``labels+kl``."""
-    return recipe + name[len(recipe_of(name)) :]
+# Fields that place a run (where it writes, which copy of the rung's data, how many CPU threads)
+# or record where its values came from, rather than shape what it learns; with the reward, the
+# rest must be equal for two runs to be a reward ablation.
+PLACEMENT = ("output_dir", "data", "threads", "reward", "source", "overrides")
+
+
+def learning_settings(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A run's reward config and every other setting that shapes what it learns, from its
+    record in the rung (its recipe and the overrides it was trained with)."""
+    from memsifter.training.config import load_train_config
+
+    cfg = dataclasses.asdict(load_train_config(ROOT / record["config"], record["overrides"]))
+    return str(cfg["reward"]), {k: v for k, v in cfg.items() if k not in PLACEMENT}
+
+
+def ablations(records: dict[str, dict[str, Any]], names: list[str]) -> dict[str, dict[str, str]]:
+    """Each outcome-reward run among ``names`` -> its ``labels`` and ``outcome_absolute`` runs:
+    those trained with the same learning settings and the other reward. Paired by what was
+    trained, not by name: ``outcome_kl`` (the recipe) pairs with ``labels+kl`` (the labels
+    recipe with the KL recipe's values set), and a labels run with another learning rate or step
+    budget pairs with nothing."""
+    from memsifter.training.config import load_train_config
+
+    reward_of = {
+        str(load_train_config(ROOT / RECIPES[r], []).reward): r
+        for r in ("outcome", "labels", "outcome_absolute")
+    }
+    kinds: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name in names:
+        if "config" in records.get(name, {}):
+            reward, settings = learning_settings(records[name])
+            if reward in reward_of:
+                kinds[name] = (reward_of[reward], settings)
+    pairs: dict[str, dict[str, str]] = {}
+    for name, (kind, settings) in kinds.items():
+        if kind != "outcome":
+            continue
+        for other, (other_kind, other_settings) in kinds.items():
+            if other_kind != "outcome" and other_settings == settings:
+                pairs.setdefault(name, {})[other_kind] = other
+    return pairs
 
 
 def run_name(value: str) -> str:
@@ -663,7 +701,12 @@ def subset(values: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndar
 
 
 def evaluate(
-    size: str, data: Path, out: Path, names: list[str], per_user: int | None
+    size: str,
+    data: Path,
+    out: Path,
+    names: list[str],
+    per_user: int | None,
+    records: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     from gym_shortcuts import shortcut_rankings  # eval/ is this script's sys.path[0]
 
@@ -762,14 +805,12 @@ def evaluate(
         pairs[f"{name}-start"] = ci(values[name], values["start"])
         pairs[f"{name}-best_shortcut"] = ci(values[name], short_values[best_shortcut])
         pairs[f"{name}-bm25"] = ci(values[name], values["bm25"])
-    # The outcome reward against the labels and the absolute score: runs of those recipes with
-    # the same variant (outcome+kl against labels+kl), so only the reward differs.
-    for name in trained:
-        if recipe_of(name) != "outcome":
-            continue
-        labels, absolute = counterpart(name, "labels"), counterpart(name, "outcome_absolute")
-        if labels in values:
-            pairs[f"{name}-{labels}"] = ci(values[name], values[labels])
+    # The outcome reward against the labels and the absolute score: runs trained with the same
+    # learning settings and the other reward (``ablations``), so only the reward differs.
+    for name, other in ablations(records or {}, list(trained)).items():
+        if other.get("labels") in values:
+            pairs[f"{name}-{other['labels']}"] = ci(values[name], values[other["labels"]])
+        absolute = other.get("outcome_absolute")
         if absolute in values and prior.any():
             pairs[f"{name}-{absolute} (s_0 > 0 share)"] = ci(values[name], values[absolute], prior)
     split_rows = {}
@@ -1218,7 +1259,9 @@ def main() -> None:
                 fresh.setdefault("runs", {})[recipe] = runs[recipe]
                 rung_file.write_text(json.dumps(fresh, indent=1) + "\n")
     if "eval" in stages:
-        rung.update(evaluate(args.size, data, out, names, args.per_user or None))
+        rung.update(
+            evaluate(args.size, data, out, names, args.per_user or None, rung.get("runs", {}))
+        )
         fold_earlier(before, rung)
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     with rung_lock(out):

@@ -95,7 +95,7 @@ def test_the_reports_sample_and_steps_to_learn_choose_by_ids_only() -> None:
     assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.5)]) is None
 
 
-def test_a_variant_is_its_recipe_under_its_own_name_and_pairs_with_its_own_variant() -> None:
+def test_a_variant_is_its_recipe_under_its_own_name() -> None:
     import argparse
 
     sys.path.insert(0, str(ROOT / "eval"))
@@ -106,10 +106,41 @@ def test_a_variant_is_its_recipe_under_its_own_name_and_pairs_with_its_own_varia
     assert gym_reading.run_name("labels+kl") == "labels+kl"
     with pytest.raises(argparse.ArgumentTypeError, match=r"'label\+kl': a run is a recipe"):
         gym_reading.run_name("label+kl")
-    assert gym_reading.counterpart("outcome+kl", "labels") == "labels+kl"
-    assert gym_reading.counterpart("outcome", "outcome_absolute") == "outcome_absolute"
     argv = ["--stage", "eval", "--note", "a long note", "--per-user", "2", "--note=another"]
     assert gym_reading.without_notes(argv) == ["--stage", "eval", "--per-user", "2"]
+
+
+def test_reward_ablations_pair_by_what_was_trained_not_by_name() -> None:
+    sys.path.insert(0, str(ROOT / "eval"))
+    import gym_reading
+
+    kl = [
+        "grpo.beta=0.05",
+        "grpo.learning_rate=5e-4",
+        "grpo.num_generations=64",
+        "grpo.per_device_train_batch_size=512",
+        "epochs.max_steps=200",
+        "epochs.save_steps=40",
+    ]
+
+    def run(recipe: str, *over: str) -> dict[str, Any]:
+        return {"config": gym_reading.RECIPES[recipe], "overrides": list(over)}
+
+    records = {
+        "outcome_kl": run("outcome_kl"),  # the KL recipe: its values are in its file
+        "labels+kl": run("labels", *kl, "threads=4"),  # the same values, set; threads place it
+        "outcome_absolute+kl": run("outcome_absolute", *kl[:-1]),  # saves every 80: not a pair
+        "labels": run("labels"),  # the plain recipe: another lr, beta and budget
+        "outcome": run("outcome"),
+        "outcome+lr": run("outcome", "grpo.learning_rate=1e-3"),
+        "old": {"overrides": []},  # a record without its config pairs with nothing
+    }
+    assert gym_reading.ablations(records, list(records)) == {
+        "outcome_kl": {"labels": "labels+kl"},
+        "outcome": {"labels": "labels"},
+    }
+    # only the runs being evaluated pair
+    assert gym_reading.ablations(records, ["outcome_kl", "labels"]) == {}
 
 
 def test_rankings_come_from_the_cache_the_model_or_the_committed_record_in_that_order(
