@@ -94,6 +94,9 @@ def learning_settings(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     from memsifter.training.config import load_train_config
 
     cfg = dataclasses.asdict(load_train_config(ROOT / record["config"], record["overrides"]))
+    # A recipe selects checkpoints by its own reward's metric (a labels run cannot select by
+    # the outcome it is the ablation of): part of the reward, not of the settings compared.
+    cfg["epochs"].pop("select_metric")
     return str(cfg["reward"]), {k: v for k, v in cfg.items() if k not in PLACEMENT}
 
 

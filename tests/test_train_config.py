@@ -208,3 +208,19 @@ def test_train_cli_set_reaches_the_dry_run() -> None:
         app, ["train", str(ROOT / "configs/train/smollm2_cpu.yaml"), "--set", "nope=1"]
     )
     assert res.exit_code == 2 and "unknown key" in res.output
+
+
+def test_every_shipped_recipe_selects_by_a_metric_its_reward_can_move() -> None:
+    """Validation's reward is alpha * R_ans: a retrieval-only reward (alpha 0) scores every
+    checkpoint 0, so selecting by it chooses by ties (the reading gym's labels recipe once did)."""
+    from memsifter.rewards import load_reward_config
+    from memsifter.training.validation import check_select_metric
+
+    for path in CONFIGS:
+        cfg = load_train_config(path)
+        check_select_metric(cfg, load_reward_config(ROOT / cfg.reward))
+    labels = load_train_config(
+        ROOT / "configs/train/gym_read_pl_labels.yaml", ["epochs.select_metric=reward"]
+    )
+    with pytest.raises(DataError, match=r"select_metric is reward.*gym_labels.yaml has alpha 0"):
+        check_select_metric(labels, load_reward_config(ROOT / labels.reward))

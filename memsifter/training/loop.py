@@ -244,7 +244,7 @@ def run_training(
     from memsifter.training.mean_scale import check_mean_scale
     from memsifter.training.sft import run_sft
     from memsifter.training.time_budget import check_time_budget, time_budget_callback
-    from memsifter.training.validation import ValidationEngine
+    from memsifter.training.validation import ValidationEngine, check_select_metric
 
     t_start = time.perf_counter()
     cuda = has_cuda()
@@ -257,6 +257,7 @@ def run_training(
     rcfg = with_endpoints(
         load_reward_config(cfg.reward), answerer_url=answerer_url, judge_url=judge_url
     )
+    check_select_metric(cfg, rcfg)
     procs = start_processes(cfg.barrier_timeout_s)
     if not procs.is_main:
         log = _quiet  # one log, the main process's

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memsifter.errors import DataError
 from memsifter.ranker.proxy import Proxy, ProxyAnswer, ProxyParams, RenderedPrompt
 from memsifter.rewards.retrieval import retrieval_reward
 from memsifter.rewards.trl import RewardFunction
@@ -48,6 +49,20 @@ class ValidationResult:
 
     def metric(self, name: str) -> float:
         return {"ndcg@1": self.ndcg_1, "ndcg@5": self.ndcg_5, "reward": self.reward}[name]
+
+
+def check_select_metric(cfg: TrainConfig, reward_config: Any) -> None:
+    """Refuse ``epochs.select_metric: reward`` where validation's reward is 0 for every model:
+    it reads ``alpha * R_ans`` after the warm-up, so a retrieval-only reward (alpha 0, such as
+    R_ret on the labels) would rank every checkpoint, and the start, equal."""
+    if cfg.epochs.select_metric == "reward" and reward_config.alpha == 0:
+        raise DataError(
+            f"epochs.select_metric is reward, which validation reads as alpha * R_ans after the "
+            f"warm-up, and {cfg.reward} has alpha 0: every checkpoint (and the start) would "
+            "score 0, so the averaged checkpoints and keep_start_if_better would be chosen by "
+            "ties. Select by this reward's own metric, ndcg@5 or ndcg@1",
+            field="epochs.select_metric",
+        )
 
 
 @dataclass(frozen=True)
