@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import sqlite3
 import subprocess
@@ -167,6 +166,9 @@ class Postings:
         scores = np.zeros(len(uniq))
         np.add.at(scores, inv, np.concatenate(parts))
         return top_ids(scores, uniq)
+
+    def sql(self, text: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        return self.db.execute(text, args).fetchall()
 
     def add(self, pk: int, text: str) -> None:
         self._insert(self.db, pk, text)
@@ -364,7 +366,7 @@ def child(engine: str, where: Path, n: int, questions: list[str]) -> dict[str, A
         t = time.perf_counter()
         first.append(e.query(q))
         warm.append((time.perf_counter() - t) * 1000)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mb()
     rng = random.Random(1)
     ingest = []
     for i in range(INGESTS):
@@ -380,6 +382,15 @@ def child(engine: str, where: Path, n: int, questions: list[str]) -> dict[str, A
         "ingest": summarize(ingest),
         "tops": first,
     }
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (``VmHWM``): ``ru_maxrss`` survives ``exec`` on Linux, so a child
+    started by a parent that held the corpus would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def disk_mb(path: Path) -> float:
