@@ -71,6 +71,12 @@ def analyzer() -> Any:
     return get_analyzer("english")
 
 
+def doc_terms(text: str) -> tuple[Counter[str], float]:
+    """A session's term counts and its BM25 length (an empty one counts 1, as in bm25s)."""
+    counts = Counter(analyzer()(text))
+    return counts, float(max(sum(counts.values()), 1))
+
+
 # ---------------------------------------------------------------------------------- engines
 
 
@@ -89,9 +95,11 @@ class Rebuild:
 
         self.db = sqlite3.connect(where / "rows.db")
         self.bm25 = IncrementalBM25(K1, B)
+        pks = []
         for pk, text in self.db.execute("SELECT pk, text FROM pages"):
             self.bm25.add(str(pk), text)
-        self.ids = np.array([int(i) for i in self.bm25._ids])
+            pks.append(pk)
+        self.ids = np.array(pks)  # slot order: nothing was removed
 
     def query(self, question: str) -> list[int]:
         scores = self.bm25.slot_scores(question)
@@ -130,8 +138,7 @@ class Postings:
         db.close()
 
     def _insert(self, db: sqlite3.Connection, pk: int, text: str) -> None:
-        counts = Counter(analyzer()(text))
-        length = float(max(sum(counts.values()), 1))
+        counts, length = doc_terms(text)
         db.execute("INSERT INTO pages VALUES (?, ?)", (pk, length))
         db.executemany(
             "INSERT INTO postings VALUES (?, ?, ?)", ((t, pk, c) for t, c in counts.items())
@@ -209,8 +216,7 @@ class PostingsPG(Postings):
             with cur.copy("COPY pages (pk, length) FROM STDIN") as pages:
                 with_post = []
                 for pk, text in enumerate(texts):
-                    counts = Counter(analyzer()(text))
-                    length = float(max(sum(counts.values()), 1))
+                    counts, length = doc_terms(text)
                     total += length
                     pages.write_row((pk, length))
                     with_post.append((pk, counts))
@@ -225,8 +231,7 @@ class PostingsPG(Postings):
         db.close()
 
     def _insert(self, db: Any, pk: int, text: str) -> None:
-        counts = Counter(analyzer()(text))
-        length = float(max(sum(counts.values()), 1))
+        counts, length = doc_terms(text)
         with db.cursor() as cur:
             cur.execute("INSERT INTO pages VALUES (%s, %s)", (pk, length))
             cur.executemany(
@@ -236,7 +241,6 @@ class PostingsPG(Postings):
 
     def open(self, where: Path) -> None:
         self.db = self._connect(where)
-        self.where = where
 
     def sql(self, text: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return self.db.execute(text.replace("?", "%s"), args).fetchall()
