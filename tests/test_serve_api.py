@@ -102,6 +102,7 @@ def test_rank_coarse_only_reports_itself(client: TestClient) -> None:
     assert [i["rank"] for i in body["ranking"]] == [1, 2, 3]
     assert body["parse"]["status"] == "not_applicable" and body["think"] is None
     assert body["timings"]["proxy_ms"] is None and body["timings"]["total_ms"] >= 0
+    assert body["timings"]["index_ms"] is None and body["timings"]["index_load"] is None
     assert body["request_id"] == r.headers["x-request-id"]
 
 
@@ -236,6 +237,39 @@ def test_context_pages_out_over_turns_and_counts_metrics(client: TestClient) -> 
     metrics = client.get("/metrics").text
     assert re.search(r"memsifter_page_outs_total [1-9]", metrics)
     assert re.search(r"memsifter_page_ins_total [2-9]", metrics)
+
+
+def test_recall_and_context_timings_show_the_index_load(
+    env: None, serve_db: Callable[[str], str]
+) -> None:
+    """A replica that did not see the ingest rebuilds the user's index on its first recall: the
+    response says so, its total includes the load, and /metrics counts it; then it is warm."""
+    db = serve_db("replicas")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with (
+        TestClient(create_app(_config(db)), headers=auth) as writer,
+        TestClient(create_app(_config(db)), headers=auth) as reader,
+    ):
+        user = "/v1/users/rhea"
+        assert writer.post(f"{user}/sessions", json={"sessions": CANDIDATES}).status_code == 201
+        ask = {"question": "golden retriever Max", "top_k": 1}
+        cold = reader.post(f"{user}/recall", json=ask).json()["timings"]
+        assert cold["index_load"] == "rebuilt" and cold["index_ms"] > 0
+        assert cold["total_ms"] >= cold["index_ms"] + cold["coarse_ms"]
+        warm = reader.post(f"{user}/recall", json=ask).json()["timings"]
+        assert warm["index_load"] == "warm" and warm["index_ms"] == 0
+        more = [_session("s-cat", 9, "We adopted a cat called Tom.")]
+        assert writer.post(f"{user}/sessions", json={"sessions": more}).status_code == 201
+        context = reader.post(
+            f"{user}/context", json={"question": "cat Tom", "budget_tokens": 200}
+        ).json()
+        assert context["timings"]["index_load"] == "caught_up"
+        metrics = reader.get("/metrics").text
+        for kind in ("rebuilt", "caught_up"):
+            assert f'memsifter_index_load_seconds_count{{kind="{kind}"}} 1.0' in metrics
+        # Two turns a page: each of these sessions is one page.
+        assert f'memsifter_index_load_pages_total{{kind="rebuilt"}} {len(CANDIDATES)}.0' in metrics
+        assert 'memsifter_index_load_pages_total{kind="caught_up"} 1.0' in metrics
 
 
 def test_facts_remember_supersede_correct_forget(client: TestClient) -> None:

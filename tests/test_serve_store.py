@@ -7,6 +7,7 @@ WAL with concurrent writers. Every store test runs on SQLite, and on PostgreSQL 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -23,7 +24,7 @@ from memsifter.serving.errors import ConflictError, NotFoundError
 from memsifter.serving.facts import decay, normalize_subject, rank_facts
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.paging import PageSlot, plan_paging
-from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.ranking import IndexLoad, ServiceRanker
 from memsifter.serving.store import (
     Base,
     Fact,
@@ -247,6 +248,66 @@ def test_recall_fuses_bookmarks_and_is_indexed_at_ingest(
     assert ranker._indexes[(tenant, "u3")] is cached  # reused: nothing changed
     with pytest.raises(NotFoundError):
         memory.recall(who, "nobody", "anything")
+
+
+def test_every_recall_reports_what_finding_the_index_cost(
+    store: Store, tenant: str, memory: MemoryService
+) -> None:
+    """A second replica (a fresh ranker on the same store) rebuilds the user's index on its
+    first recall, then finds it warm, then reads only an ingest's new pages; a request that
+    arrives while another loads waits for that load and says so. Only store reads reach the
+    metrics hook."""
+    who = Principal(tenant)
+    memory.ingest_sessions(who, "u7", SESSIONS)
+    replica = ServiceRanker(build_filter("bm25"))
+    loads: list[IndexLoad] = []
+    replica.on_index_load = loads.append
+    other = MemoryService(memory.config, store, replica, YakeExtractor(max_keywords=5))
+    n_pages = len(store.load_pages(tenant, "u7").pages)
+
+    first = other.recall(who, "u7", "golden retriever", top_k=1)
+    assert first.index.kind == "rebuilt" and first.index.pages == n_pages > 0
+    assert first.index.ms > 0
+    assert other.recall(who, "u7", "golden retriever", top_k=1).index == IndexLoad("warm")
+    more = [_session("s-cat", 20, ["We got a cat called Tom.", "Nice."])]
+    memory.ingest_sessions(who, "u7", more)
+    caught = other.recall(who, "u7", "cat Tom", top_k=1)
+    assert caught.index.kind == "caught_up" and caught.index.pages == 1
+    assert caught.hits[0].page.page.id == "s-cat#0"
+    assert [load.kind for load in loads] == ["rebuilt", "caught_up"]
+
+    loading, release = threading.Event(), threading.Event()
+
+    class SlowStore:  # the store, with a page load that holds until released
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+        def load_pages(self, *args: object, **kw: object) -> object:
+            loading.set()
+            release.wait(10)
+            return store.load_pages(*args, **kw)
+
+    slow_store: Store = SlowStore()  # type: ignore[assignment]
+    slow = MemoryService(
+        memory.config, slow_store, ServiceRanker(build_filter("bm25")), YakeExtractor()
+    )
+    results: dict[str, IndexLoad] = {}
+    loader = threading.Thread(
+        target=lambda: results.update(loader=slow.recall(who, "u7", "cat", top_k=1).index)
+    )
+    loader.start()
+    assert loading.wait(10)
+    waiter = threading.Thread(
+        target=lambda: results.update(waiter=slow.recall(who, "u7", "cat", top_k=1).index)
+    )
+    waiter.start()
+    time.sleep(0.2)  # the waiter is now blocked on the loader's catch-up
+    release.set()
+    loader.join(10)
+    waiter.join(10)
+    assert results["loader"].kind == "rebuilt"
+    assert results["waiter"].kind == "waited" and results["waiter"].ms >= 150
+    assert results["waiter"].pages == 0
 
 
 def _fact(store: Store, tenant: str, subject: str, text: str, **kw: object) -> Fact:

@@ -327,9 +327,12 @@ def test_ui_recall_in_a_browser(base_url: str, tmp_path: Path) -> None:
             assert ranker.startswith("proxy:")
             expect(page.locator("#ranker")).to_have_text(ranker)
             timings = page.locator("#timings")
-            for name in ("coarse_ms", "proxy_ms", "model_ms", "total_ms"):
+            for name in ("index_load", "index_ms", "coarse_ms", "proxy_ms", "model_ms", "total_ms"):
                 expect(timings).to_contain_text(name)
-            for name in ("coarse_ms", "proxy_ms", "model_ms", "total_ms"):
+            # The user was indexed at ingest by this replica: nothing to load.
+            load = timings.locator("tr", has_text="index_load").locator("td").inner_text()
+            assert load == "warm", load
+            for name in ("index_ms", "coarse_ms", "proxy_ms", "model_ms", "total_ms"):
                 cell = timings.locator("tr", has_text=name).locator("td").inner_text()
                 assert float(cell) >= 0, (name, cell)  # a number, not the "—" of a null
             parse = page.locator("#parse")

@@ -384,6 +384,7 @@ def build_services(
     ranker = ranker or ServiceRanker.from_config(config)
     metrics = Metrics(ranker.name)
     ranker.on_proxy = metrics.observe_proxy
+    ranker.on_index_load = metrics.observe_index_load
     memory = MemoryService(config, store, ranker, extractor or build_extractor(config, ranker))
     limits = config.limits
     limiter = RateLimiter(limits.rate_per_s, limits.burst) if limits.rate_per_s else None

@@ -36,7 +36,7 @@ from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ConflictError, NotFoundError, ServeError
 from memsifter.serving.facts import ScoredFact, rank_facts, render_fact
 from memsifter.serving.paging import PageSlot, PagingPlan, plan_paging
-from memsifter.serving.ranking import RankOutcome, ServiceRanker, UserIndex
+from memsifter.serving.ranking import IndexLoad, RankOutcome, ServiceRanker, UserIndex
 from memsifter.serving.store import Store
 from memsifter.serving.store.records import PageRecord, Principal, SessionRecord, StoredPage, utcnow
 
@@ -57,6 +57,7 @@ class RecallHitResult:
 class RecallResult:
     outcome: RankOutcome
     hits: list[RecallHitResult]
+    index: IndexLoad = IndexLoad()  # what finding the user's index cost this request
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class ContextResult:
     tokens: dict[str, int]
     outcome: RankOutcome | None  # the eviction ranking, when the high watermark was crossed
     recall: RecallResult | None
+    index: IndexLoad = IndexLoad()
 
 
 class MemoryService:
@@ -165,11 +167,11 @@ class MemoryService:
 
     # -- recall
 
-    def _index(self, who: Principal, user: str) -> UserIndex:
-        index = self.ranker.user_index(self.store, who.tenant_id, user)
+    def _index(self, who: Principal, user: str) -> tuple[UserIndex, IndexLoad]:
+        index, load = self.ranker.user_index(self.store, who.tenant_id, user)
         if index is None:
             raise NotFoundError(f"unknown user {user!r}", field="path.user_id")
-        return index
+        return index, load
 
     def recall(
         self,
@@ -181,7 +183,19 @@ class MemoryService:
         question_date: str | None = None,
         exclude: Sequence[str] = (),
     ) -> RecallResult:
-        index = self._index(who, user)
+        index, load = self._index(who, user)
+        return self._recall(who, index, load, question, top_k, question_date, exclude)
+
+    def _recall(
+        self,
+        who: Principal,
+        index: UserIndex,
+        load: IndexLoad,
+        question: str,
+        top_k: int,
+        question_date: str | None,
+        exclude: Sequence[str] = (),
+    ) -> RecallResult:
         view = index.view
         skip = set(exclude)
         pages = [s for s in view.sessions if s.id not in skip] if skip else view.sessions
@@ -199,7 +213,7 @@ class MemoryService:
             )
             for i, pid in enumerate(outcome.ids[:top_k])
         ]
-        return RecallResult(outcome, hits)
+        return RecallResult(outcome, hits, load)
 
     # -- context
 
@@ -218,7 +232,7 @@ class MemoryService:
     ) -> ContextResult:
         now = now or utcnow()
         paging = self.config.paging
-        index = self._index(who, user)
+        index, load = self._index(who, user)
         view = index.view
         count = self.counter.count
 
@@ -260,7 +274,7 @@ class MemoryService:
         page_budget = max(budget_tokens - fact_tokens - recent_tokens - count(_PAGES_HEADER), 0)
         k = paging.page_in_k if page_in_k is None else page_in_k
         recall = (
-            self.recall(who, user, question, top_k=k, question_date=question_date)
+            self._recall(who, index, load, question, k, question_date)
             if k > 0 and view.sessions
             else None
         )
@@ -332,6 +346,7 @@ class MemoryService:
             tokens=tokens,
             outcome=eviction[0] if eviction else None,
             recall=recall,
+            index=load,
         )
 
 

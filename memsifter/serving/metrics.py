@@ -30,7 +30,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from memsifter.serving.ranking import ParseReport
+from memsifter.serving.ranking import IndexLoad, ParseReport
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -112,6 +112,23 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        # Every load of a user's index that read the store (a request that found it warm, or
+        # waited for another's load, is not one): caught_up reads the pages changed since the
+        # replica's version, rebuilt reads them all. The histogram's _count and _sum are the
+        # loads and their seconds.
+        self.index_load_seconds = Histogram(
+            "memsifter_index_load_seconds",
+            "Loads of a user's coarse index from the store, by kind (caught_up, rebuilt).",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.index_load_pages = Counter(
+            "memsifter_index_load_pages_total",
+            "Pages read from the store into users' indexes, by kind of load.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.page_ins = Counter(
             "memsifter_page_ins_total", "Pages paged in to a context.", registry=self.registry
         )
@@ -137,6 +154,10 @@ class Metrics:
         self.proxy_calls.labels(self.ranker).inc()
         if report.status == "failed":
             self.parse_failures.labels(report.error or "unknown").inc()
+
+    def observe_index_load(self, load: IndexLoad) -> None:
+        self.index_load_seconds.labels(load.kind).observe(load.ms / 1000)
+        self.index_load_pages.labels(load.kind).inc(load.pages)
 
     def render(self) -> bytes:
         if self.multiprocess is None:

@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import overload
+from typing import Literal, overload
 
 import numpy as np
 
@@ -144,6 +144,22 @@ class IdOrder(Sequence[str]):
 
     def __repr__(self) -> str:
         return f"IdOrder({tuple(self)!r})"
+
+
+LoadKind = Literal["warm", "waited", "caught_up", "rebuilt"]
+
+
+@dataclass(frozen=True)
+class IndexLoad:
+    """What finding a user's index cost a request: ``warm`` (cached and current, nothing read),
+    ``waited`` (another request was loading it; this one waited for that), ``caught_up`` (a
+    cached index read the pages changed since its version) or ``rebuilt`` (no index on this
+    replica: every page read from the store and indexed). ``ms`` is the time spent reading,
+    indexing or waiting (0 when warm); ``pages`` the pages this request read."""
+
+    kind: LoadKind = "warm"
+    ms: float = 0.0
+    pages: int = 0
 
 
 @dataclass(frozen=True)
@@ -334,6 +350,7 @@ class ServiceRanker:
         self._index_lock = threading.Lock()
         self._index_cache_users = index_cache_users
         self.on_proxy: Callable[[float, ParseReport], None] | None = None  # metrics hook
+        self.on_index_load: Callable[[IndexLoad], None] | None = None  # metrics hook
 
     @classmethod
     def from_config(cls, config: ServeConfig) -> ServiceRanker:
@@ -373,19 +390,27 @@ class ServiceRanker:
 
     # -- per-user page indexes
 
-    def user_index(self, store: Store, tenant: str, user: str) -> UserIndex | None:
-        """The user's index, caught up with the store when their version moved on. All it
-        caches (terms stemmed, pages embedded and tokenized) is cached in the tenant's scope,
-        where its queries look."""
+    def user_index(
+        self, store: Store, tenant: str, user: str
+    ) -> tuple[UserIndex | None, IndexLoad]:
+        """The user's index, caught up with the store when their version moved on, and what
+        that cost (``IndexLoad``; also handed to ``on_index_load``). All it caches (terms
+        stemmed, pages embedded and tokenized) is cached in the tenant's scope, where its
+        queries look."""
         with cache_scope(tenant):
-            return self._user_index(store, tenant, user)
+            index, load = self._user_index(store, tenant, user)
+        if load.kind in ("caught_up", "rebuilt") and self.on_index_load is not None:
+            self.on_index_load(load)
+        return index, load
 
-    def _user_index(self, store: Store, tenant: str, user: str) -> UserIndex | None:
+    def _user_index(
+        self, store: Store, tenant: str, user: str
+    ) -> tuple[UserIndex | None, IndexLoad]:
         key = (tenant, user)
         state = store.user_state(tenant, user)
         if state is None:
             self.forget_user(tenant, user)
-            return None
+            return None, IndexLoad()
         with self._index_lock:
             index = self._indexes.get(key)
             if index is None or index.epoch != state.epoch:  # new, or deleted and created again
@@ -394,17 +419,20 @@ class ServiceRanker:
             while len(self._indexes) > self._index_cache_users:
                 self._indexes.popitem(last=False)
         if index.version >= state.version:
-            return index
+            return index, IndexLoad()
+        start = time.perf_counter()
         with index.refreshing:  # concurrent requests after an ingest wait for one catch-up
-            if index.version >= state.version:
-                return index
+            if index.version >= state.version:  # another request loaded it meanwhile
+                return index, IndexLoad("waited", (time.perf_counter() - start) * 1000)
             since = index.version if index.version >= 0 else None
             delta = store.load_pages(tenant, user, since=since, known=index.pks)
             if delta is None or delta.state.epoch != index.epoch:
                 # Deleted (and maybe created again) since user_state: the next request starts
                 # from the new incarnation; this one answers as for an unknown user.
                 self.forget_user(tenant, user)
-                return None if delta is None else self._user_index(store, tenant, user)
+                if delta is None:
+                    return None, IndexLoad()
+                return self._user_index(store, tenant, user)
             index.apply(delta)
         if index.bm25 is None and index.view.sessions:
             self.coarse.index(index.view.sessions)
@@ -413,7 +441,8 @@ class ServiceRanker:
             # token ids come from the builder's caches instead of tokenizing 40 pages a request.
             for page in delta.pages:
                 self.proxy.builder.warm(page.stored.page)
-        return index
+        kind: LoadKind = "rebuilt" if since is None else "caught_up"
+        return index, IndexLoad(kind, (time.perf_counter() - start) * 1000, len(delta.pages))
 
     def _new_bm25(self) -> IncrementalBM25 | None:
         inner = self.coarse.inner

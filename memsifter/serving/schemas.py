@@ -131,10 +131,15 @@ class ParseOut(Response):
 
 
 class Timings(Response):
+    # Finding the user's index (recall and context only; None for stateless rankings): 0 when
+    # warm, else reading (and indexing) the pages from the store, or waiting for another
+    # request that was. index_load says which: warm, waited, caught_up or rebuilt.
+    index_ms: float | None = None
+    index_load: Literal["warm", "waited", "caught_up", "rebuilt"] | None = None
     coarse_ms: float = 0.0
     proxy_ms: float | None = None  # the proxy stage: slot wait, prompt, model call, parse
     model_ms: float | None = None  # the model call alone, as the backend timed it
-    total_ms: float = 0.0
+    total_ms: float = 0.0  # index_ms included
 
 
 class ErrorField(Response):

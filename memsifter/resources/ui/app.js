@@ -347,6 +347,8 @@
     setText($("recall-request-id"), data.request_id || "—");
     const t = data.timings || {};
     kvTable($("timings"), [
+      ["index_load", t.index_load || "—"],
+      ["index_ms", num(t.index_ms, 2)],
       ["coarse_ms", num(t.coarse_ms, 2)],
       ["proxy_ms", num(t.proxy_ms, 2)],
       ["model_ms", num(t.model_ms, 2)],

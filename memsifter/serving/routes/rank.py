@@ -16,7 +16,7 @@ from memsifter.serving.deps import (
     to_session,
 )
 from memsifter.serving.logs import request_id_var
-from memsifter.serving.ranking import RankOutcome
+from memsifter.serving.ranking import IndexLoad, RankOutcome
 from memsifter.serving.schemas import ErrorResponse, ParseOut, RankedItem, RankIn, RankOut, Timings
 
 router = APIRouter(prefix="/v1", tags=["rank"])
@@ -39,13 +39,18 @@ def parse_out(outcome: RankOutcome) -> ParseOut:
     )
 
 
-def timings_out(outcome: RankOutcome) -> Timings:
-    t = outcome.timings_ms
+def timings_out(outcome: RankOutcome | None, index: IndexLoad | None = None) -> Timings:
+    """The response's timings; with the request's ``index`` load (recall, context) its time is
+    part of the total, so a first recall that rebuilt an index reports what it took."""
+    t = outcome.timings_ms if outcome is not None else {}
+    index_ms = index.ms if index is not None else 0.0
     return Timings(
+        index_ms=index_ms if index is not None else None,
+        index_load=index.kind if index is not None else None,
         coarse_ms=t.get("coarse_ms", 0.0),
         proxy_ms=t.get("proxy_ms"),
         model_ms=t.get("model_ms"),
-        total_ms=t.get("total_ms", 0.0),
+        total_ms=t.get("total_ms", 0.0) + index_ms,
     )
 
 

@@ -21,7 +21,6 @@ from memsifter.serving.schemas import (
     RecallHit,
     RecallIn,
     RecallOut,
-    Timings,
     TokenUse,
     Watermarks,
 )
@@ -65,7 +64,7 @@ def recall(user_id: UserId, body: RecallIn, svc: Svc, who: Who) -> RecallOut:
         hits=recall_hits(result),
         think=result.outcome.think,
         parse=parse_out(result.outcome),
-        timings=timings_out(result.outcome),
+        timings=timings_out(result.outcome, result.index),
         request_id=request_id_var.get(),
     )
 
@@ -121,7 +120,7 @@ def context(user_id: UserId, body: ContextIn, svc: Svc, who: Who) -> ContextOut:
         ),
         recent_turns=[turn_out(t) for t in result.recent],
         parse=parse_out(result.outcome) if result.outcome else None,
-        timings=timings_out(timing_source) if timing_source else Timings(),
+        timings=timings_out(timing_source, result.index),
         request_id=request_id_var.get(),
     )
 
