@@ -254,7 +254,7 @@ def test_recall_and_context_timings_show_the_index_load(
         assert writer.post(f"{user}/sessions", json={"sessions": CANDIDATES}).status_code == 201
         ask = {"question": "golden retriever Max", "top_k": 1}
         cold = reader.post(f"{user}/recall", json=ask).json()["timings"]
-        assert cold["index_load"] == "rebuilt" and cold["index_ms"] > 0
+        assert cold["index_load"] == "rebuilt" and cold["index_ms"] > 0 and cold["index_cached"]
         assert cold["total_ms"] >= cold["index_ms"] + cold["coarse_ms"]
         warm = reader.post(f"{user}/recall", json=ask).json()["timings"]
         assert warm["index_load"] == "warm" and warm["index_ms"] == 0
@@ -270,6 +270,8 @@ def test_recall_and_context_timings_show_the_index_load(
         # Two turns a page: each of these sessions is one page.
         assert f'memsifter_index_load_pages_total{{kind="rebuilt"}} {len(CANDIDATES)}.0' in metrics
         assert 'memsifter_index_load_pages_total{kind="caught_up"} 1.0' in metrics
+        assert "memsifter_index_cache_users 1.0" in metrics
+        assert re.search(r"memsifter_index_cache_bytes [1-9]", metrics)
 
 
 def test_facts_remember_supersede_correct_forget(client: TestClient) -> None:

@@ -7,18 +7,24 @@ from a ranking and from the tokenizing at ingest alike."""
 
 from __future__ import annotations
 
+import gc
+import random
+import tracemalloc
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from memsifter.coarse import ByteBoundedBM25, build_filter
+import pytest
+
+from memsifter.coarse import ByteBoundedBM25, IncrementalBM25, build_filter
 from memsifter.data.tokens import TokenCounter
 from memsifter.data.types import Session, Turn
 from memsifter.ranker.spec import PromptSpec
 from memsifter.serving.config import PagingSettings, ServeConfig
 from memsifter.serving.memory import MemoryService
-from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.ranking import ServiceRanker, UserIndex
 from memsifter.serving.store import Principal, Store
+from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage, UserState
 from memsifter.testing.backends import ScriptedBackend, reverse_ranking
 from memsifter.testing.coarse import LetterFilter
 
@@ -194,3 +200,87 @@ def test_pages_tokenized_at_ingest_are_found_by_their_tenants_queries(tmp_path: 
         # The question is embedded; no page is embedded or counted again.
         assert work(memory.recall, who, "ann", QUESTION, top_k=4) == (1, 0)
     store.close()
+
+
+def _pages(n: int, vocabulary: int, seed: int = 0) -> list[IndexedPage]:
+    """``n`` stored pages of 2-6 turns drawing words from ``vocabulary`` words, with 0-5
+    bookmark rows each: pages as ``Store.load_pages`` hands them to a replica's index."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        turns = tuple(
+            Turn(
+                "user" if j % 2 == 0 else "bot",
+                " ".join(f"w{rng.randrange(vocabulary)}" for _ in range(rng.randint(10, 40))),
+            )
+            for j in range(rng.choice([2, 4, 6]))
+        )
+        date = datetime(2024, 1, 1) + timedelta(hours=i)
+        page = Session(id=f"s{i}#0", turns=turns, date=date)
+        marks = tuple((f"k{rng.randrange(500)}", 0.5) for _ in range(rng.randrange(6)))
+        stored = StoredPage(page, f"s{i}", 10)
+        out.append(IndexedPage(i, stored, (False, date, i, 0), marks))
+    return out
+
+
+def test_an_index_estimates_its_memory_within_a_quarter_of_what_tracemalloc_measures() -> None:
+    """``UserIndex.nbytes`` (pages + IncrementalBM25) is what the byte-bounded cache charges a
+    user, so it must track what the index really holds: within 25% of tracemalloc's count of
+    every allocation made while loading it, at a narrow and a wide vocabulary, and after a
+    delete. A constant off by 2x (or a term never charged) fails."""
+    for vocabulary in (300, 30_000):
+        gc.collect()
+        tracemalloc.start()
+        index = UserIndex("e", IncrementalBM25())
+        index.apply(PageDelta(UserState("e", 1), _pages(2000, vocabulary)))
+        index.coarse_scores("w1 w2 w3", index.view, None)  # caches a few posting arrays
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert 0.75 < index.nbytes / held < 1.25, (vocabulary, index.nbytes, held)
+    before = index.nbytes
+    index.apply(PageDelta(UserState("e", 2), [], live=frozenset(range(1000))))  # half deleted
+    assert index.nbytes < 0.8 * before
+
+
+def _memory(tmp_path: Path, **kw: object) -> tuple[MemoryService, ServiceRanker, list[object]]:
+    store = Store(f"sqlite:///{tmp_path / 'budget.db'}")
+    store.migrate()
+    store.ensure_tenant("acme")
+    ranker = ServiceRanker(build_filter("bm25"), **kw)  # type: ignore[arg-type]
+    reports: list[object] = []
+    ranker.on_index_cache = reports.append
+    config = ServeConfig(db_url=store.url, paging=PagingSettings(turns_per_page=2))
+    return MemoryService(config, store, ranker, FixedKeywords()), ranker, reports
+
+
+def test_the_index_cache_is_bounded_in_bytes_and_a_user_over_it_is_served_uncached(
+    tmp_path: Path,
+) -> None:
+    who = Principal("acme")
+    probe, ranker, _ = _memory(tmp_path / "probe")
+    probe.ingest_sessions(who, "u0", SESSIONS)
+    one = ranker._indexes[("acme", "u0")].nbytes  # every user below holds the same pages
+
+    memory, ranker, reports = _memory(tmp_path, index_cache_bytes=int(2.5 * one))
+    for user in ("u1", "u2", "u3"):
+        memory.ingest_sessions(who, user, SESSIONS)
+    assert [k[1] for k in ranker._indexes] == ["u2", "u3"]  # u1, least recent, evicted
+    assert reports[-1].users == 2 and reports[-1].bytes == 2 * one
+    assert sum(r.evicted.get("bytes", 0) for r in reports) == 1
+    assert memory.recall(who, "u1", QUESTION, top_k=1).index.kind == "rebuilt"
+    assert [k[1] for k in ranker._indexes] == ["u3", "u1"]
+
+    small, ranker, reports = _memory(tmp_path / "small", index_cache_bytes=one // 2)
+    small.ingest_sessions(who, "big", SESSIONS)
+    assert ("acme", "big") not in ranker._indexes
+    result = small.recall(who, "big", QUESTION, top_k=1)
+    assert result.hits and result.index.kind == "rebuilt" and not result.index.cached
+    assert reports[-1].evicted == {"too_large": 1} and reports[-1].users == 0
+
+
+def test_index_cache_bytes_is_validated() -> None:
+    with pytest.raises(ValueError, match="index_cache_bytes must be > 0"):
+        ServeConfig(index_cache_bytes=0)
+    with pytest.raises(ValueError, match="index_cache_bytes must be > 0"):
+        ServiceRanker(build_filter("bm25"), index_cache_bytes=-1)

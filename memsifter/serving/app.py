@@ -385,6 +385,7 @@ def build_services(
     metrics = Metrics(ranker.name)
     ranker.on_proxy = metrics.observe_proxy
     ranker.on_index_load = metrics.observe_index_load
+    ranker.on_index_cache = metrics.observe_index_cache
     memory = MemoryService(config, store, ranker, extractor or build_extractor(config, ranker))
     limits = config.limits
     limiter = RateLimiter(limits.rate_per_s, limits.burst) if limits.rate_per_s else None

@@ -250,6 +250,13 @@ class ServeConfig:
     # front (commonly 60 s idle) closes first.
     keep_alive_s: float = setting(75.0, help="seconds an idle kept-alive connection stays open")
     index_cache_users: int = setting(256, help="per-user coarse indexes kept in memory (LRU)")
+    # Users differ by orders of magnitude (a 100K-session user's index is ~0.5 GB), so a count
+    # alone does not bound memory. Estimated bytes (IncrementalBM25.nbytes, UserIndex.nbytes).
+    index_cache_bytes: int = setting(
+        2_000_000_000,
+        help="estimated bytes of per-user indexes kept in memory (LRU); a user over it alone "
+        "is served without being kept",
+    )
     token_cache_pages: int = setting(
         500_000, help="pages' proxy-token counts kept in memory (LRU, ~150 B each)"
     )
@@ -274,6 +281,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.keep_alive_s <= 0:
             raise ValueError(f"keep_alive_s must be > 0, got {self.keep_alive_s}")
+        if self.index_cache_bytes <= 0:
+            raise ValueError(f"index_cache_bytes must be > 0, got {self.index_cache_bytes}")
         if self.auth_cache_s < 0:
             raise ValueError(f"auth_cache_s must be >= 0, got {self.auth_cache_s}")
         if self.ranker not in RANKERS:

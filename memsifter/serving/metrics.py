@@ -30,7 +30,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from memsifter.serving.ranking import IndexLoad, ParseReport
+from memsifter.serving.ranking import IndexCacheReport, IndexLoad, ParseReport
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -129,6 +129,24 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.index_cache_bytes = Gauge(
+            "memsifter_index_cache_bytes",
+            "Estimated bytes of the users' indexes this process keeps (index_cache_bytes).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.index_cache_users = Gauge(
+            "memsifter_index_cache_users",
+            "Users whose index this process keeps.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
+        self.index_evictions = Counter(
+            "memsifter_index_evictions_total",
+            "Users' indexes dropped from the cache, by reason (bytes, users, too_large).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.page_ins = Counter(
             "memsifter_page_ins_total", "Pages paged in to a context.", registry=self.registry
         )
@@ -158,6 +176,12 @@ class Metrics:
     def observe_index_load(self, load: IndexLoad) -> None:
         self.index_load_seconds.labels(load.kind).observe(load.ms / 1000)
         self.index_load_pages.labels(load.kind).inc(load.pages)
+
+    def observe_index_cache(self, report: IndexCacheReport) -> None:
+        self.index_cache_bytes.set(report.bytes)
+        self.index_cache_users.set(report.users)
+        for reason, n in report.evicted.items():
+            self.index_evictions.labels(reason).inc(n)
 
     def render(self) -> bytes:
         if self.multiprocess is None:

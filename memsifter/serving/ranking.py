@@ -34,6 +34,7 @@ coarse stage alone when the service runs ``coarse-only``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -65,6 +66,7 @@ from memsifter.serving.errors import ServeError, UnavailableError
 from memsifter.serving.store import Store
 from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage
 
+logger = logging.getLogger(__name__)
 COARSE_ONLY = "coarse-only"
 
 
@@ -160,6 +162,20 @@ class IndexLoad:
     kind: LoadKind = "warm"
     ms: float = 0.0
     pages: int = 0
+    # False: the index is larger than the cache's byte budget by itself, so it served this
+    # request and was not kept (the next one loads it again).
+    cached: bool = True
+
+
+@dataclass(frozen=True)
+class IndexCacheReport:
+    """The cache of users' indexes after a change: its estimated bytes, its users, and the
+    users it evicted, by why (``bytes``: the budget; ``users``: the count bound; ``too_large``:
+    an index over the whole budget, not kept)."""
+
+    bytes: int
+    users: int
+    evicted: Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -173,6 +189,22 @@ class UserPages:
     by_id: dict[str, StoredPage]
     positions: dict[str, int]  # page id -> index in ``sessions``
     ids: np.ndarray  # object array of the page ids, in ``sessions`` order
+
+
+# What a page held in a replica's index costs besides its text (its records, the snapshot's
+# entries) and what each turn and bookmark row adds, in CPython, as tracemalloc measured the
+# recall benchmarks' sessions (the coarse index's own share: IncrementalBM25.nbytes).
+PAGE_BYTES, TURN_BYTES, MARK_BYTES = 900, 200, 200
+
+
+def _held_bytes(page: IndexedPage) -> int:
+    turns = page.stored.page.turns
+    return (
+        PAGE_BYTES
+        + TURN_BYTES * len(turns)
+        + sum(len(t.text) for t in turns)
+        + MARK_BYTES * len(page.bookmark_terms)
+    )
 
 
 def _pages_view(version: int, pages: tuple[StoredPage, ...]) -> UserPages:
@@ -201,7 +233,14 @@ class UserIndex:
         self._marks: dict[str, dict[str, float]] = {}  # term -> page id -> summed weight
         self._view_slots = np.zeros(0, dtype=np.int64)  # view position -> BM25 slot
         self._last_order: tuple[bool, datetime, int, int] | None = None  # the newest page's
+        self._page_bytes = 0  # the pages' estimated share of nbytes
         self.refreshing = threading.Lock()  # one catch-up with the store at a time
+
+    @property
+    def nbytes(self) -> int:
+        """The estimated memory this index holds: its pages (text, records, snapshot) and the
+        coarse index. What the ranker's byte-bounded cache of users charges it."""
+        return self._page_bytes + (self.bm25.nbytes() if self.bm25 is not None else 0)
 
     @property
     def version(self) -> int:
@@ -223,6 +262,7 @@ class UserIndex:
             gone |= {p.pk for p in delta.pages if p.pk in self._pages}
             for pk in gone:
                 page = self._pages.pop(pk)
+                self._page_bytes -= _held_bytes(page)
                 pid = page.stored.page.id
                 if self.bm25 is not None:
                     self.bm25.remove(pid)
@@ -236,6 +276,7 @@ class UserIndex:
             for page in delta.pages:  # read in the same transaction as live: all live
                 added.append(page)
                 self._pages[page.pk] = page
+                self._page_bytes += _held_bytes(page)
                 pid = page.stored.page.id
                 if self.bm25 is not None:
                     self.bm25.add(pid, page.stored.page.render())
@@ -316,6 +357,7 @@ class ServiceRanker:
         max_concurrency: int = 1,
         rrf_k: int = 60,
         index_cache_users: int = 256,
+        index_cache_bytes: int | None = 2_000_000_000,
         token_cache_pages: int = 500_000,
         rank_cache_bytes: int | None = 64_000_000,
         name: str | None = None,
@@ -349,6 +391,10 @@ class ServiceRanker:
         self._indexes: OrderedDict[tuple[str, str], UserIndex] = OrderedDict()
         self._index_lock = threading.Lock()
         self._index_cache_users = index_cache_users
+        if index_cache_bytes is not None and index_cache_bytes <= 0:
+            raise ValueError(f"index_cache_bytes must be > 0, got {index_cache_bytes}")
+        self._index_cache_bytes = index_cache_bytes
+        self.on_index_cache: Callable[[IndexCacheReport], None] | None = None  # metrics hook
         self.on_proxy: Callable[[float, ParseReport], None] | None = None  # metrics hook
         self.on_index_load: Callable[[IndexLoad], None] | None = None  # metrics hook
 
@@ -379,6 +425,7 @@ class ServiceRanker:
             max_concurrency=p.max_concurrency,
             rrf_k=config.bookmarks.rrf_k,
             index_cache_users=config.index_cache_users,
+            index_cache_bytes=config.index_cache_bytes,
             token_cache_pages=config.token_cache_pages,
             rank_cache_bytes=config.rank_cache_bytes,
             name=config.ranker_name,
@@ -411,6 +458,7 @@ class ServiceRanker:
         if state is None:
             self.forget_user(tenant, user)
             return None, IndexLoad()
+        over = 0
         with self._index_lock:
             index = self._indexes.get(key)
             if index is None or index.epoch != state.epoch:  # new, or deleted and created again
@@ -418,6 +466,9 @@ class ServiceRanker:
             self._indexes.move_to_end(key)
             while len(self._indexes) > self._index_cache_users:
                 self._indexes.popitem(last=False)
+                over += 1
+        if over:
+            self._report_cache({"users": over})
         if index.version >= state.version:
             return index, IndexLoad()
         start = time.perf_counter()
@@ -442,7 +493,45 @@ class ServiceRanker:
             for page in delta.pages:
                 self.proxy.builder.warm(page.stored.page)
         kind: LoadKind = "rebuilt" if since is None else "caught_up"
-        return index, IndexLoad(kind, (time.perf_counter() - start) * 1000, len(delta.pages))
+        cached = self._fit(key, index)
+        ms = (time.perf_counter() - start) * 1000
+        return index, IndexLoad(kind, ms, len(delta.pages), cached)
+
+    def _fit(self, key: tuple[str, str], index: UserIndex) -> bool:
+        """After a load grew ``index``: evict the least recently used users until the cache is
+        within ``index_cache_bytes``. An index over the whole budget is not kept (this request
+        still uses it). Whether ``index`` stays. Queries' cached posting arrays grow an index
+        between loads (at most 16 B a posting); they are charged at its next load."""
+        budget = self._index_cache_bytes
+        if budget is None:
+            return True
+        evicted: dict[str, int] = {}
+        with self._index_lock:
+            kept = index.nbytes <= budget
+            if not kept and self._indexes.get(key) is index:
+                del self._indexes[key]
+                evicted["too_large"] = 1
+            total = sum(i.nbytes for i in self._indexes.values())
+            while total > budget and len(self._indexes) > 1:
+                _, old = self._indexes.popitem(last=False)  # never ``index``: used last
+                total -= old.nbytes
+                evicted["bytes"] = evicted.get("bytes", 0) + 1
+        self._report_cache(evicted)
+        if not kept:
+            logger.warning(
+                "a user's index is over index_cache_bytes by itself: served, not cached",
+                extra={"index_bytes": index.nbytes, "index_cache_bytes": budget},
+            )
+        return kept
+
+    def _report_cache(self, evicted: Mapping[str, int]) -> None:
+        if self.on_index_cache is None:
+            return
+        with self._index_lock:
+            report = IndexCacheReport(
+                sum(i.nbytes for i in self._indexes.values()), len(self._indexes), evicted
+            )
+        self.on_index_cache(report)
 
     def _new_bm25(self) -> IncrementalBM25 | None:
         inner = self.coarse.inner

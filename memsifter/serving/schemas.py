@@ -136,6 +136,8 @@ class Timings(Response):
     # request that was. index_load says which: warm, waited, caught_up or rebuilt.
     index_ms: float | None = None
     index_load: Literal["warm", "waited", "caught_up", "rebuilt"] | None = None
+    # False: the user's index is over index_cache_bytes by itself and was not kept.
+    index_cached: bool | None = None
     coarse_ms: float = 0.0
     proxy_ms: float | None = None  # the proxy stage: slot wait, prompt, model call, parse
     model_ms: float | None = None  # the model call alone, as the backend timed it

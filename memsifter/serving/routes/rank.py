@@ -47,6 +47,7 @@ def timings_out(outcome: RankOutcome | None, index: IndexLoad | None = None) -> 
     return Timings(
         index_ms=index_ms if index is not None else None,
         index_load=index.kind if index is not None else None,
+        index_cached=index.cached if index is not None else None,
         coarse_ms=t.get("coarse_ms", 0.0),
         proxy_ms=t.get("proxy_ms"),
         model_ms=t.get("model_ms"),
