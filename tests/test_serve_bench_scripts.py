@@ -219,3 +219,29 @@ def test_a_tree_without_git_names_the_commit_its_sender_gave(
     assert benchlib.git_head() == "abc1234" and not benchlib.git_dirty()
     monkeypatch.setattr(benchlib, "REPO", tmp_path)
     assert benchlib.git_head() == "abc1234"
+
+
+@pytest.mark.slow
+def test_bench_scale_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "bench_scale.md"
+    _run(
+        "bench_scale.py",
+        *("--sessions", "20", "--sessions", "45", "--seed-batch", "10", "--questions", "3"),
+        *("--warmup", "1", "--ingests", "2", "--restarts", "1", "--out", str(out)),
+        timeout=300.0,
+    )
+    result = _json(out)
+    assert result["machine"]["cores"] and result["code_version"]
+    rows = result["rows"]
+    assert [(r["sessions"], r["sessions_at_end"]) for r in rows] == [(20, 22), (45, 47)]
+    for r in rows:  # the keys, each measured
+        for key in ("seed_sessions_per_s", "disk_mb", "warm_p50_ms", "warm_p95_ms", "rss_mb"):
+            assert r[key] > 0, (key, r)
+        assert r["tokens"] > 0 and r["store"] == "sqlite" and r["ingest_p50_ms"] > 0
+        # A restarted server has no index: the first recall rebuilt it, and says what it cost.
+        (cold,) = r["cold_first_recall"]
+        assert cold["index_load"] == "rebuilt" and 0 < cold["index_ms"] <= 1000 * cold["s"]
+    assert rows[1]["tokens"] > rows[0]["tokens"]
+    assert "SMOKE RUN" in out.read_text()
+    with pytest.raises(AssertionError, match="each must exceed"):  # sizes the ingests overlap
+        _run("bench_scale.py", "--sessions", "20", "--sessions", "21", "--out", str(out))
