@@ -24,9 +24,16 @@ from memsifter.ranker.first_token import (
     ranking_text,
 )
 from memsifter.rewards import RewardConfig, RewardRequest, RewardService
+from memsifter.rewards.marginal_utility import marginal_utility_to_go
 from memsifter.testing.rewards import FakeWorkingLLM, fact_sessions
 from memsifter.training.config import GRPOSettings, TrainConfig
-from memsifter.training.pl_grpo import PLGRPOTrainer, pl_grpo_loss, reward_depth
+from memsifter.training.pl_grpo import (
+    PLGRPOTrainer,
+    group_advantages,
+    pl_grpo_loss,
+    place_advantages,
+    reward_depth,
+)
 
 PINF = float("-inf")
 
@@ -386,3 +393,44 @@ def test_best_of_group_learns_from_the_reward_and_a_shuffled_reward_does_not() -
     learned, control = _learn_linear(shuffle=False), _learn_linear(shuffle=True)
     assert learned >= 0.8, learned  # chance is 0.1
     assert control <= 0.3, control
+
+
+def test_subtracting_s0_changes_no_advantage_when_the_reader_is_deterministic() -> None:
+    """Marginal utility against the absolute score (docs/gym.md, finding 21). With a
+    deterministic reader s_0 is one number a question, so every ranking in a group is paid
+    ``sum_k w_k s_0`` less (and each place's to-go ``sum_{k > place} w_k s_0`` less). Centring
+    on the group mean removes that: under ``group`` and ``none`` scaling (and tier credit) the
+    two rewards give the same advantages, so the same gradient. ``batch`` scaling divides by
+    something the shift moves, and ``mean`` scaling takes the absolute score only."""
+    rng = random.Random(0)
+    tiers, depth = (1, 2, 3, 5, 8), 8
+    groups, size = 6, 16
+    marginal, absolute, to_go_m, to_go_a = [], [], [], []
+    for g in range(groups):
+        s0 = 0.0 if g % 2 else rng.choice([0.25, 0.5, 1.0])  # half the questions: s_0 > 0
+        rows = []
+        for _ in range(size):
+            scores = {0: s0}
+            scores.update({k: float(rng.random() < 0.4 + 0.1 * i) for i, k in enumerate(tiers)})
+            rows.append(scores)
+        for subtract, rewards, to_go in ((True, marginal, to_go_m), (False, absolute, to_go_a)):
+            per_place = [marginal_utility_to_go(s, depth, subtract, "tail") for s in rows]
+            rewards.append([p[0] for p in per_place])
+            to_go.append(per_place)
+    m, a = torch.tensor(marginal), torch.tensor(absolute)
+    assert not torch.allclose(m, a)  # the rewards themselves differ on the s_0 > 0 groups
+    for scale in ("group", "none"):
+        assert torch.allclose(group_advantages(m, scale), group_advantages(a, scale), atol=1e-5)
+        assert torch.allclose(
+            place_advantages(torch.tensor(to_go_m), m, scale),
+            place_advantages(torch.tensor(to_go_a), a, scale),
+            atol=1e-5,
+        )
+    # The batch's std includes the spread between groups, which the per-group shift moves.
+    batch_m, batch_a = group_advantages(m, "batch"), group_advantages(a, "batch")
+    assert not torch.allclose(batch_m, batch_a, atol=1e-3)
+    # mean scaling divides by the group's mean reward: only the absolute score is allowed, as
+    # s_k - s_0 goes below 0 where memory spoils an answer.
+    assert torch.isfinite(group_advantages(a, "mean")).all()
+    with pytest.raises(DataError, match="negative rewards"):
+        group_advantages(m, "mean")
