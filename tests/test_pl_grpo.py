@@ -396,12 +396,14 @@ def test_best_of_group_learns_from_the_reward_and_a_shuffled_reward_does_not() -
 
 
 def test_subtracting_s0_changes_no_advantage_when_the_reader_is_deterministic() -> None:
-    """Marginal utility against the absolute score (docs/gym.md, finding 21). With a
-    deterministic reader s_0 is one number a question, so every ranking in a group is paid
-    ``sum_k w_k s_0`` less (and each place's to-go ``sum_{k > place} w_k s_0`` less). Centring
-    on the group mean removes that: under ``group`` and ``none`` scaling (and tier credit) the
-    two rewards give the same advantages, so the same gradient. ``batch`` scaling divides by
-    something the shift moves, and ``mean`` scaling takes the absolute score only."""
+    """Marginal utility against the absolute score (docs/gym.md, finding 21), in the head
+    trainer's own advantage functions (tests/test_gym.py shows the shift through the reward
+    service). With a deterministic reader s_0 is one number a question, so every ranking in a
+    group is paid ``sum_k w_k s_0`` less (and each place's to-go ``sum_{k > place} w_k s_0``
+    less). Centring on the group mean removes that: under ``group`` and ``none`` scaling (and
+    tier credit) the two rewards give the same advantages, so the same gradient. ``batch``
+    scaling divides by something the shift moves, and ``mean`` scaling takes the absolute score
+    only."""
     rng = random.Random(0)
     tiers, depth = (1, 2, 3, 5, 8), 8
     groups, size = 6, 16
