@@ -23,6 +23,7 @@ Results: ``eval/results/bench_scale.md`` and ``.json`` (``--out``), one row per 
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -197,16 +198,25 @@ def run_store(
 
 
 def report(result: dict[str, Any]) -> list[str]:
+    runs: list[dict[str, Any]] = []
+    for r in result["rows"]:
+        if r["run"] not in runs:
+            runs.append(r["run"])
     lines = [
         "# One user's history at scale",
         "",
-        f"Generated from `bench_scale.json` by `eval/bench_scale.py`. `{result['command']}` at "
-        f"code version `{result['code_version']}`, {result['date']}; "
-        f"{machine_line(result['machine'], run=True)}. Client and server on the same machine.",
+        "Generated from `bench_scale.json` by `eval/bench_scale.py`; client and server on the "
+        "same machine. Each row names its run:",
         "",
-        "| sessions | tokens | store | seed sessions/s | disk MB | warm p50 / p95 ms | RSS MB | "
-        "cold first recall s (index load, index ms) | ingest p50 / p95 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"{i}. `{run['command']}` at code version `{run['code_version']}`, {run['date']}; "
+            f"{run['machine']}."
+            for i, run in enumerate(runs, 1)
+        ),
+        "",
+        "| run | sessions | tokens | store | seed sessions/s | disk MB | warm p50 / p95 ms | "
+        "RSS MB | cold first recall s (index load, index ms) | ingest p50 / p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     if max(r["sessions"] for r in result["rows"]) < FULL_SESSIONS:
         lines[3:3] = [
@@ -219,9 +229,10 @@ def report(result: dict[str, Any]) -> list[str]:
             f"{c['s']} ({c['index_load']}, {c['index_ms']:.0f})" for c in r["cold_first_recall"]
         )
         lines.append(
-            f"| {r['sessions']:,} | {r['tokens']:,} | {r['store']} | {r['seed_sessions_per_s']} | "
-            f"{r['disk_mb']} | {r['warm_p50_ms']} / {r['warm_p95_ms']} | {r['rss_mb']} | {cold} | "
-            f"{r['ingest_p50_ms']} / {r['ingest_p95_ms']} |"
+            f"| {runs.index(r['run']) + 1} | {r['sessions']:,} | {r['tokens']:,} | {r['store']} | "
+            f"{r['seed_sessions_per_s']} | {r['disk_mb']} | {r['warm_p50_ms']} / "
+            f"{r['warm_p95_ms']} | {r['rss_mb']} | {cold} | {r['ingest_p50_ms']} / "
+            f"{r['ingest_p95_ms']} |"
         )
     return lines + [""]
 
@@ -240,6 +251,9 @@ def main(
         str, typer.Option(help="PostgreSQL server for --db postgres")
     ] = DEFAULT_PG_DSN,
     out: Annotated[Path, typer.Option(help="the report (markdown; .json beside it)")] = OUT,
+    keep: Annotated[
+        bool, typer.Option(help="keep the report's rows of other stores and sizes")
+    ] = True,
 ) -> None:
     facts = machine()
     args = {
@@ -255,16 +269,33 @@ def main(
             f"sizes {sizes}: each must exceed the one before by more than --ingests ({ingests}), "
             "which the user keeps"
         )
-    rows = [row for kind in db for row in run_store(kind, sessions, args, pg_dsn)]
-    result = {
-        "machine": facts,
+    run = {
         "command": command_line(),
         "code_version": git_head(),
         "date": utc_now_text(),
-        "rows": rows,
+        "machine": machine_line(facts, run=True),
     }
+    rows = [{**row, "run": run} for kind in db for row in run_store(kind, sessions, args, pg_dsn)]
+    result = {"machine": facts, **{k: run[k] for k in ("command", "code_version", "date")}}
+    result["rows"] = merged(out.with_suffix(".json"), rows) if keep else rows
     out.parent.mkdir(parents=True, exist_ok=True)
     write_report_files(out, report(result), result)
+
+
+def merged(json_path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with the report's earlier rows of other (store, sessions): a size measured
+    alone (100K takes most of an hour) joins the table, each row naming its own run."""
+    key = {(r["store"], r["sessions"]) for r in rows}
+    old: dict[str, Any] = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    # A report from before rows named their run: its rows are its top-level run's.
+    top = {k: old.get(k) for k in ("command", "code_version", "date")}
+    if "machine" in old:
+        top["machine"] = machine_line(old["machine"], run=True)
+    kept = [
+        {"run": top, **r} for r in old.get("rows", []) if (r["store"], r["sessions"]) not in key
+    ]
+    order = {"sqlite": 0, "postgres": 1}
+    return sorted(kept + rows, key=lambda r: (order.get(r["store"], 2), r["sessions"]))
 
 
 if __name__ == "__main__":

@@ -243,5 +243,15 @@ def test_bench_scale_tiny(tmp_path: Path) -> None:
         assert cold["index_load"] == "rebuilt" and 0 < cold["index_ms"] <= 1000 * cold["s"]
     assert rows[1]["tokens"] > rows[0]["tokens"]
     assert "SMOKE RUN" in out.read_text()
+    # A size measured again replaces its row; the others stay, each naming its own run.
+    _run(
+        "bench_scale.py",
+        *("--sessions", "20", "--seed-batch", "10", "--questions", "2", "--warmup", "1"),
+        *("--ingests", "1", "--restarts", "1", "--out", str(out)),
+        timeout=300.0,
+    )
+    again = _json(out)["rows"]
+    assert [(r["sessions"], r["sessions_at_end"]) for r in again] == [(20, 21), (45, 47)]
+    assert again[0]["run"]["command"] != again[1]["run"]["command"]
     with pytest.raises(AssertionError, match="each must exceed"):  # sizes the ingests overlap
         _run("bench_scale.py", "--sessions", "20", "--sessions", "21", "--out", str(out))
