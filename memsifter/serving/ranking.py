@@ -507,31 +507,36 @@ class ServiceRanker:
             return True
         evicted: dict[str, int] = {}
         with self._index_lock:
-            kept = index.nbytes <= budget
-            if not kept and self._indexes.get(key) is index:
+            too_large = index.nbytes > budget
+            if too_large and self._indexes.get(key) is index:
                 del self._indexes[key]
                 evicted["too_large"] = 1
             total = sum(i.nbytes for i in self._indexes.values())
             while total > budget and len(self._indexes) > 1:
-                _, old = self._indexes.popitem(last=False)  # never ``index``: used last
+                _, old = self._indexes.popitem(last=False)  # least recently used first
                 total -= old.nbytes
                 evicted["bytes"] = evicted.get("bytes", 0) + 1
-        self._report_cache(evicted)
-        if not kept:
+            kept = self._indexes.get(key) is index
+            held = (total, len(self._indexes))
+        self._report_cache(evicted, held)
+        if too_large:
             logger.warning(
                 "a user's index is over index_cache_bytes by itself: served, not cached",
                 extra={"index_bytes": index.nbytes, "index_cache_bytes": budget},
             )
         return kept
 
-    def _report_cache(self, evicted: Mapping[str, int]) -> None:
+    def _report_cache(
+        self, evicted: Mapping[str, int], held: tuple[int, int] | None = None
+    ) -> None:
+        """Hand the metrics hook the cache's (bytes, users), ``held`` when the caller summed
+        them under the lock already."""
         if self.on_index_cache is None:
             return
-        with self._index_lock:
-            report = IndexCacheReport(
-                sum(i.nbytes for i in self._indexes.values()), len(self._indexes), evicted
-            )
-        self.on_index_cache(report)
+        if held is None:
+            with self._index_lock:
+                held = (sum(i.nbytes for i in self._indexes.values()), len(self._indexes))
+        self.on_index_cache(IndexCacheReport(*held, evicted))
 
     def _new_bm25(self) -> IncrementalBM25 | None:
         inner = self.coarse.inner
