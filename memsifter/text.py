@@ -33,6 +33,9 @@ _STOP_EN = frozenset(STOPWORDS_EN)
 _STOP_ZH = frozenset(STOPWORDS_CHINESE)
 # Words the scoped memos hold together (~150 B each: ~40 MB), a few tenants' vocabularies.
 MAX_SCOPED_WORDS = 250_000
+# Bumped whenever a text's terms change (the word pattern, stopwords, stemming): terms stored
+# under an older ``Analyzer.identity`` (the recall service's postings) are then indexed again.
+ANALYZER_VERSION = 1
 
 
 class Analyzer:
@@ -48,6 +51,11 @@ class Analyzer:
         self._memo: dict[str, str] = {}  # outside every scope
         self._scoped: OrderedDict[str, dict[str, str]] = OrderedDict()  # scope -> its memo
         self._lock = threading.Lock()  # request threads pick and drop scoped memos
+
+    @property
+    def identity(self) -> str:
+        """What decides a text's terms: stored terms are valid while this is unchanged."""
+        return f"{self.language}/v{ANALYZER_VERSION}/{Stemmer.version()}"
 
     def _current_memo(self) -> dict[str, str]:
         scope = current_scope()

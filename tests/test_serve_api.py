@@ -242,7 +242,7 @@ def test_context_pages_out_over_turns_and_counts_metrics(client: TestClient) -> 
 def test_recall_and_context_timings_show_the_index_load(
     env: None, serve_db: Callable[[str], str]
 ) -> None:
-    """A replica that did not see the ingest rebuilds the user's index on its first recall: the
+    """A replica that did not see the ingest opens the user's stored index on its first recall: the
     response says so, its total includes the load, and /metrics counts it; then it is warm."""
     db = serve_db("replicas")
     auth = {"Authorization": f"Bearer {KEY}"}
@@ -254,7 +254,7 @@ def test_recall_and_context_timings_show_the_index_load(
         assert writer.post(f"{user}/sessions", json={"sessions": CANDIDATES}).status_code == 201
         ask = {"question": "golden retriever Max", "top_k": 1}
         cold = reader.post(f"{user}/recall", json=ask).json()["timings"]
-        assert cold["index_load"] == "rebuilt" and cold["index_ms"] > 0 and cold["index_cached"]
+        assert cold["index_load"] == "opened" and cold["index_ms"] > 0 and cold["index_cached"]
         assert cold["total_ms"] >= cold["index_ms"] + cold["coarse_ms"]
         warm = reader.post(f"{user}/recall", json=ask).json()["timings"]
         assert warm["index_load"] == "warm" and warm["index_ms"] == 0
@@ -265,10 +265,10 @@ def test_recall_and_context_timings_show_the_index_load(
         ).json()
         assert context["timings"]["index_load"] == "caught_up"
         metrics = reader.get("/metrics").text
-        for kind in ("rebuilt", "caught_up"):
+        for kind in ("opened", "caught_up"):
             assert f'memsifter_index_load_seconds_count{{kind="{kind}"}} 1.0' in metrics
         # Two turns a page: each of these sessions is one page.
-        assert f'memsifter_index_load_pages_total{{kind="rebuilt"}} {len(CANDIDATES)}.0' in metrics
+        assert f'memsifter_index_load_pages_total{{kind="opened"}} {len(CANDIDATES)}.0' in metrics
         assert 'memsifter_index_load_pages_total{kind="caught_up"} 1.0' in metrics
         assert "memsifter_index_cache_users 1.0" in metrics
         assert re.search(r"memsifter_index_cache_bytes [1-9]", metrics)

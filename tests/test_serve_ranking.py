@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from memsifter.coarse import ByteBoundedBM25, IncrementalBM25, build_filter
+from memsifter.coarse import ByteBoundedBM25, build_filter
 from memsifter.data.tokens import TokenCounter
 from memsifter.data.types import Session, Turn
 from memsifter.ranker.spec import PromptSpec
@@ -24,7 +25,14 @@ from memsifter.serving.config import PagingSettings, ServeConfig
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.ranking import ServiceRanker, UserIndex
 from memsifter.serving.store import Principal, Store
-from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage, UserState
+from memsifter.serving.store.records import (
+    IndexedPage,
+    IndexState,
+    PageDelta,
+    StoredPage,
+    UserState,
+)
+from memsifter.serving.stored_index import StoredIndex
 from memsifter.testing.backends import ScriptedBackend, reverse_ranking
 from memsifter.testing.coarse import LetterFilter
 
@@ -224,16 +232,17 @@ def _pages(n: int, vocabulary: int, seed: int = 0) -> list[IndexedPage]:
 
 
 def test_an_index_estimates_its_memory_within_a_quarter_of_what_tracemalloc_measures() -> None:
-    """``UserIndex.nbytes`` (pages + IncrementalBM25) is what the byte-bounded cache charges a
-    user, so it must track what the index really holds: within 25% of tracemalloc's count of
-    every allocation made while loading it, at a narrow and a wide vocabulary, and after a
-    delete. A constant off by 2x (or a term never charged) fails."""
+    """``nbytes`` is what the byte-bounded cache charges a user, so it must track what an index
+    really holds: within 25% of tracemalloc's count of every allocation made while loading it.
+    ``UserIndex`` (the pages of a non-BM25 filter) at a narrow and a wide vocabulary and after a
+    delete; ``StoredIndex`` (pks, lengths, and cached postings) opened over 20,000 pages with
+    terms of 10 to 10,000 postings cached. A constant off by 2x (or a term never charged)
+    fails."""
     for vocabulary in (300, 30_000):
         gc.collect()
         tracemalloc.start()
-        index = UserIndex("e", IncrementalBM25())
+        index = UserIndex("t", "u", "e")
         index.apply(PageDelta(UserState("e", 1), _pages(2000, vocabulary)))
-        index.coarse_scores("w1 w2 w3", index.view, None)  # caches a few posting arrays
         gc.collect()
         held, _ = tracemalloc.get_traced_memory()
         tracemalloc.stop()
@@ -241,6 +250,23 @@ def test_an_index_estimates_its_memory_within_a_quarter_of_what_tracemalloc_meas
     before = index.nbytes
     index.apply(PageDelta(UserState("e", 2), [], live=frozenset(range(1000))))  # half deleted
     assert index.nbytes < 0.8 * before
+
+    n = 20_000
+    state = IndexState("e", 3, "a", list(range(n)), [50] * n, None, None, n)
+    rng = np.random.default_rng(0)
+    sizes = [10, 100, 1000, 10_000] * 25
+    drawn = [np.sort(rng.choice(n, size, replace=False)) for size in sizes]
+    gc.collect()
+    tracemalloc.start()
+    # As the store hands them over: arrays made for the index, which keeps them.
+    postings = {f"t{i}": (pks.copy(), np.ones(len(pks))) for i, pks in enumerate(drawn)}
+    stored = StoredIndex("t", "u", "e", 1.5, 0.75)
+    stored.open(state)
+    stored.take(3, postings, {}, (list(postings), []))
+    gc.collect()
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert 0.75 < stored.nbytes / held < 1.25, (stored.nbytes, held)
 
 
 def _memory(tmp_path: Path, **kw: object) -> tuple[MemoryService, ServiceRanker, list[object]]:
@@ -257,25 +283,32 @@ def _memory(tmp_path: Path, **kw: object) -> tuple[MemoryService, ServiceRanker,
 def test_the_index_cache_is_bounded_in_bytes_and_a_user_over_it_is_served_uncached(
     tmp_path: Path,
 ) -> None:
+    """Users' indexes (their pks and lengths, and the postings their queries cached) are
+    evicted least recently used first once their bytes pass the budget; a user whose index is
+    over the whole budget is served and not kept."""
     who = Principal("acme")
     probe, ranker, _ = _memory(tmp_path / "probe")
     probe.ingest_sessions(who, "u0", SESSIONS)
+    opened = ranker._indexes[("acme", "u0")].nbytes
+    probe.recall(who, "u0", QUESTION, top_k=1)
     one = ranker._indexes[("acme", "u0")].nbytes  # every user below holds the same pages
+    assert one > opened  # the question's postings are cached
 
     memory, ranker, reports = _memory(tmp_path, index_cache_bytes=int(2.5 * one))
     for user in ("u1", "u2", "u3"):
         memory.ingest_sessions(who, user, SESSIONS)
+        memory.recall(who, user, QUESTION, top_k=1)
     assert [k[1] for k in ranker._indexes] == ["u2", "u3"]  # u1, least recent, evicted
     assert reports[-1].users == 2 and reports[-1].bytes == 2 * one
     assert sum(r.evicted.get("bytes", 0) for r in reports) == 1
-    assert memory.recall(who, "u1", QUESTION, top_k=1).index.kind == "rebuilt"
+    assert memory.recall(who, "u1", QUESTION, top_k=1).index.kind == "opened"
     assert [k[1] for k in ranker._indexes] == ["u3", "u1"]
 
-    small, ranker, reports = _memory(tmp_path / "small", index_cache_bytes=one // 2)
+    small, ranker, reports = _memory(tmp_path / "small", index_cache_bytes=opened // 2)
     small.ingest_sessions(who, "big", SESSIONS)
     assert ("acme", "big") not in ranker._indexes
     result = small.recall(who, "big", QUESTION, top_k=1)
-    assert result.hits and result.index.kind == "rebuilt" and not result.index.cached
+    assert result.hits and result.index.kind == "opened" and not result.index.cached
     assert reports[-1].evicted == {"too_large": 1} and reports[-1].users == 0
 
 

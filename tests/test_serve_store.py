@@ -184,7 +184,9 @@ def test_incremental_index_matches_a_fresh_one(
     assert "Luna" in followed[3].hits[0].page.page.render()
     assert followed[0].hits[0].page.page.id == "s-run#0"
     # And both match BM25 built from scratch over the same pages.
-    pages = ranker._indexes[(tenant, "u5")].view.sessions
+    delta = store.load_pages(tenant, "u5")
+    assert delta is not None
+    pages = [p.stored.page for p in sorted(delta.pages, key=lambda p: p.order)]
     scratch = build_filter("bm25").score(questions[0], pages)
     assert [h.page.page.id for h in followed[0].hits] == list(scratch.ids)
     assert [h.coarse_score for h in followed[0].hits] == pytest.approx(list(scratch.scores))
@@ -253,7 +255,7 @@ def test_recall_fuses_bookmarks_and_is_indexed_at_ingest(
 def test_every_recall_reports_what_finding_the_index_cost(
     store: Store, tenant: str, memory: MemoryService
 ) -> None:
-    """A second replica (a fresh ranker on the same store) rebuilds the user's index on its
+    """A second replica (a fresh ranker on the same store) opens the user's stored index on its
     first recall, then finds it warm, then reads only an ingest's new pages; a request that
     arrives while another loads waits for that load and says so. Only store reads reach the
     metrics hook."""
@@ -266,7 +268,7 @@ def test_every_recall_reports_what_finding_the_index_cost(
     n_pages = len(store.load_pages(tenant, "u7").pages)
 
     first = other.recall(who, "u7", "golden retriever", top_k=1)
-    assert first.index.kind == "rebuilt" and first.index.pages == n_pages > 0
+    assert first.index.kind == "opened" and first.index.pages == n_pages > 0
     assert first.index.ms > 0
     assert other.recall(who, "u7", "golden retriever", top_k=1).index == IndexLoad("warm")
     more = [_session("s-cat", 20, ["We got a cat called Tom.", "Nice."])]
@@ -274,18 +276,18 @@ def test_every_recall_reports_what_finding_the_index_cost(
     caught = other.recall(who, "u7", "cat Tom", top_k=1)
     assert caught.index.kind == "caught_up" and caught.index.pages == 1
     assert caught.hits[0].page.page.id == "s-cat#0"
-    assert [load.kind for load in loads] == ["rebuilt", "caught_up"]
+    assert [load.kind for load in loads] == ["opened", "caught_up"]
 
     loading, release = threading.Event(), threading.Event()
 
-    class SlowStore:  # the store, with a page load that holds until released
+    class SlowStore:  # the store, with an index read that holds until released
         def __getattr__(self, name: str) -> object:
             return getattr(store, name)
 
-        def load_pages(self, *args: object, **kw: object) -> object:
+        def index_state(self, *args: object, **kw: object) -> object:
             loading.set()
             release.wait(10)
-            return store.load_pages(*args, **kw)
+            return store.index_state(*args, **kw)
 
     slow_store: Store = SlowStore()  # type: ignore[assignment]
     slow = MemoryService(
@@ -305,7 +307,7 @@ def test_every_recall_reports_what_finding_the_index_cost(
     release.set()
     loader.join(10)
     waiter.join(10)
-    assert results["loader"].kind == "rebuilt"
+    assert results["loader"].kind == "opened"
     assert results["waiter"].kind == "waited" and results["waiter"].ms >= 150
     assert results["waiter"].pages == 0
 

@@ -15,6 +15,16 @@ from memsifter.text import Analyzer, get_analyzer
 DOC_BYTES, POSTING_BYTES, TERM_BYTES = 750, 55, 285
 
 
+def lucene_weights(
+    tf: np.ndarray, length: np.ndarray, df: int, n: int, avgdl: float, k1: float, b: float
+) -> np.ndarray:
+    """One query term's BM25 contribution to the documents in its postings (bm25s ``lucene``:
+    ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))`` times ``tf / (tf + k1 (1 - b + b dl /
+    avgdl))``), for ``tf`` and document ``length`` arrays over those documents."""
+    idf = np.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    return idf * tf / (tf + k1 * (1.0 - b + b * length / avgdl))
+
+
 class IncrementalBM25:
     """BM25 over a document set that grows and shrinks, for the recall service's per-user index.
 
@@ -148,10 +158,8 @@ class IncrementalBM25:
             if arrays is None:
                 continue
             where, tf = arrays
-            df = len(where)
-            idf = np.log(1.0 + (n - df + 0.5) / (df + 0.5))
-            norm = self.k1 * (1.0 - self.b + self.b * self._length[where] / avgdl)
-            acc[where] += idf * tf / (tf + norm)
+            length = self._length[where]
+            acc[where] += lucene_weights(tf, length, len(where), n, avgdl, self.k1, self.b)
         return acc
 
     def scores(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:

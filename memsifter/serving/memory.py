@@ -38,7 +38,15 @@ from memsifter.serving.facts import ScoredFact, rank_facts, render_fact
 from memsifter.serving.paging import PageSlot, PagingPlan, plan_paging
 from memsifter.serving.ranking import IndexLoad, RankOutcome, ServiceRanker, UserIndex
 from memsifter.serving.store import Store
-from memsifter.serving.store.records import PageRecord, Principal, SessionRecord, StoredPage, utcnow
+from memsifter.serving.store.records import (
+    PageRecord,
+    Principal,
+    SessionRecord,
+    StoredPage,
+    to_naive_utc,
+    utcnow,
+)
+from memsifter.serving.stored_index import StoredIndex
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +101,9 @@ class MemoryService:
 
     # -- ingest
 
-    def _record(self, session: Session) -> SessionRecord:
+    def _record(self, session: Session) -> tuple[SessionRecord, list[Session]]:
+        """The session to store, and its pages as the store will give them back (dates naive
+        UTC): the text their postings and the proxy's token counts are taken from."""
         pages = page_session(session, self.config.paging.turns_per_page)
         ids = [p.id for p in pages]
         if len(set(ids)) != len(ids):
@@ -104,7 +114,8 @@ class MemoryService:
             )
         keywords = self.extractor.extract(pages)
         records = []
-        for page, kws in zip(pages, keywords, strict=True):
+        stored = [replace(page, date=to_naive_utc(page.date)) for page in pages]
+        for page, kws, as_stored in zip(pages, keywords, stored, strict=True):
             records.append(
                 PageRecord(
                     page_id=page.id,
@@ -112,28 +123,35 @@ class MemoryService:
                     turn_end=page.first_turn + len(page.turns),
                     n_tokens=self.counter.count(page.render()),
                     bookmarks=to_bookmarks(kws),
+                    terms=self.ranker.index_terms(as_stored.render()),
                 )
             )
-        return SessionRecord(session, self.counter.count(session.render()), tuple(records))
+        record = SessionRecord(session, self.counter.count(session.render()), tuple(records))
+        return record, stored
 
     def ingest_sessions(
         self, who: Principal, user: str, sessions: Sequence[Session], *, replace: bool = False
     ) -> list[SessionRecord]:
-        records = []
+        records, pages = [], []
         with cache_scope(who.tenant_id):
             for i, s in enumerate(sessions):
                 try:
-                    records.append(self._record(s))
+                    record, stored = self._record(s)
                 except ServeError as e:
                     e.field = f"body.sessions[{i}].turns"
                     raise
+                records.append(record)
+                pages += stored
         try:
-            self.store.put_sessions(who.tenant_id, user, records, replace=replace)
+            self.store.put_sessions(
+                who.tenant_id, user, records, replace=replace, analyzer=self.ranker.index_analyzer
+            )
         except ServeError as e:  # the store names fields of its input; callers sent a body
             if e.field and not e.field.startswith(("body.", "path.")):
                 e.field = f"body.{e.field}"
             raise
         self.ranker.user_index(self.store, who.tenant_id, user)  # index now, not on first query
+        self.ranker.warm(who.tenant_id, pages)
         logger.info(
             "ingested sessions",
             extra={
@@ -167,7 +185,7 @@ class MemoryService:
 
     # -- recall
 
-    def _index(self, who: Principal, user: str) -> tuple[UserIndex, IndexLoad]:
+    def _index(self, who: Principal, user: str) -> tuple[UserIndex | StoredIndex, IndexLoad]:
         index, load = self.ranker.user_index(self.store, who.tenant_id, user)
         if index is None:
             raise NotFoundError(f"unknown user {user!r}", field="path.user_id")
@@ -189,27 +207,29 @@ class MemoryService:
     def _recall(
         self,
         who: Principal,
-        index: UserIndex,
+        index: UserIndex | StoredIndex,
         load: IndexLoad,
         question: str,
         top_k: int,
         question_date: str | None,
         exclude: Sequence[str] = (),
     ) -> RecallResult:
-        view = index.view
-        skip = set(exclude)
-        pages = [s for s in view.sessions if s.id not in skip] if skip else view.sessions
-        outcome = self.ranker.rank(
-            question, pages, tenant=who.tenant_id, question_date=question_date, index=index
+        outcome, pages = self.ranker.recall(
+            self.store,
+            index,
+            question,
+            top_k=top_k,
+            question_date=question_date,
+            exclude=exclude,
         )
         hits = [
             RecallHitResult(
-                page=view.by_id[pid],
+                page=pages[pid],
                 rank=i + 1,
                 score=outcome.score(pid),
                 coarse_score=outcome.coarse_score(pid),
                 bookmark_score=outcome.bookmark_score(pid),
-                keywords=list(view.by_id[pid].keywords),
+                keywords=list(pages[pid].keywords),
             )
             for i, pid in enumerate(outcome.ids[:top_k])
         ]
@@ -233,7 +253,6 @@ class MemoryService:
         now = now or utcnow()
         paging = self.config.paging
         index, load = self._index(who, user)
-        view = index.view
         count = self.counter.count
 
         facts = self.store.list_facts(
@@ -275,14 +294,13 @@ class MemoryService:
         k = paging.page_in_k if page_in_k is None else page_in_k
         recall = (
             self._recall(who, index, load, question, k, question_date)
-            if k > 0 and view.sessions
+            if k > 0 and len(index)
             else None
         )
-        resident = [
-            PageSlot(pid, n)
-            for pid, n in self.store.resident_pages(who.tenant_id, user)
-            if pid in view.by_id
-        ]
+        slots = self.store.resident_pages(who.tenant_id, user)
+        known = self.ranker.user_pages(self.store, index, [pid for pid, _ in slots])
+        known.update((h.page.page.id, h.page) for h in (recall.hits if recall else []))
+        resident = [PageSlot(pid, n) for pid, n in slots if pid in known]
         # Only pages with some evidence are offered: with BM25 the rest of a top-k can be
         # pages sharing no term with the question, and paging those in only evicts others.
         offered = [
@@ -294,12 +312,8 @@ class MemoryService:
 
         def relevance(ids: list[str]) -> Sequence[str]:
             # One batched call: every resident and offered page in a single ranking.
-            outcome = self.ranker.rank(
-                question,
-                [view.by_id[i].page for i in ids],
-                tenant=who.tenant_id,
-                question_date=question_date,
-                index=index,
+            outcome = self.ranker.rank_pages(
+                self.store, index, question, ids, question_date=question_date
             )
             eviction.append(outcome)
             return outcome.ids
@@ -327,7 +341,7 @@ class MemoryService:
                 extra={"user": user, "action": e.action, "page_id": e.page_id, "reason": e.reason},
             )
 
-        pages = [view.by_id[pid] for pid in plan.resident]
+        pages = [known[pid] for pid in plan.resident]
         text = _assemble(pinned, pages, recent)
         page_tokens = plan.used_tokens + count(_PAGES_HEADER) if pages else 0
         tokens = {

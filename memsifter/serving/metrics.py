@@ -114,11 +114,14 @@ class Metrics:
         )
         # Every load of a user's index that read the store (a request that found it warm, or
         # waited for another's load, is not one): caught_up reads the pages changed since the
-        # replica's version, rebuilt reads them all. The histogram's _count and _sum are the
-        # loads and their seconds.
+        # replica's version, opened reads a stored BM25 index (pks and lengths), reindexed
+        # writes a user's postings again from their pages first (counted: it should be rare),
+        # rebuilt reads every page into a non-BM25 filter's index. The histogram's _count and
+        # _sum are the loads and their seconds.
         self.index_load_seconds = Histogram(
             "memsifter_index_load_seconds",
-            "Loads of a user's coarse index from the store, by kind (caught_up, rebuilt).",
+            "Loads of a user's coarse index from the store, by kind "
+            "(caught_up, opened, reindexed, rebuilt).",
             ["kind"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,

@@ -1,17 +1,21 @@
 """The ranker inside the service: coarse filter (fused with bookmark hits) -> proxy, or the
 coarse stage alone when the service runs ``coarse-only``.
 
-* **Coarse.** Each user has a ``UserIndex`` on each replica, kept in an LRU of
-  ``index_cache_users`` users and caught up whenever the user's *version* (bumped in the database
-  by every ingest and delete, so every replica sees it) moves on: only pages this replica does
-  not hold are loaded, pages that are gone are dropped. With ``coarse: bm25`` (the default) the
-  index is an ``IncrementalBM25``, so an ingest costs the new pages' terms, never a rebuild of
-  the user's history, and a query reads the postings of its terms. Any other coarse filter is
-  shared by every user behind a lock and keeps its own caches (dense filters embed each page
-  once, by content fingerprint).
+* **Coarse.** With ``coarse: bm25`` (the default) a user's index is held by the database: each
+  page's postings are written with the page (``store.postings``), so no replica rebuilds an
+  index from text. A replica keeps a ``StoredIndex`` per user (the pages' pks and lengths in
+  chronological order, and the postings of the terms queries asked for) in an LRU bounded by
+  ``index_cache_users`` and ``index_cache_bytes``, and follows the user's *version* (bumped in
+  the database by every ingest and delete, so every replica sees it): an ingest appends the new
+  pages and their postings of cached terms; anything else (a delete, a page older than the
+  newest) reads the pks and lengths again. A recall scores the pages with evidence, reads only
+  its top pages from the store, and ranks exactly like BM25 over all the pages (ties
+  chronological). Any other coarse filter ranks page text: its ``UserIndex`` holds the pages
+  and the filter is shared by every user behind a lock and keeps its own caches (dense filters
+  embed each page once, by content fingerprint).
 * **Bookmarks.** Pages whose keywords share a term with the question form a second ranking,
-  read from the same in-memory index (term -> page -> weight); the two are fused by reciprocal
-  rank (``1/(k + rank)``, k = 60).
+  read with the postings (the bookmark rows of the question's terms); the two are fused by
+  reciprocal rank (``1/(k + rank)``, k = 60).
 * **Proxy.** The fused top ``max_candidates`` go through ``memsifter.ranker.proxy.Proxy``: the
   one prompt builder and the one parser, so session text cannot steer how the answer is read.
   The prompt is the model's :class:`~memsifter.ranker.spec.PromptSpec` (``proxy.prompt_spec()``),
@@ -37,7 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +53,6 @@ from memsifter.coarse import (
     BM25Filter,
     ByteBoundedBM25,
     CoarseFilter,
-    IncrementalBM25,
     LockedCoarse,
     build_filter,
 )
@@ -64,7 +67,9 @@ from memsifter.serving.bookmarks import query_terms
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ServeError, UnavailableError
 from memsifter.serving.store import Store
+from memsifter.serving.store.postings import TermArrays
 from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage
+from memsifter.serving.stored_index import StoredIndex, values_at
 
 logger = logging.getLogger(__name__)
 COARSE_ONLY = "coarse-only"
@@ -148,16 +153,19 @@ class IdOrder(Sequence[str]):
         return f"IdOrder({tuple(self)!r})"
 
 
-LoadKind = Literal["warm", "waited", "caught_up", "rebuilt"]
+LoadKind = Literal["warm", "waited", "caught_up", "opened", "reindexed", "rebuilt"]
 
 
 @dataclass(frozen=True)
 class IndexLoad:
     """What finding a user's index cost a request: ``warm`` (cached and current, nothing read),
     ``waited`` (another request was loading it; this one waited for that), ``caught_up`` (a
-    cached index read the pages changed since its version) or ``rebuilt`` (no index on this
-    replica: every page read from the store and indexed). ``ms`` is the time spent reading,
-    indexing or waiting (0 when warm); ``pages`` the pages this request read."""
+    cached index read the pages changed since its version), ``opened`` (a stored BM25 index
+    read: every page's pk and length, no text), ``reindexed`` (the user's postings written
+    again from their pages' text, then opened: pages stored before postings existed, or by
+    another analyzer) or ``rebuilt`` (an in-memory index of a non-BM25 filter: every page read
+    and indexed). ``ms`` is the time spent reading, indexing or waiting (0 when warm);
+    ``pages`` the pages this request read."""
 
     kind: LoadKind = "warm"
     ms: float = 0.0
@@ -221,26 +229,29 @@ def _pages_view(version: int, pages: tuple[StoredPage, ...]) -> UserPages:
 
 
 class UserIndex:
-    """One user's pages on this replica: the snapshot, the incremental BM25 index (when the
-    coarse filter is BM25) and the bookmark terms, caught up by ``apply(delta)``."""
+    """One user's pages on this replica, for a coarse filter that ranks page text itself (a
+    dense or hybrid filter): the snapshot and the bookmark terms, caught up by
+    ``apply(delta)``. With BM25 the service keeps a ``StoredIndex`` instead."""
 
-    def __init__(self, epoch: str, bm25: IncrementalBM25 | None) -> None:
+    def __init__(self, tenant: str, user: str, epoch: str) -> None:
+        self.tenant, self.user = tenant, user
         self.epoch = epoch  # the user's incarnation this index belongs to
         self.view = _pages_view(-1, ())
-        self.bm25 = bm25
         self._lock = threading.Lock()
         self._pages: dict[int, IndexedPage] = {}  # pk -> page
         self._marks: dict[str, dict[str, float]] = {}  # term -> page id -> summed weight
-        self._view_slots = np.zeros(0, dtype=np.int64)  # view position -> BM25 slot
         self._last_order: tuple[bool, datetime, int, int] | None = None  # the newest page's
         self._page_bytes = 0  # the pages' estimated share of nbytes
         self.refreshing = threading.Lock()  # one catch-up with the store at a time
 
+    def __len__(self) -> int:
+        return len(self.view.pages)
+
     @property
     def nbytes(self) -> int:
-        """The estimated memory this index holds: its pages (text, records, snapshot) and the
-        coarse index. What the ranker's byte-bounded cache of users charges it."""
-        return self._page_bytes + (self.bm25.nbytes() if self.bm25 is not None else 0)
+        """The estimated memory this index holds (its pages: text, records, snapshot): what
+        the ranker's byte-bounded cache of users charges it."""
+        return self._page_bytes
 
     @property
     def version(self) -> int:
@@ -264,8 +275,6 @@ class UserIndex:
                 page = self._pages.pop(pk)
                 self._page_bytes -= _held_bytes(page)
                 pid = page.stored.page.id
-                if self.bm25 is not None:
-                    self.bm25.remove(pid)
                 for term, _ in page.bookmark_terms:
                     marks = self._marks.get(term)
                     if marks is not None:
@@ -278,8 +287,6 @@ class UserIndex:
                 self._pages[page.pk] = page
                 self._page_bytes += _held_bytes(page)
                 pid = page.stored.page.id
-                if self.bm25 is not None:
-                    self.bm25.add(pid, page.stored.page.render())
                 for term, weight in page.bookmark_terms:
                     marks = self._marks.setdefault(term, {})
                     marks[pid] = marks.get(pid, 0.0) + weight
@@ -291,10 +298,7 @@ class UserIndex:
                 self._last_order = added[-1].order if added else last
             else:  # a delete, or pages older than the newest: rebuild the snapshot
                 ordered = sorted(self._pages.values(), key=lambda p: p.order)
-                view = _pages_view(version, tuple(p.stored for p in ordered))
-                if self.bm25 is not None:
-                    self._view_slots = self.bm25.slots(view.ids.tolist())
-                self.view = view
+                self.view = _pages_view(version, tuple(p.stored for p in ordered))
                 self._last_order = ordered[-1].order if ordered else None
 
     def _appended(self, version: int, added: list[IndexedPage]) -> UserPages:
@@ -307,8 +311,6 @@ class UserIndex:
         by_id.update(zip(new_ids, pages, strict=True))
         positions = dict(old.positions)
         positions.update((pid, len(old.pages) + i) for i, pid in enumerate(new_ids))
-        if self.bm25 is not None:  # no remove ran, so no compaction moved a slot
-            self._view_slots = np.concatenate([self._view_slots, self.bm25.slots(new_ids)])
         return UserPages(
             version,
             old.pages + pages,
@@ -317,22 +319,6 @@ class UserIndex:
             positions,
             np.concatenate([old.ids, np.array(new_ids, dtype=object)]),
         )
-
-    def coarse_scores(
-        self, question: str, view: UserPages, ids: Sequence[str] | None
-    ) -> np.ndarray:
-        """BM25 of ``ids`` (pages of ``view``; None: all of them, in view order). A page deleted
-        since the caller took ``view`` scores 0."""
-        assert self.bm25 is not None
-        with self._lock:
-            bm25 = self.bm25
-            if ids is None and view is self.view:  # the hot path: no per-page Python work
-                return bm25.slot_scores(question)[self._view_slots]
-            ids = view.ids.tolist() if ids is None else ids
-            live = np.array([sid in bm25 for sid in ids], dtype=bool)
-            scores = np.zeros(len(ids), dtype=np.float64)
-            scores[live] = bm25.scores(question, [sid for sid in ids if sid in bm25])
-            return scores
 
     def bookmark_hits(self, terms: Sequence[str]) -> dict[str, float]:
         """Page id -> summed weight of the bookmark rows sharing a term with ``terms``."""
@@ -388,7 +374,13 @@ class ServiceRanker:
         self.rrf_k = rrf_k
         self.name = name or (COARSE_ONLY if backend is None else f"proxy:{backend.name}")
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._indexes: OrderedDict[tuple[str, str], UserIndex] = OrderedDict()
+        self._indexes: OrderedDict[tuple[str, str], UserIndex | StoredIndex] = OrderedDict()
+        # With Lucene BM25 (the default) users' indexes are the store's postings, analysed
+        # by this filter's analyzer; any other filter ranks page text (UserIndex).
+        inner = self.coarse.inner
+        self._bm25: BM25Filter | None = (
+            inner if isinstance(inner, BM25Filter) and inner.method == "lucene" else None
+        )
         self._index_lock = threading.Lock()
         self._index_cache_users = index_cache_users
         if index_cache_bytes is not None and index_cache_bytes <= 0:
@@ -437,22 +429,44 @@ class ServiceRanker:
 
     # -- per-user page indexes
 
+    @property
+    def index_analyzer(self) -> str | None:
+        """The ``Analyzer.identity`` whose terms this service's users' postings hold; None when
+        the coarse filter is not BM25 (it keeps no postings)."""
+        return self._bm25.analyzer.identity if self._bm25 is not None else None
+
+    def index_terms(self, text: str) -> tuple[tuple[str, int], ...] | None:
+        """``text``'s postings (term, count) for ``put_sessions``; None without BM25."""
+        if self._bm25 is None:
+            return None
+        return tuple(Counter(self._bm25.analyzer(text)).items())
+
+    def warm(self, tenant: str, pages: Sequence[Session]) -> None:
+        """Tokenize ingested pages for the proxy now, so a query's prompt budget and token ids
+        come from the builder's caches instead of tokenizing 40 pages a request. (Another
+        replica tokenizes a page the first time a prompt shows it.)"""
+        if self.proxy is None:
+            return
+        with cache_scope(tenant):
+            for page in pages:
+                self.proxy.builder.warm(page)
+
     def user_index(
         self, store: Store, tenant: str, user: str
-    ) -> tuple[UserIndex | None, IndexLoad]:
+    ) -> tuple[UserIndex | StoredIndex | None, IndexLoad]:
         """The user's index, caught up with the store when their version moved on, and what
         that cost (``IndexLoad``; also handed to ``on_index_load``). All it caches (terms
         stemmed, pages embedded and tokenized) is cached in the tenant's scope, where its
         queries look."""
         with cache_scope(tenant):
             index, load = self._user_index(store, tenant, user)
-        if load.kind in ("caught_up", "rebuilt") and self.on_index_load is not None:
+        if load.kind not in ("warm", "waited") and self.on_index_load is not None:
             self.on_index_load(load)
         return index, load
 
     def _user_index(
         self, store: Store, tenant: str, user: str
-    ) -> tuple[UserIndex | None, IndexLoad]:
+    ) -> tuple[UserIndex | StoredIndex | None, IndexLoad]:
         key = (tenant, user)
         state = store.user_state(tenant, user)
         if state is None:
@@ -462,7 +476,7 @@ class ServiceRanker:
         with self._index_lock:
             index = self._indexes.get(key)
             if index is None or index.epoch != state.epoch:  # new, or deleted and created again
-                index = self._indexes[key] = UserIndex(state.epoch, self._new_bm25())
+                index = self._indexes[key] = self._new_index(tenant, user, state.epoch)
             self._indexes.move_to_end(key)
             while len(self._indexes) > self._index_cache_users:
                 self._indexes.popitem(last=False)
@@ -475,38 +489,88 @@ class ServiceRanker:
         with index.refreshing:  # concurrent requests after an ingest wait for one catch-up
             if index.version >= state.version:  # another request loaded it meanwhile
                 return index, IndexLoad("waited", (time.perf_counter() - start) * 1000)
-            since = index.version if index.version >= 0 else None
-            delta = store.load_pages(tenant, user, since=since, known=index.pks)
-            if delta is None or delta.state.epoch != index.epoch:
-                # Deleted (and maybe created again) since user_state: the next request starts
-                # from the new incarnation; this one answers as for an unknown user.
-                self.forget_user(tenant, user)
-                if delta is None:
-                    return None, IndexLoad()
-                return self._user_index(store, tenant, user)
-            index.apply(delta)
-        if index.bm25 is None and index.view.sessions:
-            self.coarse.index(index.view.sessions)
-        if self.proxy is not None:
-            # Tokenize new pages for the proxy now, at ingest, so a query's prompt budget and
-            # token ids come from the builder's caches instead of tokenizing 40 pages a request.
-            for page in delta.pages:
-                self.proxy.builder.warm(page.stored.page)
-        kind: LoadKind = "rebuilt" if since is None else "caught_up"
+            if isinstance(index, StoredIndex):
+                loaded = self._load_stored(store, index)
+            else:
+                loaded = self._load_pages(store, index)
+        if loaded is None:
+            # Deleted (and maybe created again) since user_state: the next request starts from
+            # the new incarnation; this one answers as for an unknown user.
+            self.forget_user(tenant, user)
+            if store.user_state(tenant, user) is None:
+                return None, IndexLoad()
+            return self._user_index(store, tenant, user)
+        kind, pages = loaded
         cached = self._fit(key, index)
         ms = (time.perf_counter() - start) * 1000
-        return index, IndexLoad(kind, ms, len(delta.pages), cached)
+        return index, IndexLoad(kind, ms, pages, cached)
 
-    def _fit(self, key: tuple[str, str], index: UserIndex) -> bool:
+    def _new_index(self, tenant: str, user: str, epoch: str) -> UserIndex | StoredIndex:
+        if self._bm25 is None:
+            return UserIndex(tenant, user, epoch)
+        return StoredIndex(tenant, user, epoch, self._bm25.k1, self._bm25.b)
+
+    def _load_stored(self, store: Store, index: StoredIndex) -> tuple[LoadKind, int] | None:
+        """Bring ``index`` to the store's state: the new pages appended (``caught_up``), or
+        every page's pk and length read (``opened``), after writing the user's postings again
+        when another analyzer (or none) wrote them (``reindexed``). None: the user is gone or
+        was created again."""
+        tenant, user = index.tenant, index.user
+        analyzer = self.index_analyzer
+        if index.version >= 0:
+            delta = store.index_state(tenant, user, since=index.version, n_known=len(index))
+            if delta is None or delta.epoch != index.epoch:
+                return None
+            if index.appends(delta) and delta.analyzer == analyzer:
+                postings, marks = ({}, {})
+                if delta.pks and index.cached_terms():
+                    postings, marks = store.page_terms(delta.pks)
+                index.catch_up(delta, postings, marks)
+                return "caught_up", len(delta.pks)
+        state = store.index_state(tenant, user)
+        if state is None or state.epoch != index.epoch:
+            return None
+        kind: LoadKind = "opened"
+        if state.analyzer != analyzer:
+            assert self._bm25 is not None and analyzer is not None
+            counted = self._bm25.analyzer
+            n = store.reindex_user(tenant, user, analyzer, lambda text: Counter(counted(text)))
+            logger.warning(
+                "a user's postings were written again from their pages",
+                extra={"user": user, "pages": n, "was": state.analyzer, "analyzer": analyzer},
+            )
+            state = store.index_state(tenant, user)
+            if state is None or state.epoch != index.epoch:
+                return None
+            kind = "reindexed"
+        index.open(state)
+        return kind, len(state.pks)
+
+    def _load_pages(self, store: Store, index: UserIndex) -> tuple[LoadKind, int] | None:
+        """Bring ``index`` to the store's state by reading the pages it lacks (``caught_up``),
+        or all of them (``rebuilt``), and index them in the coarse filter."""
+        tenant, user = index.tenant, index.user
+        since = index.version if index.version >= 0 else None
+        delta = store.load_pages(tenant, user, since=since, known=index.pks)
+        if delta is None or delta.state.epoch != index.epoch:
+            return None
+        index.apply(delta)
+        if index.view.sessions:
+            self.coarse.index(index.view.sessions)
+        return ("rebuilt" if since is None else "caught_up"), len(delta.pages)
+
+    def _fit(self, key: tuple[str, str], index: UserIndex | StoredIndex) -> bool:
         """After a load grew ``index``: evict the least recently used users until the cache is
         within ``index_cache_bytes``. An index over the whole budget is not kept (this request
-        still uses it). Whether ``index`` stays. Queries' cached posting arrays grow an index
-        between loads (at most 16 B a posting); they are charged at its next load."""
+        still uses it). Whether ``index`` stays. Queries' cached postings grow a stored index
+        between loads; ``_read_terms`` fits the cache again after it grows one."""
         budget = self._index_cache_bytes
         if budget is None:
             return True
         evicted: dict[str, int] = {}
         with self._index_lock:
+            if self._indexes.get(key) is not index:
+                return False  # evicted meanwhile, or served uncached: nothing to fit
             too_large = index.nbytes > budget
             if too_large and self._indexes.get(key) is index:
                 del self._indexes[key]
@@ -538,12 +602,6 @@ class ServiceRanker:
                 held = (sum(i.nbytes for i in self._indexes.values()), len(self._indexes))
         self.on_index_cache(IndexCacheReport(*held, evicted))
 
-    def _new_bm25(self) -> IncrementalBM25 | None:
-        inner = self.coarse.inner
-        if not isinstance(inner, BM25Filter) or inner.method != "lucene":
-            return None
-        return IncrementalBM25(inner.k1, inner.b, inner.language)
-
     def forget_user(self, tenant: str, user: str) -> None:
         with self._index_lock:
             self._indexes.pop((tenant, user), None)
@@ -560,11 +618,148 @@ class ServiceRanker:
         index: UserIndex | None = None,
     ) -> RankOutcome:
         """Rank ``sessions`` (pages or sessions) for ``question``; see the module doc. With the
-        user's ``index`` the coarse scores and bookmark hits come from it; without one (the
-        stateless ``/v1/rank``) the shared coarse filter scores and there are no bookmarks.
-        ``tenant`` scopes every cached index the ranking builds or finds (the module doc)."""
+        user's in-memory ``index`` bookmark hits come from it; without one (the stateless
+        ``/v1/rank``) there are none. The shared coarse filter scores. ``tenant`` scopes every
+        cached index the ranking builds or finds (the module doc)."""
         with cache_scope(tenant):
             return self._rank(question, sessions, question_date, index)
+
+    def recall(
+        self,
+        store: Store,
+        index: UserIndex | StoredIndex,
+        question: str,
+        *,
+        top_k: int,
+        question_date: str | None = None,
+        exclude: Sequence[str] = (),
+    ) -> tuple[RankOutcome, dict[str, StoredPage]]:
+        """The user's pages ranked for ``question`` (but ``exclude``), at least the top
+        ``top_k`` (and every candidate the proxy is shown), and those pages by id."""
+        with cache_scope(index.tenant):
+            if isinstance(index, StoredIndex):
+                return self._recall_stored(store, index, question, top_k, question_date, exclude)
+            view = index.view
+            skip = set(exclude)
+            pages = [s for s in view.sessions if s.id not in skip] if skip else view.sessions
+            outcome = self._rank(question, pages, question_date, index)
+            return outcome, {pid: view.by_id[pid] for pid in outcome.ids[:top_k]}
+
+    def rank_pages(
+        self,
+        store: Store,
+        index: UserIndex | StoredIndex,
+        question: str,
+        page_ids: Sequence[str],
+        *,
+        question_date: str | None = None,
+    ) -> RankOutcome:
+        """The user's pages ``page_ids`` (those that exist) ranked for ``question``, alone."""
+        with cache_scope(index.tenant):
+            if isinstance(index, UserIndex):
+                by_id = index.view.by_id
+                pages = [by_id[pid].page for pid in page_ids if pid in by_id]
+                return self._rank(question, pages, question_date, index)
+            start = time.perf_counter()
+            chosen = store.indexed_pages(index.tenant, index.user, page_ids=list(page_ids))
+            at = index.positions_of([p.pk for p in chosen])
+            held = sorted(
+                ((pos, page) for pos, page in zip(at.tolist(), chosen, strict=True) if pos >= 0),
+                key=lambda x: x[0],
+            )
+            where = np.asarray([pos for pos, _ in held], dtype=np.int64)
+            tokens, mark_terms = self._query_terms(question)
+            extra = self._read_terms(store, index, tokens, mark_terms)
+            coarse, marks = index.scores_at(where, tokens, mark_terms, extra)
+            order = np.argsort(-coarse, kind="stable")
+            fused, order = _fuse(coarse, order, marks, self.rrf_k)
+            sessions = [p.stored.page for _, p in held]
+            return self._finish(
+                question, sessions, coarse, marks, fused, order, question_date, start
+            )
+
+    def user_pages(
+        self, store: Store, index: UserIndex | StoredIndex, page_ids: Sequence[str]
+    ) -> dict[str, StoredPage]:
+        """The user's pages with these ids (those that exist), by id."""
+        if isinstance(index, UserIndex):
+            by_id = index.view.by_id
+            return {pid: by_id[pid] for pid in page_ids if pid in by_id}
+        found = store.indexed_pages(index.tenant, index.user, page_ids=list(page_ids))
+        return {p.stored.page.id: p.stored for p in found}
+
+    def _query_terms(self, question: str) -> tuple[list[str], list[str]]:
+        """A question's BM25 tokens (repeats kept: each counts) and its bookmark terms."""
+        assert self._bm25 is not None
+        return self._bm25.analyzer(question), query_terms(question)
+
+    def _read_terms(
+        self, store: Store, index: StoredIndex, tokens: Sequence[str], mark_terms: Sequence[str]
+    ) -> tuple[TermArrays, TermArrays]:
+        """Read the query's terms ``index`` does not cache; what it could not cache (read at
+        another version) comes back for this query only."""
+        asked = index.missing(tokens, mark_terms)
+        if not asked[0] and not asked[1]:
+            return {}, {}
+        read = store.read_terms(index.tenant, index.user, asked[0], asked[1])
+        if read is None:
+            return {}, {}
+        version, postings, marks = read
+        extra = index.take(version, postings, marks, asked)
+        if not extra[0] and not extra[1]:
+            self._fit((index.tenant, index.user), index)  # the index grew
+        return extra
+
+    def _recall_stored(
+        self,
+        store: Store,
+        index: StoredIndex,
+        question: str,
+        top_k: int,
+        question_date: str | None,
+        exclude: Sequence[str],
+    ) -> tuple[RankOutcome, dict[str, StoredPage]]:
+        start = time.perf_counter()
+        tokens, mark_terms = self._query_terms(question)
+        extra = self._read_terms(store, index, tokens, mark_terms)
+        found = index.evidence(tokens, mark_terms, extra)
+        where, coarse, marks = found.positions, found.coarse, found.marks
+        excluded = np.zeros(0, dtype=np.int64)
+        if exclude:
+            skipped = store.indexed_pages(index.tenant, index.user, page_ids=list(exclude))
+            excluded = index.positions_of([p.pk for p in skipped])
+            keep = ~np.isin(where, excluded)
+            where, coarse, marks = where[keep], coarse[keep], marks[keep]
+        # Fused over every page with evidence (chronological, so ties fall as in a full
+        # ranking); the rest of a ranking would follow in chronological order with score 0.
+        fused, order = _fuse(coarse, np.argsort(-coarse, kind="stable"), marks, self.rrf_k)
+        n = top_k if self.proxy is None else max(top_k, self.max_candidates)
+        best = where[order[:n]]
+        if len(best) < n:
+            rest = np.ones(len(index), dtype=bool)
+            rest[where] = False
+            rest[excluded[excluded >= 0]] = False
+            best = np.concatenate([best, np.flatnonzero(rest)[: n - len(best)]])
+        read = store.indexed_pages(index.tenant, index.user, pks=index.pks[best].tolist())
+        pages = {p.pk: p for p in read}
+        # Chronological again, as a full ranking hands pages to the proxy; a page deleted
+        # since the index's version is left out.
+        chosen = np.sort(best)
+        chosen = chosen[np.isin(index.pks[chosen], list(pages))]
+        rank_of = {int(pos): r for r, pos in enumerate(best.tolist())}
+        local = np.argsort([rank_of[int(p)] for p in chosen], kind="stable")
+        stored = [pages[int(index.pks[i])].stored for i in chosen]
+        outcome = self._finish(
+            question,
+            [p.page for p in stored],
+            values_at(where, coarse, chosen),
+            values_at(where, marks, chosen),
+            values_at(where, fused, chosen),
+            local,
+            question_date,
+            start,
+        )
+        return outcome, {p.page.id: p for p in stored}
 
     def _rank(
         self,
@@ -582,34 +777,43 @@ class ServiceRanker:
         else:
             positions = {s.id: i for i, s in enumerate(sessions)}
             ids = np.array([s.id for s in sessions], dtype=object)
-        if index is not None and index.bm25 is not None:
-            assert view is not None
-            subset = None if ids is view.ids else ids.tolist()
-            coarse = index.coarse_scores(question, view, subset)
-            coarse_order = np.argsort(-coarse, kind="stable")  # ties: chronological
-        else:
-            ranking = self.coarse.score(question, sessions)
-            coarse_order = np.array([positions[sid] for sid in ranking.ids], dtype=np.int64)
-            coarse = np.zeros(len(sessions), dtype=np.float64)
-            coarse[coarse_order] = ranking.scores if ranking.scores else 0.0
-        coarse_ms = (time.perf_counter() - start) * 1000
+        ranking = self.coarse.score(question, sessions)
+        coarse_order = np.array([positions[sid] for sid in ranking.ids], dtype=np.int64)
+        coarse = np.zeros(len(sessions), dtype=np.float64)
+        coarse[coarse_order] = ranking.scores if ranking.scores else 0.0
         marks = np.zeros(len(sessions), dtype=np.float64)
         if index is not None:
             for pid, weight in index.bookmark_hits(query_terms(question)).items():
                 i = positions.get(pid)
                 if i is not None:
                     marks[i] = weight
-        if marks.any():
-            # Only matches take part: a page the coarse filter scored 0 has no rank to fuse,
-            # and giving it one would rate "no evidence" above zero.
-            matched = coarse_order[coarse[coarse_order] > 0]
-            marked = np.flatnonzero(marks)
-            mark_order = marked[np.argsort(-marks[marked], kind="stable")]
-            fused = rrf([matched, mark_order], len(sessions), self.rrf_k)
-            # Pages in neither list keep their coarse order after every fused one.
-            order = coarse_order[np.argsort(-fused[coarse_order], kind="stable")]
-        else:
-            fused, order = coarse, coarse_order
+        fused, order = _fuse(coarse, coarse_order, marks, self.rrf_k)
+        return self._finish(
+            question, sessions, coarse, marks, fused, order, question_date, start, ids, positions
+        )
+
+    def _finish(
+        self,
+        question: str,
+        sessions: Sequence[Session],
+        coarse: np.ndarray,
+        marks: np.ndarray,
+        fused: np.ndarray,
+        order: np.ndarray,
+        question_date: str | None,
+        start: float,
+        ids: np.ndarray | None = None,
+        positions: Mapping[str, int] | None = None,
+    ) -> RankOutcome:
+        """The outcome for ``sessions`` (chronological) in fused ``order``: the coarse-only one,
+        or the proxy's ranking of the top ``max_candidates`` followed by the rest."""
+        if not sessions:
+            return RankOutcome((), self.name, None, ParseReport("not_applicable"))
+        if ids is None:
+            ids = np.array([s.id for s in sessions], dtype=object)
+        if positions is None:
+            positions = {s.id: i for i, s in enumerate(sessions)}
+        coarse_ms = (time.perf_counter() - start) * 1000
         scores = {"positions": positions, "fused": fused, "coarse": coarse, "bookmarks": marks}
         timings = {"coarse_ms": coarse_ms}
         if self.proxy is None:
@@ -665,6 +869,24 @@ class ServiceRanker:
         return RankOutcome(
             IdOrder(ids, proxy_order), self.name, parsed.think, report, timings, **scores
         )
+
+
+def _fuse(
+    coarse: np.ndarray, coarse_order: np.ndarray, marks: np.ndarray, rrf_k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fused scores and the fused order of candidates with ``coarse`` scores (ranked in
+    ``coarse_order``) and bookmark weights ``marks``: reciprocal-rank fusion of the two when
+    any bookmark hit, else the coarse ranking itself."""
+    if not marks.any():
+        return coarse, coarse_order
+    # Only matches take part: a page the coarse filter scored 0 has no rank to fuse, and
+    # giving it one would rate "no evidence" above zero.
+    matched = coarse_order[coarse[coarse_order] > 0]
+    marked = np.flatnonzero(marks)
+    mark_order = marked[np.argsort(-marks[marked], kind="stable")]
+    fused = rrf([matched, mark_order], len(coarse), rrf_k)
+    # Pages in neither list keep their coarse order after every fused one.
+    return fused, coarse_order[np.argsort(-fused[coarse_order], kind="stable")]
 
 
 def _bounded(coarse: CoarseFilter, max_bytes: int) -> CoarseFilter:

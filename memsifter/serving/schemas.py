@@ -132,10 +132,13 @@ class ParseOut(Response):
 
 class Timings(Response):
     # Finding the user's index (recall and context only; None for stateless rankings): 0 when
-    # warm, else reading (and indexing) the pages from the store, or waiting for another
-    # request that was. index_load says which: warm, waited, caught_up or rebuilt.
+    # warm, else reading the index (or the pages) from the store, or waiting for another
+    # request that was. index_load says which (ranking.IndexLoad): warm, waited, caught_up,
+    # opened, reindexed or rebuilt.
     index_ms: float | None = None
-    index_load: Literal["warm", "waited", "caught_up", "rebuilt"] | None = None
+    index_load: Literal["warm", "waited", "caught_up", "opened", "reindexed", "rebuilt"] | None = (
+        None
+    )
     # False: the user's index is over index_cache_bytes by itself and was not kept.
     index_cached: bool | None = None
     coarse_ms: float = 0.0

@@ -30,6 +30,7 @@ from memsifter.serving.store.engine import (
 )
 from memsifter.serving.store.facts import FactRepository
 from memsifter.serving.store.keys import KeyRepository, PrincipalCache, hash_key
+from memsifter.serving.store.postings import IndexRepository
 from memsifter.serving.store.records import (
     ApiKeyInfo,
     Bookmark,
@@ -67,7 +68,7 @@ from memsifter.serving.store.schema import (
 from memsifter.serving.store.sessions import SessionRepository
 
 
-class Store(KeyRepository, SessionRepository, FactRepository, PagingRepository):
+class Store(KeyRepository, SessionRepository, IndexRepository, FactRepository, PagingRepository):
     """The service's database. ``migrate()`` once at startup, then use the methods.
 
     Every repository over one ``Database`` (one connection pool, one set of engines): the

@@ -64,6 +64,9 @@ class PageRecord:
     turn_end: int
     n_tokens: int
     bookmarks: tuple[Bookmark, ...] = ()
+    # The page's analysed terms and their counts, as the service's BM25 analyzer (named by
+    # ``put_sessions(analyzer=)``) read its text: its postings. None: not indexed.
+    terms: tuple[tuple[str, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,25 @@ class IndexedPage:
 class UserState:
     epoch: str  # "" for users created before epochs existed
     version: int
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """A user's BM25 index as the database holds it, read in one transaction: the user's
+    incarnation and version, the analyzer that wrote the postings (None: some page has none),
+    and the pages' pks and BM25 lengths in chronological order (undated last, then session and
+    turn), with the newest page's order key. A catch-up (``since``) holds only the pages added
+    after that version, and ``complete`` is False when pages the caller holds are gone."""
+
+    epoch: str
+    version: int
+    analyzer: str | None
+    pks: list[int]
+    lengths: list[int]
+    first_order: tuple[bool, datetime, int, int] | None
+    last_order: tuple[bool, datetime, int, int] | None
+    n_pages: int  # the user's pages now
+    complete: bool = True
 
 
 @dataclass(frozen=True)

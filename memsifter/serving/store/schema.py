@@ -86,6 +86,10 @@ class UserRow(Base):
     # replica must not take the new user's version 3 for the old user's.
     epoch: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    # The ``Analyzer.identity`` that wrote every one of this user's postings; None when some
+    # page has none (stored before postings existed, or by a service without BM25): a replica
+    # whose analyzer differs indexes the user again before serving from them.
+    index_analyzer: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 def _user_fk() -> ForeignKeyConstraint:
@@ -127,9 +131,43 @@ class PageRow(Base):
     # The user's version that added this page: replicas load pages newer than theirs by it,
     # not by pk, which SQLite reuses after a delete.
     added_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The page's BM25 length: its analysed terms, repeats included (None: not indexed yet).
+    n_terms: Mapped[int | None] = mapped_column(Integer, nullable=True)
     __table_args__ = (
         UniqueConstraint("tenant_id", "user_id", "page_id", name="uq_pages_user_page"),
+        Index("ix_pages_user_added", "tenant_id", "user_id", "added_version"),
     )
+
+
+class IndexTermRow(Base):
+    """One analysed term of one user's pages: postings name it by ``pk``, so a posting row is
+    three integers, not the tenant, user and term strings again."""
+
+    __tablename__ = "index_terms"
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(128))
+    user_id: Mapped[str] = mapped_column(String(128))
+    term: Mapped[str] = mapped_column(String(100))  # store.postings.term_key of the term
+    __table_args__ = (
+        _user_fk(),
+        UniqueConstraint("tenant_id", "user_id", "term", name="uq_index_terms_user_term"),
+    )
+
+
+class PostingRow(Base):
+    """A term's count in a page: the user's BM25 index, written in the transaction that writes
+    the page, so no replica rebuilds an index from the pages' text."""
+
+    __tablename__ = "index_postings"
+    term_pk: Mapped[int] = mapped_column(
+        Integer, ForeignKey("index_terms.pk", ondelete="CASCADE"), primary_key=True
+    )
+    page_pk: Mapped[int] = mapped_column(
+        Integer, ForeignKey("pages.pk", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    tf: Mapped[int] = mapped_column(Integer)
+    # SQLite: clustered on (term, page), so a term's postings are read as one range.
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
 
 class BookmarkRow(Base):

@@ -9,12 +9,12 @@ to be forgotten) lives here too, as the user row is what the version is kept on.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -27,6 +27,13 @@ from memsifter.serving.store.engine import (
     integrity_error,
     retried_write,
     rowcount,
+)
+from memsifter.serving.store.postings import (
+    chunks,
+    clear_postings,
+    insert_postings,
+    term_key,
+    write_postings,
 )
 from memsifter.serving.store.records import (
     IndexedPage,
@@ -74,6 +81,8 @@ _USER_PAGES = (
     .where(*_OF_USER)
 )
 _USER_PAGES_SINCE = _USER_PAGES.where(func.coalesce(PageRow.added_version, 0) > bindparam("since"))
+_PAGES_BY_PK = _USER_PAGES.where(PageRow.pk.in_(bindparam("pks", expanding=True)))
+_PAGES_BY_ID = _USER_PAGES.where(PageRow.page_id.in_(bindparam("ids", expanding=True)))
 _USER_PAGE_COUNT = select(func.count()).select_from(PageRow).where(*_OF_USER)
 _USER_PAGE_PKS = select(PageRow.pk).where(*_OF_USER)
 _PAGE_BOOKMARKS = select(
@@ -122,9 +131,16 @@ class SessionRepository(Database):
 
     @retried_write
     def put_sessions(
-        self, tenant: str, user: str, records: Sequence[SessionRecord], *, replace: bool = False
+        self,
+        tenant: str,
+        user: str,
+        records: Sequence[SessionRecord],
+        *,
+        replace: bool = False,
+        analyzer: str | None = None,
     ) -> None:
-        """Store sessions with their pages and bookmarks in one transaction. An existing id is a
+        """Store sessions with their pages, bookmarks and postings (the pages' ``terms``, as the
+        analyzer named ``analyzer`` read them) in one transaction. An existing id is a
         ``ConflictError`` naming it unless ``replace``, which swaps the old session out."""
         with self._write() as s:
             self._lock_user(s, tenant, user, create=True)
@@ -209,6 +225,13 @@ class SessionRepository(Database):
             ]
             if marks:
                 s.execute(_INSERT_BOOKMARKS, marks)
+            write_postings(
+                s,
+                tenant,
+                user,
+                [(pk, p) for pk, (_, p) in zip(page_pks, pages, strict=True)],
+                analyzer,
+            )
 
     def list_sessions(
         self, tenant: str, user: str, *, limit: int = 100, offset: int = 0
@@ -277,6 +300,7 @@ class SessionRepository(Database):
         with self._write() as s:
             if not self._lock_user(s, tenant, user, create=False):
                 return False
+            clear_postings(s, tenant, user)
             for model in (ResidentPageRow, BookmarkRow, PageRow, SessionRow, FactRow):
                 s.execute(delete(model).where(model.tenant_id == tenant, model.user_id == user))
             s.execute(
@@ -328,35 +352,55 @@ class SessionRepository(Database):
                 count = conn.execute(_USER_PAGE_COUNT, who).scalar() or 0
                 if count != len(set(known) | {row.page_pk for row in rows}):
                     live = frozenset(conn.execute(_USER_PAGE_PKS, who).scalars())
-            marks: dict[int, list[tuple[str, str, float]]] = {}
-            pks = [row.page_pk for row in rows]
-            for i in range(0, len(pks), 500):
-                for page_pk, keyword, term, weight in conn.execute(
-                    _PAGE_BOOKMARKS, {"pks": pks[i : i + 500]}
-                ):
-                    marks.setdefault(page_pk, []).append((keyword, term, float(weight)))
-        sessions: dict[int, ChatSession] = {}
-        pages = []
-        for row in rows:
-            session = sessions.get(row.session_pk)
-            if session is None:
-                session = sessions[row.session_pk] = _session(row)
-            rows_of_page = marks.get(row.page_pk, [])
-            keywords = _rank_keywords((k, w) for k, _, w in rows_of_page)
-            pages.append(
-                IndexedPage(
-                    pk=row.page_pk,
-                    stored=_page(session, row, keywords),
-                    order=(
-                        row.date is None,
-                        row.date or datetime.min,
-                        row.session_pk,
-                        row.turn_start,
-                    ),
-                    bookmark_terms=tuple((t, w) for _, t, w in rows_of_page),
-                )
-            )
+            pages = _indexed_pages(conn, rows)
         return PageDelta(UserState(state.epoch or "", int(state.version)), pages, live=live)
+
+    def indexed_pages(
+        self, tenant: str, user: str, *, pks: Sequence[int] = (), page_ids: Sequence[str] = ()
+    ) -> list[IndexedPage]:
+        """The user's pages with these ``pks`` or ``page_ids`` (those that exist)."""
+        who = {"tenant": tenant, "user": user}
+        rows: list[Row[Any]] = []
+        with self._read_row() as conn:
+            for chunk in chunks(list(pks)):
+                rows += conn.execute(_PAGES_BY_PK, {**who, "pks": chunk}).all()
+            for chunk in chunks(list(page_ids)):
+                rows += conn.execute(_PAGES_BY_ID, {**who, "ids": chunk}).all()
+            return _indexed_pages(conn, rows)
+
+    @retried_write
+    def reindex_user(
+        self,
+        tenant: str,
+        user: str,
+        analyzer: str,
+        terms_of: Callable[[str], Mapping[str, int]],
+        *,
+        batch: int = 2000,
+    ) -> int | None:
+        """Write the user's postings again from their pages' text with ``terms_of`` (the
+        analyzer named ``analyzer``), in one transaction: for pages stored before postings
+        existed, or by another analyzer. The pages indexed; None for an unknown user."""
+        with self._write() as s:
+            if not self._lock_user(s, tenant, user, create=False):
+                return None
+            clear_postings(s, tenant, user)
+            who = {"tenant": tenant, "user": user}
+            pks = list(s.execute(_USER_PAGE_PKS, who).scalars())
+            term_pks: dict[str, int] = {}
+            conn = s.connection()
+            for i in range(0, len(pks), batch):
+                rows = conn.execute(_PAGES_BY_PK, {**who, "pks": pks[i : i + batch]}).all()
+                counts = [
+                    (row.page_pk, _counted(terms_of, _page(_session(row), row, ()).page.render()))
+                    for row in rows
+                ]
+                insert_postings(s, tenant, user, counts, term_pks)
+            s.execute(
+                update(UserRow).where(*USER_KEY).values(index_analyzer=analyzer),
+                who,
+            )
+            return len(pks)
 
     @staticmethod
     def _keywords(s: Session, page_pks: Sequence[int]) -> dict[int, tuple[str, ...]]:
@@ -393,6 +437,35 @@ class SessionRepository(Database):
                 if len(out) >= n:
                     break
         return out
+
+
+def _counted(terms_of: Callable[[str], Mapping[str, int]], text: str) -> dict[str, int]:
+    return {term_key(t): n for t, n in terms_of(text).items()}
+
+
+def _indexed_pages(conn: Connection, rows: Sequence[Row[Any]]) -> list[IndexedPage]:
+    """``rows`` (of ``_USER_PAGES``) as the pages an index holds, with their bookmarks."""
+    marks: dict[int, list[tuple[str, str, float]]] = {}
+    for chunk in chunks([row.page_pk for row in rows]):
+        for page_pk, keyword, term, weight in conn.execute(_PAGE_BOOKMARKS, {"pks": chunk}):
+            marks.setdefault(page_pk, []).append((keyword, term, float(weight)))
+    sessions: dict[int, ChatSession] = {}
+    pages = []
+    for row in rows:
+        session = sessions.get(row.session_pk)
+        if session is None:
+            session = sessions[row.session_pk] = _session(row)
+        rows_of_page = marks.get(row.page_pk, [])
+        keywords = _rank_keywords((k, w) for k, _, w in rows_of_page)
+        pages.append(
+            IndexedPage(
+                pk=row.page_pk,
+                stored=_page(session, row, keywords),
+                order=(row.date is None, row.date or datetime.min, row.session_pk, row.turn_start),
+                bookmark_terms=tuple((t, w) for _, t, w in rows_of_page),
+            )
+        )
+    return pages
 
 
 def _session(row: SessionRow | Row[Any]) -> ChatSession:

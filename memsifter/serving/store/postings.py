@@ -1,0 +1,257 @@
+"""Each user's BM25 index, held by the database beside the pages it indexes.
+
+A page's postings (its analysed terms and their counts) and its BM25 length are written in the
+transaction that writes the page (``write_postings``, called by ``put_sessions``), and go with
+it (foreign-key cascades; ``delete_user`` deletes them explicitly). So a replica never rebuilds
+an index from the pages' text: it opens a user by reading the pages' pks and lengths
+(``index_state``) and reads a query term's postings when a query first needs them
+(``read_terms``). Replicas stay consistent as before: the user's version, in the same rows,
+says what a replica's cached postings may serve.
+
+The terms are the service's analyzer's (``memsifter.text.Analyzer``), named by its
+``identity`` in ``users.index_analyzer``. A user whose postings some other analyzer wrote, or
+whose pages predate postings, has ``index_analyzer`` NULL or different; ``reindex_user``
+writes them again from the pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from memsifter.serving.store.engine import USER_KEY, Database
+from memsifter.serving.store.records import IndexState, PageRecord
+from memsifter.serving.store.schema import (
+    BookmarkRow,
+    IndexTermRow,
+    PageRow,
+    PostingRow,
+    SessionRow,
+    UserRow,
+)
+
+MAX_TERM = 100  # the column's width
+_CHUNK = 500  # bound parameters per IN list (SQLite allows 32,766; PostgreSQL 65,535)
+
+
+def term_key(term: str) -> str:
+    """``term`` as ``index_terms.term`` holds it: itself, or for a term too long for the column
+    (a URL, a base64 blob) a prefix and a hash of the whole, so two long terms never merge."""
+    if len(term) <= MAX_TERM:
+        return term
+    digest = hashlib.blake2b(term.encode("utf-8"), digest_size=8).hexdigest()
+    return f"{term[: MAX_TERM - 17]}#{digest}"
+
+
+def chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    """``items`` in slices short enough for one IN list."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+_OF_USER = (PageRow.tenant_id == bindparam("tenant"), PageRow.user_id == bindparam("user"))
+_STATE = select(UserRow.epoch, UserRow.version, UserRow.index_analyzer).where(*USER_KEY)
+# Pages in the order the service ranks ties in: undated last, then by date, session and turn.
+_CHRONOLOGICAL = (
+    SessionRow.date.is_(None),
+    SessionRow.date,
+    PageRow.session_pk,
+    PageRow.turn_start,
+)
+_PAGE_LENGTHS = (
+    select(PageRow.pk, PageRow.n_terms, *_CHRONOLOGICAL[1:])
+    .join(SessionRow, SessionRow.pk == PageRow.session_pk)
+    .where(*_OF_USER)
+)
+_ALL_LENGTHS = _PAGE_LENGTHS.order_by(*_CHRONOLOGICAL)
+_NEW_LENGTHS = _PAGE_LENGTHS.where(PageRow.added_version > bindparam("since")).order_by(
+    *_CHRONOLOGICAL
+)
+_PAGE_COUNT = select(func.count()).select_from(PageRow).where(*_OF_USER)
+_TERM_POSTINGS = (
+    select(IndexTermRow.term, PostingRow.page_pk, PostingRow.tf)
+    .join(PostingRow, PostingRow.term_pk == IndexTermRow.pk)
+    .where(
+        IndexTermRow.tenant_id == bindparam("tenant"),
+        IndexTermRow.user_id == bindparam("user"),
+        IndexTermRow.term.in_(bindparam("terms", expanding=True)),
+    )
+)
+_TERM_MARKS = select(BookmarkRow.term, BookmarkRow.page_pk, BookmarkRow.weight).where(
+    BookmarkRow.tenant_id == bindparam("tenant"),
+    BookmarkRow.user_id == bindparam("user"),
+    BookmarkRow.term.in_(bindparam("terms", expanding=True)),
+)
+_PAGE_POSTINGS = (
+    select(IndexTermRow.term, PostingRow.page_pk, PostingRow.tf)
+    .join(IndexTermRow, IndexTermRow.pk == PostingRow.term_pk)
+    .where(PostingRow.page_pk.in_(bindparam("pks", expanding=True)))
+)
+_PAGE_MARKS = select(BookmarkRow.term, BookmarkRow.page_pk, BookmarkRow.weight).where(
+    BookmarkRow.page_pk.in_(bindparam("pks", expanding=True))
+)
+_KNOWN_TERMS = select(IndexTermRow.term, IndexTermRow.pk).where(
+    IndexTermRow.tenant_id == bindparam("tenant"),
+    IndexTermRow.user_id == bindparam("user"),
+    IndexTermRow.term.in_(bindparam("terms", expanding=True)),
+)
+_INSERT_TERMS = insert(IndexTermRow).returning(IndexTermRow.pk, sort_by_parameter_order=True)
+_INSERT_POSTINGS = insert(PostingRow)
+
+# term -> (page pks, values): a term's postings (values: tf) or bookmark rows (values: weight)
+TermArrays = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+def _order(row: Any) -> tuple[bool, datetime, int, int]:
+    return (row.date is None, row.date or datetime.min, row.session_pk, row.turn_start)
+
+
+def _grouped(rows: Iterable[Any]) -> TermArrays:
+    by_term: dict[str, tuple[list[int], list[float]]] = {}
+    for term, pk, value in rows:
+        pks, values = by_term.setdefault(term, ([], []))
+        pks.append(pk)
+        values.append(value)
+    return {
+        term: (np.asarray(pks, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        for term, (pks, values) in by_term.items()
+    }
+
+
+def write_postings(
+    s: Session,
+    tenant: str,
+    user: str,
+    pages: Sequence[tuple[int, PageRecord]],
+    analyzer: str | None,
+) -> None:
+    """Index ``pages`` (their pks, just inserted, and records) in the caller's transaction, and
+    keep ``users.index_analyzer`` true: ``analyzer`` while every page's postings are its, else
+    NULL. The caller holds the user's row lock."""
+    who = {"tenant": tenant, "user": user}
+    current = s.execute(select(UserRow.index_analyzer).where(*USER_KEY), who).scalar()
+    new_pks = [pk for pk, _ in pages]
+    others = s.execute(
+        select(PageRow.pk).where(*_OF_USER, PageRow.pk.not_in(new_pks)).limit(1), who
+    ).first()
+    indexed = analyzer is not None and all(p.terms is not None for _, p in pages)
+    marker = analyzer if indexed and (current == analyzer or others is None) else None
+    if marker != current:
+        s.execute(update(UserRow).where(*USER_KEY).values(index_analyzer=marker), who)
+    if not indexed:
+        return
+    counts = [(pk, {term_key(t): n for t, n in p.terms or ()}) for pk, p in pages]
+    insert_postings(s, tenant, user, counts, {})
+
+
+def clear_postings(s: Session, tenant: str, user: str) -> None:
+    """Delete the user's postings and terms (the caller holds the user's row lock)."""
+    page_pks = select(PageRow.pk).where(PageRow.tenant_id == tenant, PageRow.user_id == user)
+    s.execute(delete(PostingRow).where(PostingRow.page_pk.in_(page_pks)))
+    s.execute(
+        delete(IndexTermRow).where(IndexTermRow.tenant_id == tenant, IndexTermRow.user_id == user)
+    )
+
+
+_SET_LENGTH = (
+    update(PageRow.__table__)
+    .where(PageRow.pk == bindparam("b_pk"))
+    .values(n_terms=bindparam("b_terms"))
+)
+
+
+def insert_postings(
+    s: Session,
+    tenant: str,
+    user: str,
+    counts: Sequence[tuple[int, Mapping[str, int]]],
+    term_pks: dict[str, int],
+) -> None:
+    """Postings rows and BM25 lengths for ``counts`` (page pk, its ``term_key`` -> count),
+    creating the user's terms they need; ``term_pks`` caches term -> pk across calls (a reindex
+    makes many)."""
+    if not counts:
+        return
+    s.execute(_SET_LENGTH, [{"b_pk": pk, "b_terms": sum(c.values())} for pk, c in counts])
+    wanted = list(dict.fromkeys(t for _, c in counts for t in c if t not in term_pks))
+    for chunk in chunks(wanted):
+        rows = s.execute(_KNOWN_TERMS, {"tenant": tenant, "user": user, "terms": chunk})
+        term_pks.update((term, pk) for term, pk in rows)
+    new = [t for t in wanted if t not in term_pks]
+    if new:
+        rows = [{"tenant_id": tenant, "user_id": user, "term": t} for t in new]
+        term_pks.update(zip(new, s.scalars(_INSERT_TERMS, rows).all(), strict=True))
+    postings = [
+        {"term_pk": term_pks[t], "page_pk": pk, "tf": n} for pk, c in counts for t, n in c.items()
+    ]
+    if postings:
+        s.execute(_INSERT_POSTINGS, postings)
+
+
+class IndexRepository(Database):
+    """Reads of users' BM25 indexes, and writing one again from the pages."""
+
+    def index_state(
+        self, tenant: str, user: str, *, since: int | None = None, n_known: int = 0
+    ) -> IndexState | None:
+        """The user's index: every page (``since=None``), or the pages added after version
+        ``since`` to a replica holding ``n_known`` pages (``complete`` False when some of those
+        are gone). None for an unknown user."""
+        who = {"tenant": tenant, "user": user}
+        with self._read_row() as conn:
+            state = conn.execute(_STATE, who).first()
+            if state is None:
+                return None
+            if since is None:
+                rows = conn.execute(_ALL_LENGTHS, who).all()
+                n_pages = len(rows)
+            else:
+                rows = conn.execute(_NEW_LENGTHS, {**who, "since": since}).all()
+                n_pages = int(conn.execute(_PAGE_COUNT, who).scalar() or 0)
+        return IndexState(
+            epoch=state.epoch or "",
+            version=int(state.version),
+            analyzer=state.index_analyzer,
+            pks=[row.pk for row in rows],
+            lengths=[row.n_terms or 0 for row in rows],
+            first_order=_order(rows[0]) if rows else None,
+            last_order=_order(rows[-1]) if rows else None,
+            n_pages=n_pages,
+            complete=since is None or n_pages == n_known + len(rows),
+        )
+
+    def read_terms(
+        self, tenant: str, user: str, terms: Sequence[str], mark_terms: Sequence[str] = ()
+    ) -> tuple[int, TermArrays, TermArrays] | None:
+        """The postings of ``terms`` (``term_key``s) and the bookmark rows of ``mark_terms``
+        over the user's pages, and the user's version they were read at, in one transaction.
+        None for an unknown user."""
+        who = {"tenant": tenant, "user": user}
+        with self._read_row() as conn:
+            version = conn.execute(select(UserRow.version).where(*USER_KEY), who).scalar()
+            if version is None:
+                return None
+            postings: list[Any] = []
+            marks: list[Any] = []
+            for chunk in chunks(list(terms)):
+                postings += conn.execute(_TERM_POSTINGS, {**who, "terms": chunk}).all()
+            for chunk in chunks(list(mark_terms)):
+                marks += conn.execute(_TERM_MARKS, {**who, "terms": chunk}).all()
+        return int(version), _grouped(postings), _grouped(marks)
+
+    def page_terms(self, pks: Sequence[int]) -> tuple[TermArrays, TermArrays]:
+        """The postings and bookmark rows of pages ``pks``: what a replica's cached terms take
+        in when it catches up with new pages."""
+        postings: list[Any] = []
+        marks: list[Any] = []
+        with self._read_row() as conn:
+            for chunk in chunks(list(pks)):
+                postings += conn.execute(_PAGE_POSTINGS, {"pks": chunk}).all()
+                marks += conn.execute(_PAGE_MARKS, {"pks": chunk}).all()
+        return _grouped(postings), _grouped(marks)

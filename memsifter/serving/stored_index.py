@@ -1,0 +1,283 @@
+"""``StoredIndex``: one user's BM25 index on a replica, read from the postings the database
+holds (``memsifter.serving.store.postings``) instead of rebuilt from the pages' text.
+
+What a replica keeps of a user is small and bounded: the pages' pks and BM25 lengths in
+chronological order (16 bytes a page, plus 16 for the pk lookup), and the postings and bookmark
+rows of the terms queries have asked for, as arrays. Opening a user reads the first (one
+indexed scan, no text); a query reads the postings of the terms it lacks; an ingest appends the
+new pages and the cached terms' new postings. Nothing holds the pages' text: a recall reads its
+top pages by pk.
+
+Scores are ``IncrementalBM25``'s, from the same formula (``lucene_weights``) and the same
+statistics (live pages, their summed lengths, a term's document frequency = its postings),
+added in the same order (query tokens as the analyzer gives them, repeats included), so a
+ranking equals the in-memory index's one, ties included (pages tied on score keep
+chronological order).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memsifter.coarse.incremental import lucene_weights
+from memsifter.serving.store.postings import TermArrays, term_key
+from memsifter.serving.store.records import IndexState
+
+# What a cached term costs besides its arrays (its key, the dict slot, the array headers).
+TERM_BYTES = 400
+PAGE_BYTES = 32  # pk and length, and the pk lookup's two arrays
+
+
+@dataclass(frozen=True)
+class _Cached:
+    pks: np.ndarray  # int64 page pks
+    values: np.ndarray  # float64: tf (postings) or weight (bookmark rows)
+    positions: np.ndarray  # int64 chronological positions, valid for ``layout``
+    layout: int
+
+    @property
+    def nbytes(self) -> int:
+        return TERM_BYTES + self.pks.nbytes + self.values.nbytes + self.positions.nbytes
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A query's scores over the pages that have any: ``positions`` (chronological, ascending)
+    and per position the BM25 score and the summed bookmark weight."""
+
+    positions: np.ndarray
+    coarse: np.ndarray
+    marks: np.ndarray
+
+
+def values_at(where: np.ndarray, values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``values`` (given at ascending positions ``where``) at ``positions``; 0 elsewhere."""
+    out = np.zeros(len(positions), dtype=np.float64)
+    if len(where) and len(positions):
+        at = np.searchsorted(where, positions).clip(max=len(where) - 1)
+        hit = where[at] == positions
+        out[hit] = values[at[hit]]
+    return out
+
+
+class StoredIndex:
+    """One user's stored BM25 index on this replica (see the module doc). ``open`` and
+    ``catch_up`` move it to the store's state; ``evidence`` scores a query from postings the
+    caller read with ``missing`` and handed to ``take``. Thread-safe."""
+
+    def __init__(self, tenant: str, user: str, epoch: str, k1: float, b: float) -> None:
+        self.tenant, self.user, self.epoch = tenant, user, epoch
+        self.k1, self.b = k1, b
+        self.version = -1
+        self.analyzer: str | None = None
+        self.pks = np.zeros(0, dtype=np.int64)  # chronological
+        self.lengths = np.zeros(0, dtype=np.float64)
+        self._order_pks = np.zeros(0, dtype=np.int64)  # pks ascending
+        self._order_pos = np.zeros(0, dtype=np.int64)  # their chronological positions
+        self._total = 0.0
+        self._last_order: tuple[bool, object, int, int] | None = None
+        self._layout = 0  # bumped whenever positions move (a reopen)
+        self._terms: dict[str, _Cached] = {}
+        self._marks: dict[str, _Cached] = {}
+        self._cached_bytes = 0
+        self._lock = threading.Lock()
+        self.refreshing = threading.Lock()  # one catch-up with the store at a time
+
+    def __len__(self) -> int:
+        return len(self.pks)
+
+    @property
+    def nbytes(self) -> int:
+        return PAGE_BYTES * len(self.pks) + self._cached_bytes
+
+    # -- following the store
+
+    def open(self, state: IndexState) -> None:
+        """Hold every page of ``state`` (``index_state`` without ``since``)."""
+        with self._lock:
+            self.pks = np.asarray(state.pks, dtype=np.int64)
+            self.lengths = np.maximum(np.asarray(state.lengths, dtype=np.float64), 1.0)
+            self._order_pos = np.argsort(self.pks, kind="stable")
+            self._order_pks = self.pks[self._order_pos]
+            self._total = float(self.lengths.sum())
+            self._last_order = state.last_order
+            self._layout += 1
+            # The cached terms lack whatever changed since (pages added out of order, or gone):
+            # queries read them again.
+            self._clear()
+            self.version, self.analyzer = state.version, state.analyzer
+
+    def appends(self, state: IndexState) -> bool:
+        """Whether ``state`` (a catch-up) only adds pages after every page held, with pks above
+        every pk held: the common ingest, which ``catch_up`` takes without a reopen."""
+        if not state.complete or state.analyzer != self.analyzer:
+            return False
+        if not state.pks:
+            return True
+        newest = self._order_pks[-1] if len(self._order_pks) else -1
+        return (
+            self._last_order is None
+            or state.first_order is None
+            or state.first_order > self._last_order
+        ) and min(state.pks) > newest
+
+    def catch_up(self, state: IndexState, postings: TermArrays, marks: TermArrays) -> None:
+        """Append the pages of ``state`` (``appends`` held), and the new pages' ``postings``
+        and bookmark rows of the terms this index caches."""
+        with self._lock:
+            if state.version <= self.version:
+                return
+            start = len(self.pks)
+            new_pks = np.asarray(state.pks, dtype=np.int64)
+            lengths = np.maximum(np.asarray(state.lengths, dtype=np.float64), 1.0)
+            self.pks = np.concatenate([self.pks, new_pks])
+            self.lengths = np.concatenate([self.lengths, lengths])
+            order = np.argsort(new_pks, kind="stable")
+            self._order_pks = np.concatenate([self._order_pks, new_pks[order]])
+            self._order_pos = np.concatenate([self._order_pos, start + order])
+            self._total += float(lengths.sum())
+            if state.last_order is not None:
+                self._last_order = state.last_order
+            for cache, rows in ((self._terms, postings), (self._marks, marks)):
+                for term, (pks, values) in rows.items():
+                    old = cache.get(term)
+                    if old is not None:
+                        self._put(
+                            cache,
+                            term,
+                            np.concatenate([old.pks, pks]),
+                            np.concatenate([old.values, values]),
+                        )
+            self.version = state.version
+
+    def cached_terms(self) -> list[str]:
+        with self._lock:
+            return list(self._terms)
+
+    def _clear(self) -> None:
+        self._terms, self._marks, self._cached_bytes = {}, {}, 0
+
+    # -- queries
+
+    def missing(
+        self, terms: Sequence[str], mark_terms: Sequence[str]
+    ) -> tuple[list[str], list[str]]:
+        """Which of ``terms`` (analysed query tokens) and ``mark_terms`` have no cached rows,
+        as the store's keys."""
+        with self._lock:
+            keys = dict.fromkeys(term_key(t) for t in terms)
+            return (
+                [k for k in keys if k not in self._terms],
+                [t for t in dict.fromkeys(mark_terms) if t not in self._marks],
+            )
+
+    def take(
+        self,
+        version: int,
+        postings: TermArrays,
+        marks: TermArrays,
+        asked: tuple[Sequence[str], Sequence[str]],
+    ) -> tuple[TermArrays, TermArrays]:
+        """Cache terms read from the store at ``version`` (``asked``: the keys read, found or
+        not) when it is this index's version; otherwise (an ingest between) hand them back for
+        this query only, restricted to the pages this index holds."""
+        with self._lock:
+            if version == self.version:
+                empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+                for cache, rows, keys in (
+                    (self._terms, postings, asked[0]),
+                    (self._marks, marks, asked[1]),
+                ):
+                    for key in keys:
+                        pks, values = rows.get(key, empty)
+                        self._put(cache, key, pks, values)
+                return {}, {}
+            return postings, marks
+
+    def _put(
+        self, cache: dict[str, _Cached], key: str, pks: np.ndarray, values: np.ndarray
+    ) -> None:
+        old = cache.pop(key, None)
+        if old is not None:
+            self._cached_bytes -= old.nbytes
+        entry = cache[key] = _Cached(pks, values, self._positions(pks), self._layout)
+        self._cached_bytes += entry.nbytes
+
+    def _positions(self, pks: np.ndarray) -> np.ndarray:
+        """Chronological positions of ``pks``; -1 for a page this index does not hold."""
+        if not len(self._order_pks):
+            return np.full(len(pks), -1, dtype=np.int64)
+        at = np.searchsorted(self._order_pks, pks).clip(max=len(self._order_pks) - 1)
+        return np.where(self._order_pks[at] == pks, self._order_pos[at], -1)
+
+    def _rows(
+        self,
+        cache: dict[str, _Cached],
+        extra: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        key: str,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A term's (positions, values) over held pages, from the cache or ``extra``."""
+        entry = cache.get(key)
+        if entry is not None:
+            if entry.layout != self._layout:
+                entry = cache[key] = _Cached(
+                    entry.pks, entry.values, self._positions(entry.pks), self._layout
+                )
+            return entry.positions, entry.values
+        rows = extra.get(key)
+        if rows is None:
+            return None
+        positions = self._positions(rows[0])
+        keep = positions >= 0
+        return positions[keep], rows[1][keep]
+
+    def evidence(
+        self,
+        terms: Sequence[str],
+        mark_terms: Sequence[str],
+        extra: tuple[TermArrays, TermArrays] = ({}, {}),
+    ) -> Evidence:
+        """BM25 of the query tokens ``terms`` (repeats count) and the summed bookmark weights
+        of ``mark_terms``, over the pages with any of either."""
+        with self._lock:
+            n = len(self.pks)
+            coarse = np.zeros(n, dtype=np.float64)
+            marks = np.zeros(n, dtype=np.float64)
+            if n:
+                avgdl = self._total / n
+                for term in terms:
+                    rows = self._rows(self._terms, extra[0], term_key(term))
+                    if rows is None or not len(rows[0]):
+                        continue
+                    where, tf = rows
+                    coarse[where] += lucene_weights(
+                        tf, self.lengths[where], len(where), n, avgdl, self.k1, self.b
+                    )
+                for term in dict.fromkeys(mark_terms):
+                    rows = self._rows(self._marks, extra[1], term)
+                    if rows is not None and len(rows[0]):
+                        np.add.at(marks, rows[0], rows[1])
+            positions = np.flatnonzero((coarse > 0) | (marks > 0))
+            return Evidence(positions, coarse[positions], marks[positions])
+
+    def scores_at(
+        self,
+        positions: np.ndarray,
+        terms: Sequence[str],
+        mark_terms: Sequence[str],
+        extra: tuple[TermArrays, TermArrays] = ({}, {}),
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 and bookmark weight of the pages at ``positions`` (0 where none)."""
+        found = self.evidence(terms, mark_terms, extra)
+        return (
+            values_at(found.positions, found.coarse, positions),
+            values_at(found.positions, found.marks, positions),
+        )
+
+    def positions_of(self, pks: Sequence[int]) -> np.ndarray:
+        with self._lock:
+            return self._positions(np.asarray(pks, dtype=np.int64))

@@ -1,0 +1,294 @@
+"""Users' BM25 indexes held by the database (``store.postings``) and read by replicas
+(``StoredIndex``): the ranking equals BM25 over the same pages, ties and the zero tail
+included; postings written at ingest equal postings written again from the pages; a user whose
+postings are missing or another analyzer's is indexed again (with a log line and a counted
+load) before being served; replicas that cached a term see another replica's ingest at once.
+Every test runs on SQLite, and on PostgreSQL when ``MEMSIFTER_TEST_PG_DSN`` names a server."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+
+import numpy as np
+import pytest
+from sqlalchemy import select, update
+
+from memsifter.coarse import build_filter
+from memsifter.data.types import Session, Turn
+from memsifter.serving.bookmarks import YakeExtractor
+from memsifter.serving.config import PagingSettings, ServeConfig
+from memsifter.serving.memory import MemoryService
+from memsifter.serving.ranking import IndexLoad, ServiceRanker
+from memsifter.serving.store import Principal, Store
+from memsifter.serving.store.postings import MAX_TERM, term_key
+from memsifter.serving.store.records import IndexState
+from memsifter.serving.store.schema import IndexTermRow, PageRow, PostingRow, UserRow
+from memsifter.serving.stored_index import StoredIndex
+from memsifter.testing.coarse import LetterFilter
+
+
+@pytest.fixture(scope="module")
+def store(serve_db: Callable[[str], str]) -> Iterator[Store]:
+    s = Store(serve_db("postings"))
+    s.migrate()
+    yield s
+    s.close()
+
+
+@pytest.fixture()
+def tenant(store: Store) -> str:
+    t = f"t-{uuid.uuid4().hex[:12]}"
+    store.ensure_tenant(t)
+    return t
+
+
+class NoKeywords:
+    """No bookmarks: recall is then the coarse ranking alone, comparable with BM25's."""
+
+    name = "none"
+
+    def extract(self, pages: Sequence[Session]) -> list[list[tuple[str, float]]]:
+        return [[] for _ in pages]
+
+
+def _memory(
+    store: Store, ranker: ServiceRanker | None = None, *, bookmarks: bool = False
+) -> MemoryService:
+    config = ServeConfig(db_url=store.url, paging=PagingSettings(turns_per_page=2))
+    ranker = ranker or ServiceRanker(build_filter("bm25"))
+    extractor = YakeExtractor(max_keywords=5) if bookmarks else NoKeywords()
+    return MemoryService(config, store, ranker, extractor)
+
+
+def _session(sid: str, day: int | None, lines: list[str]) -> Session:
+    turns = tuple(Turn("user" if i % 2 == 0 else "bot", t) for i, t in enumerate(lines))
+    if day is None:
+        return Session(id=sid, turns=turns)
+    return Session(
+        id=sid, turns=turns, date=datetime(2024, 5, day, 12), date_text=f"{day} May 2024"
+    )
+
+
+# Ties on purpose: the same words on other dates (equal scores), pages sharing no word with
+# the questions (the zero tail), an undated session (last in chronological order), and a
+# session ingested after newer ones (out of order).
+HISTORY = [
+    _session("a", 5, ["We walked the dog in the park.", "Nice."]),
+    _session("b", 9, ["We walked the dog in the park.", "Nice."]),
+    _session("c", 7, ["The quarterly tax forms are due.", "Ugh."]),
+    _session("d", None, ["We walked the dog again, in the rain.", "Wet dog."]),
+    _session("e", 8, ["I bought a kayak.", "Where will you paddle?", "On the lake.", "Fun."]),
+]
+LATE = _session("f", 2, ["The dog park was closed.", "Pity.", "Taxes again.", "Ok."])
+QUESTIONS = ["dog park", "tax", "kayak lake dog", "zebra", "the"]
+
+
+def _scratch(store: Store, tenant: str, user: str, question: str) -> tuple[list[str], list[float]]:
+    """BM25 (bm25s) built from scratch over the user's pages in chronological order: every
+    page, best first, ties in chronological order."""
+    delta = store.load_pages(tenant, user)
+    assert delta is not None
+    pages = [p.stored.page for p in sorted(delta.pages, key=lambda p: p.order)]
+    ranking = build_filter("bm25").score(question, pages)
+    return list(ranking.ids), list(ranking.scores or ())
+
+
+def _recall_all(memory: MemoryService, tenant: str, user: str, question: str) -> list[object]:
+    return memory.recall(Principal(tenant), user, question, top_k=100).hits
+
+
+def test_a_stored_index_ranks_like_bm25_over_the_pages_ties_and_zero_tail_included(
+    store: Store, tenant: str
+) -> None:
+    memory = _memory(store)
+    who = Principal(tenant)
+    memory.ingest_sessions(who, "u", HISTORY)
+    memory.ingest_sessions(who, "u", [LATE])  # older than every page held: a reopen
+    store.delete_session(tenant, "u", "c")
+    for replica in (memory, _memory(store)):  # the one that followed, and a fresh one
+        for question in QUESTIONS:
+            hits = _recall_all(replica, tenant, "u", question)
+            ids, scores = _scratch(store, tenant, "u", question)
+            assert [h.page.page.id for h in hits] == ids, question
+            assert [h.coarse_score for h in hits] == pytest.approx(scores), question
+    # A recall asks for the top k only; it is the same prefix.
+    top = memory.recall(who, "u", "dog park", top_k=2).hits
+    assert [h.page.page.id for h in top] == _scratch(store, tenant, "u", "dog park")[0][:2]
+
+
+def test_bookmarks_fuse_as_they_do_over_pages_held_in_memory(store: Store, tenant: str) -> None:
+    """With bookmarks, the stored index's fused ranking equals the in-memory path's (the pages
+    held by the replica, scored by the same BM25 filter, bookmark hits from the pages' rows)."""
+    stored = _memory(store, bookmarks=True)
+    who = Principal(tenant)
+    stored.ingest_sessions(who, "u", [*HISTORY, LATE])
+    in_memory = ServiceRanker(build_filter("bm25"))
+    in_memory._bm25 = None  # the path a non-BM25 filter takes: pages held, the filter scores
+    held = _memory(store, in_memory, bookmarks=True)
+    marked = 0
+    for question in QUESTIONS:
+        a = stored.recall(who, "u", question, top_k=100)
+        b = held.recall(who, "u", question, top_k=100)
+        assert [h.page.page.id for h in a.hits] == [h.page.page.id for h in b.hits], question
+        assert [h.bookmark_score for h in a.hits] == [h.bookmark_score for h in b.hits]
+        assert [h.score for h in a.hits] == pytest.approx([h.score for h in b.hits])
+        marked += sum(h.bookmark_score is not None for h in a.hits)
+    assert marked  # bookmarks took part
+
+
+def test_excluded_pages_are_left_out_of_the_ranking_and_the_zero_tail(
+    store: Store, tenant: str
+) -> None:
+    memory = _memory(store)
+    who = Principal(tenant)
+    memory.ingest_sessions(who, "u", HISTORY)
+    ids, _ = _scratch(store, tenant, "u", "dog park")
+    skip = [ids[0], ids[-1]]
+    hits = memory.recall(who, "u", "dog park", top_k=100, exclude=skip).hits
+    assert [h.page.page.id for h in hits] == [i for i in ids if i not in skip]
+
+
+def _postings(store: Store, tenant: str, user: str) -> dict[tuple[str, str], int]:
+    """(page id, term) -> count, as the database holds the user's postings."""
+    with store._read() as s:
+        rows = s.execute(
+            select(PageRow.page_id, IndexTermRow.term, PostingRow.tf)
+            .join(PostingRow, PostingRow.page_pk == PageRow.pk)
+            .join(IndexTermRow, IndexTermRow.pk == PostingRow.term_pk)
+            .where(PageRow.tenant_id == tenant, PageRow.user_id == user)
+        ).all()
+    return {(page, term): tf for page, term, tf in rows}
+
+
+def _lengths(store: Store, tenant: str, user: str) -> dict[str, int | None]:
+    with store._read() as s:
+        rows = s.execute(
+            select(PageRow.page_id, PageRow.n_terms).where(
+                PageRow.tenant_id == tenant, PageRow.user_id == user
+            )
+        ).all()
+    return dict(rows)
+
+
+def _forget_postings(store: Store, tenant: str, user: str) -> None:
+    """Make the user look as if stored before postings existed (revision 0003)."""
+    with store._write() as s:
+        pks = select(PageRow.pk).where(PageRow.tenant_id == tenant, PageRow.user_id == user)
+        s.execute(PostingRow.__table__.delete().where(PostingRow.page_pk.in_(pks)))
+        s.execute(
+            update(PageRow)
+            .where(PageRow.tenant_id == tenant, PageRow.user_id == user)
+            .values(n_terms=None)
+        )
+        s.execute(
+            update(UserRow)
+            .where(UserRow.tenant_id == tenant, UserRow.user_id == user)
+            .values(index_analyzer=None)
+        )
+
+
+def test_postings_written_at_ingest_equal_those_written_again_from_the_pages(
+    store: Store, tenant: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ingest writes (terms counted from the page as sent) is what a reindex writes (from
+    the page as stored: dates back as naive UTC); a user without postings is indexed again on
+    first use, logged and counted as a ``reindexed`` load, and then ranks as before."""
+    memory = _memory(store)
+    who = Principal(tenant)
+    memory.ingest_sessions(who, "u", [*HISTORY, LATE])
+    written, lengths = _postings(store, tenant, "u"), _lengths(store, tenant, "u")
+    assert written and all(n is not None and n > 0 for n in lengths.values())
+    before = [h.page.page.id for h in _recall_all(memory, tenant, "u", "dog park")]
+
+    _forget_postings(store, tenant, "u")
+    replica = ServiceRanker(build_filter("bm25"))
+    loads: list[IndexLoad] = []
+    replica.on_index_load = loads.append
+    with caplog.at_level(logging.WARNING, logger="memsifter.serving.ranking"):
+        result = _memory(store, replica).recall(who, "u", "dog park", top_k=100)
+    assert result.index.kind == "reindexed" and [x.kind for x in loads] == ["reindexed"]
+    assert "postings were written again" in caplog.text
+    assert _postings(store, tenant, "u") == written
+    assert _lengths(store, tenant, "u") == lengths
+    assert [h.page.page.id for h in result.hits] == before
+    # Indexed once: the next replica opens it.
+    again = _memory(store).recall(who, "u", "dog park", top_k=1)
+    assert again.index.kind == "opened"
+
+
+def test_pages_stored_by_a_service_without_bm25_are_indexed_before_bm25_serves_them(
+    store: Store, tenant: str
+) -> None:
+    """A service whose coarse filter is not BM25 writes no postings and marks the user so
+    (``index_analyzer`` NULL), even after a BM25 service had indexed them: a BM25 replica then
+    never serves postings that miss those pages."""
+    who = Principal(tenant)
+    _memory(store).ingest_sessions(who, "u", HISTORY[:2])
+    letters = _memory(store, ServiceRanker(LetterFilter()))
+    letters.ingest_sessions(who, "u", [LATE])
+    result = _memory(store).recall(who, "u", "dog park", top_k=100)
+    assert result.index.kind == "reindexed"
+    ids, _ = _scratch(store, tenant, "u", "dog park")
+    assert [h.page.page.id for h in result.hits] == ids
+
+
+def test_a_replica_that_cached_a_term_sees_another_replicas_ingest_at_once(
+    store: Store, tenant: str
+) -> None:
+    """Replica A has the question's postings cached; replica B ingests a page with those
+    terms, and deletes one: A's next recall catches up (the new page's postings appended to its
+    cached terms, or its cache dropped on a delete) and ranks like a fresh replica."""
+    a, b = _memory(store), _memory(store)
+    who = Principal(tenant)
+    b.ingest_sessions(who, "u", [s for s in HISTORY if s.date is not None])
+    a.recall(who, "u", "dog park", top_k=3)  # caches "dog" and "park"
+    b.ingest_sessions(who, "u", [_session("g", 20, ["A new dog park opened.", "Great."])])
+    caught = a.recall(who, "u", "dog park", top_k=100)
+    assert caught.index.kind == "caught_up"
+    ids, scores = _scratch(store, tenant, "u", "dog park")
+    assert [h.page.page.id for h in caught.hits] == ids
+    assert [h.coarse_score for h in caught.hits] == pytest.approx(scores)
+    store.delete_session(tenant, "u", "g")
+    after = a.recall(who, "u", "dog park", top_k=100)
+    assert after.index.kind == "opened"  # a page is gone: read again
+    assert [h.page.page.id for h in after.hits] == _scratch(store, tenant, "u", "dog park")[0]
+
+
+def test_context_pages_come_from_the_store_by_id(store: Store, tenant: str) -> None:
+    """Context pages in the recall's top pages and keeps resident pages across calls, reading
+    each page it assembles from the store (no replica holds page text)."""
+    memory = _memory(store, bookmarks=True)
+    who = Principal(tenant)
+    memory.ingest_sessions(who, "u", [*HISTORY, LATE])
+    first = memory.context(who, "u", "kayak lake", budget_tokens=400)
+    assert any("kayak" in p.page.render() for p in first.pages)
+    second = _memory(store).context(who, "u", "dog park", budget_tokens=400)
+    ids = {p.page.id for p in second.pages}
+    assert any(pid.startswith("e#") for pid in ids)  # the kayak page stayed resident
+    assert "kayak" in second.text
+
+
+def test_terms_too_long_for_the_column_keep_apart() -> None:
+    long_a, long_b = "x" * 150 + "a", "x" * 150 + "b"
+    assert term_key("short") == "short"
+    assert len(term_key(long_a)) <= MAX_TERM
+    assert term_key(long_a) != term_key(long_b)
+    assert term_key(long_a) == term_key(long_a)
+
+
+def test_terms_read_at_another_version_serve_that_query_only() -> None:
+    """Postings read after an ingest this index has not caught up with (or before one it has)
+    would miss or double pages in the cache: they score one query, restricted to held pages,
+    and are not kept."""
+    index = StoredIndex("t", "u", "e", 1.5, 0.75)
+    index.open(IndexState("e", 4, "a", [10, 11, 12], [5, 5, 5], None, None, 3))
+    newer = {"dog": (np.array([10, 12, 13]), np.array([1.0, 2.0, 1.0]))}  # 13: not held
+    extra = index.take(5, newer, {}, (["dog"], []))
+    assert index.missing(["dog"], []) == (["dog"], [])  # not cached
+    found = index.evidence(["dog"], [], extra)
+    assert found.positions.tolist() == [0, 2]
+    assert index.take(4, newer, {}, (["dog"], [])) == ({}, {})
+    assert index.missing(["dog"], []) == ([], [])
