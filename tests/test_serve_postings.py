@@ -284,7 +284,7 @@ def test_terms_read_at_another_version_serve_that_query_only() -> None:
     would miss or double pages in the cache: they score one query, restricted to held pages,
     and are not kept."""
     index = StoredIndex("t", "u", "e", 1.5, 0.75)
-    index.open(IndexState("e", 4, "a", [10, 11, 12], [5, 5, 5], None, None, 3))
+    index.open(IndexState("e", 4, "a", [10, 11, 12], [5, 5, 5], None, None))
     newer = {"dog": (np.array([10, 12, 13]), np.array([1.0, 2.0, 1.0]))}  # 13: not held
     extra = index.take(5, newer, {}, (["dog"], []))
     assert index.missing(["dog"], []) == (["dog"], [])  # not cached

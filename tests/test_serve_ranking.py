@@ -252,7 +252,7 @@ def test_an_index_estimates_its_memory_within_a_quarter_of_what_tracemalloc_meas
     assert index.nbytes < 0.8 * before
 
     n = 20_000
-    state = IndexState("e", 3, "a", list(range(n)), [50] * n, None, None, n)
+    state = IndexState("e", 3, "a", list(range(n)), [50] * n, None, None)
     rng = np.random.default_rng(0)
     sizes = [10, 100, 1000, 10_000] * 25
     drawn = [np.sort(rng.choice(n, size, replace=False)) for size in sizes]

@@ -518,7 +518,7 @@ class ServiceRanker:
         tenant, user = index.tenant, index.user
         analyzer = self.index_analyzer
         if index.version >= 0:
-            delta = store.index_state(tenant, user, since=index.version, n_known=len(index))
+            delta = store.index_state(tenant, user, since=index.version)
             if delta is None or delta.epoch != index.epoch:
                 return None
             if index.appends(delta) and delta.analyzer == analyzer:

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from memsifter.serving.store.engine import USER_KEY, Database
@@ -56,7 +56,9 @@ def chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
 
 
 _OF_USER = (PageRow.tenant_id == bindparam("tenant"), PageRow.user_id == bindparam("user"))
-_STATE = select(UserRow.epoch, UserRow.version, UserRow.index_analyzer).where(*USER_KEY)
+_STATE = select(
+    UserRow.epoch, UserRow.version, UserRow.index_analyzer, UserRow.pages_removed
+).where(*USER_KEY)
 # Pages in the order the service ranks ties in: undated last, then by date, session and turn.
 _CHRONOLOGICAL = (
     SessionRow.date.is_(None),
@@ -73,7 +75,6 @@ _ALL_LENGTHS = _PAGE_LENGTHS.order_by(*_CHRONOLOGICAL)
 _NEW_LENGTHS = _PAGE_LENGTHS.where(PageRow.added_version > bindparam("since")).order_by(
     *_CHRONOLOGICAL
 )
-_PAGE_COUNT = select(func.count()).select_from(PageRow).where(*_OF_USER)
 _TERM_POSTINGS = (
     select(IndexTermRow.term, PostingRow.page_pk, PostingRow.tf)
     .join(PostingRow, PostingRow.term_pk == IndexTermRow.pk)
@@ -197,12 +198,10 @@ def insert_postings(
 class IndexRepository(Database):
     """Reads of users' BM25 indexes, and writing one again from the pages."""
 
-    def index_state(
-        self, tenant: str, user: str, *, since: int | None = None, n_known: int = 0
-    ) -> IndexState | None:
+    def index_state(self, tenant: str, user: str, *, since: int | None = None) -> IndexState | None:
         """The user's index: every page (``since=None``), or the pages added after version
-        ``since`` to a replica holding ``n_known`` pages (``complete`` False when some of those
-        are gone). None for an unknown user."""
+        ``since`` (``complete`` False when a write since then removed pages). None for an
+        unknown user."""
         who = {"tenant": tenant, "user": user}
         with self._read_row() as conn:
             state = conn.execute(_STATE, who).first()
@@ -210,10 +209,9 @@ class IndexRepository(Database):
                 return None
             if since is None:
                 rows = conn.execute(_ALL_LENGTHS, who).all()
-                n_pages = len(rows)
             else:
                 rows = conn.execute(_NEW_LENGTHS, {**who, "since": since}).all()
-                n_pages = int(conn.execute(_PAGE_COUNT, who).scalar() or 0)
+        removed = state.pages_removed
         return IndexState(
             epoch=state.epoch or "",
             version=int(state.version),
@@ -222,8 +220,7 @@ class IndexRepository(Database):
             lengths=[row.n_terms or 0 for row in rows],
             first_order=_order(rows[0]) if rows else None,
             last_order=_order(rows[-1]) if rows else None,
-            n_pages=n_pages,
-            complete=since is None or n_pages == n_known + len(rows),
+            complete=since is None or removed is None or removed <= since,
         )
 
     def read_terms(

@@ -118,7 +118,7 @@ class IndexState:
     incarnation and version, the analyzer that wrote the postings (None: some page has none),
     and the pages' pks and BM25 lengths in chronological order (undated last, then session and
     turn), with the newest page's order key. A catch-up (``since``) holds only the pages added
-    after that version, and ``complete`` is False when pages the caller holds are gone."""
+    after that version, and ``complete`` is False when a write since then removed pages."""
 
     epoch: str
     version: int
@@ -127,7 +127,6 @@ class IndexState:
     lengths: list[int]
     first_order: tuple[bool, datetime, int, int] | None
     last_order: tuple[bool, datetime, int, int] | None
-    n_pages: int  # the user's pages now
     complete: bool = True
 
 

@@ -90,6 +90,9 @@ class UserRow(Base):
     # page has none (stored before postings existed, or by a service without BM25): a replica
     # whose analyzer differs indexes the user again before serving from them.
     index_analyzer: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The version of the last write that removed pages (a delete, a replace): a replica whose
+    # index is older reads the user's pages again rather than counting them to find out.
+    pages_removed: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 def _user_fk() -> ForeignKeyConstraint:

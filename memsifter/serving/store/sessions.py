@@ -94,6 +94,14 @@ _BUMP_USER = (
     .values(version=UserRow.version + 1)
     .returning(UserRow.version)
 )
+# A write that removes pages also records its version, so a replica learns "some page is gone"
+# from the user's row instead of counting every page.
+_BUMP_USER_REMOVING = (
+    update(UserRow.__table__)
+    .where(*USER_KEY)
+    .values(version=UserRow.version + 1, pages_removed=UserRow.version + 1)
+    .returning(UserRow.version)
+)
 _INSERT_SESSIONS = insert(SessionRow).returning(SessionRow.pk, sort_by_parameter_order=True)
 _INSERT_PAGES = insert(PageRow).returning(PageRow.pk, sort_by_parameter_order=True)
 _INSERT_BOOKMARKS = insert(BookmarkRow)
@@ -124,10 +132,11 @@ class SessionRepository(Database):
     """Sessions, pages and bookmarks; users and their versions."""
 
     @staticmethod
-    def _bump(s: Session, tenant: str, user: str) -> int:
+    def _bump(s: Session, tenant: str, user: str, *, removing: bool = False) -> int:
         """The user's next version; the row stays locked (or the SQLite writer held) until the
         transaction ends, so no other writer can take the same one."""
-        return int(s.execute(_BUMP_USER, {"tenant": tenant, "user": user}).scalar_one())
+        bump = _BUMP_USER_REMOVING if removing else _BUMP_USER
+        return int(s.execute(bump, {"tenant": tenant, "user": user}).scalar_one())
 
     @retried_write
     def put_sessions(
@@ -164,7 +173,7 @@ class SessionRepository(Database):
                         SessionRow.session_id.in_(existing),
                     )
                 )
-            version = self._bump(s, tenant, user)
+            version = self._bump(s, tenant, user, removing=bool(existing))
             now = utcnow()
             # Core bulk inserts (one statement per table, pks back in order): an ORM flush per
             # row cost more than the rest of the write.
@@ -287,7 +296,7 @@ class SessionRepository(Database):
             )
             if not rowcount(result):
                 return False
-            self._bump(s, tenant, user)
+            self._bump(s, tenant, user, removing=True)
             return True
 
     @retried_write

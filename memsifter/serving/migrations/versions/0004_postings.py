@@ -1,7 +1,8 @@
 """Each user's BM25 index in the database, written with the pages: ``index_terms`` (a user's
 analysed terms), ``index_postings`` (a term's count in a page), ``pages.n_terms`` (a page's BM25
-length), ``users.index_analyzer`` (the analyzer that wrote them) and an index on
-``pages.added_version``, by which replicas catch up. Rows from before this revision have no
+length), ``users.index_analyzer`` (the analyzer that wrote them), ``users.pages_removed`` (the
+version of the last write that removed pages) and an index on ``pages.added_version``, by which
+replicas catch up. Rows from before this revision have no
 postings (``index_analyzer`` NULL): a replica indexes such a user when it first serves them.
 
 Revision ID: 0004
@@ -22,6 +23,7 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("users", sa.Column("index_analyzer", sa.String(64), nullable=True))
+    op.add_column("users", sa.Column("pages_removed", sa.Integer(), nullable=True))
     op.add_column("pages", sa.Column("n_terms", sa.Integer(), nullable=True))
     op.create_index("ix_pages_user_added", "pages", ["tenant_id", "user_id", "added_version"])
     op.create_table(
@@ -70,4 +72,5 @@ def downgrade() -> None:
     with op.batch_alter_table("pages") as batch:
         batch.drop_column("n_terms")
     with op.batch_alter_table("users") as batch:
+        batch.drop_column("pages_removed")
         batch.drop_column("index_analyzer")
