@@ -56,6 +56,7 @@ def chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
 
 
 _OF_USER = (PageRow.tenant_id == bindparam("tenant"), PageRow.user_id == bindparam("user"))
+_ANALYZER = select(UserRow.index_analyzer).where(*USER_KEY)
 _STATE = select(
     UserRow.epoch, UserRow.version, UserRow.index_analyzer, UserRow.pages_removed
 ).where(*USER_KEY)
@@ -66,14 +67,20 @@ _CHRONOLOGICAL = (
     PageRow.session_pk,
     PageRow.turn_start,
 )
-_PAGE_LENGTHS = (
-    select(PageRow.pk, PageRow.n_terms, *_CHRONOLOGICAL[1:])
+# A user's pages in chronological order, pk and BM25 length only: a replica opening a user
+# reads every row, so nothing is converted per row that it does not need (parsing 10K dates
+# cost twice the query); the newest and oldest pages' order keys are read by pk after.
+_LENGTHS = (
+    select(PageRow.pk, PageRow.n_terms)
     .join(SessionRow, SessionRow.pk == PageRow.session_pk)
     .where(*_OF_USER)
 )
-_ALL_LENGTHS = _PAGE_LENGTHS.order_by(*_CHRONOLOGICAL)
-_NEW_LENGTHS = _PAGE_LENGTHS.where(PageRow.added_version > bindparam("since")).order_by(
-    *_CHRONOLOGICAL
+_ALL_LENGTHS = _LENGTHS.order_by(*_CHRONOLOGICAL)
+_NEW_LENGTHS = _LENGTHS.where(PageRow.added_version > bindparam("since")).order_by(*_CHRONOLOGICAL)
+_ORDER_KEYS = (
+    select(PageRow.pk, SessionRow.date, PageRow.session_pk, PageRow.turn_start)
+    .join(SessionRow, SessionRow.pk == PageRow.session_pk)
+    .where(PageRow.pk.in_(bindparam("pks", expanding=True)))
 )
 _TERM_POSTINGS = (
     select(IndexTermRow.term, PostingRow.page_pk, PostingRow.tf)
@@ -102,8 +109,10 @@ _KNOWN_TERMS = select(IndexTermRow.term, IndexTermRow.pk).where(
     IndexTermRow.user_id == bindparam("user"),
     IndexTermRow.term.in_(bindparam("terms", expanding=True)),
 )
-_INSERT_TERMS = insert(IndexTermRow).returning(IndexTermRow.pk, sort_by_parameter_order=True)
-_INSERT_POSTINGS = insert(PostingRow)
+# Core inserts on the tables: through the ORM's bulk path a posting row cost several times more.
+_TERMS = IndexTermRow.__table__
+_INSERT_TERMS = insert(_TERMS).returning(_TERMS.c.pk, sort_by_parameter_order=True)
+_INSERT_POSTINGS = insert(PostingRow.__table__)
 
 # term -> (page pks, values): a term's postings (values: tf) or bookmark rows (values: weight)
 TermArrays = dict[str, tuple[np.ndarray, np.ndarray]]
@@ -125,6 +134,11 @@ def _grouped(rows: Iterable[Any]) -> TermArrays:
     }
 
 
+def page_length(page: PageRecord) -> int | None:
+    """The page's BM25 length (``pages.n_terms``): its terms, repeats included."""
+    return sum(n for _, n in page.terms) if page.terms is not None else None
+
+
 def write_postings(
     s: Session,
     tenant: str,
@@ -132,23 +146,26 @@ def write_postings(
     pages: Sequence[tuple[int, PageRecord]],
     analyzer: str | None,
 ) -> None:
-    """Index ``pages`` (their pks, just inserted, and records) in the caller's transaction, and
-    keep ``users.index_analyzer`` true: ``analyzer`` while every page's postings are its, else
-    NULL. The caller holds the user's row lock."""
+    """Index ``pages`` (their pks, just inserted with their ``page_length``, and records) in
+    the caller's transaction, and keep ``users.index_analyzer`` true: ``analyzer`` while every
+    page's postings are its, else NULL. The caller holds the user's row lock."""
     who = {"tenant": tenant, "user": user}
-    current = s.execute(select(UserRow.index_analyzer).where(*USER_KEY), who).scalar()
-    new_pks = [pk for pk, _ in pages]
-    others = s.execute(
-        select(PageRow.pk).where(*_OF_USER, PageRow.pk.not_in(new_pks)).limit(1), who
-    ).first()
+    current = s.execute(_ANALYZER, who).scalar()
     indexed = analyzer is not None and all(p.terms is not None for _, p in pages)
-    marker = analyzer if indexed and (current == analyzer or others is None) else None
+    marker = analyzer if indexed else None
+    if indexed and current != analyzer:
+        # Valid only if these are the user's only pages (a new user, or all replaced).
+        new_pks = [pk for pk, _ in pages]
+        others = s.execute(
+            select(PageRow.pk).where(*_OF_USER, PageRow.pk.not_in(new_pks)).limit(1), who
+        ).first()
+        marker = analyzer if others is None else None
     if marker != current:
         s.execute(update(UserRow).where(*USER_KEY).values(index_analyzer=marker), who)
     if not indexed:
         return
     counts = [(pk, {term_key(t): n for t, n in p.terms or ()}) for pk, p in pages]
-    insert_postings(s, tenant, user, counts, {})
+    insert_postings(s, tenant, user, counts, {}, lengths=False)  # put_sessions wrote them
 
 
 def clear_postings(s: Session, tenant: str, user: str) -> None:
@@ -173,13 +190,16 @@ def insert_postings(
     user: str,
     counts: Sequence[tuple[int, Mapping[str, int]]],
     term_pks: dict[str, int],
+    *,
+    lengths: bool = True,
 ) -> None:
-    """Postings rows and BM25 lengths for ``counts`` (page pk, its ``term_key`` -> count),
-    creating the user's terms they need; ``term_pks`` caches term -> pk across calls (a reindex
-    makes many)."""
+    """Postings rows (and with ``lengths`` the pages' BM25 lengths) for ``counts`` (page pk,
+    its ``term_key`` -> count), creating the user's terms they need; ``term_pks`` caches term
+    -> pk across calls (a reindex makes many)."""
     if not counts:
         return
-    s.execute(_SET_LENGTH, [{"b_pk": pk, "b_terms": sum(c.values())} for pk, c in counts])
+    if lengths:
+        s.execute(_SET_LENGTH, [{"b_pk": pk, "b_terms": sum(c.values())} for pk, c in counts])
     wanted = list(dict.fromkeys(t for _, c in counts for t in c if t not in term_pks))
     for chunk in chunks(wanted):
         rows = s.execute(_KNOWN_TERMS, {"tenant": tenant, "user": user, "terms": chunk})
@@ -211,15 +231,20 @@ class IndexRepository(Database):
                 rows = conn.execute(_ALL_LENGTHS, who).all()
             else:
                 rows = conn.execute(_NEW_LENGTHS, {**who, "since": since}).all()
+            ends = {}
+            if rows:
+                keys = {"pks": [rows[0][0], rows[-1][0]]}
+                ends = {row.pk: _order(row) for row in conn.execute(_ORDER_KEYS, keys)}
         removed = state.pages_removed
+        pks, lengths = zip(*rows, strict=True) if rows else ((), ())
         return IndexState(
             epoch=state.epoch or "",
             version=int(state.version),
             analyzer=state.index_analyzer,
-            pks=[row.pk for row in rows],
-            lengths=[row.n_terms or 0 for row in rows],
-            first_order=_order(rows[0]) if rows else None,
-            last_order=_order(rows[-1]) if rows else None,
+            pks=list(pks),
+            lengths=[n or 0 for n in lengths],
+            first_order=ends.get(pks[0]) if rows else None,
+            last_order=ends.get(pks[-1]) if rows else None,
             complete=since is None or removed is None or removed <= since,
         )
 

@@ -1,0 +1,167 @@
+"""Does the recall service's coarse stage rank LoCoMo and LongMemEval as the retrieval
+benchmarks' BM25 does? Each haystack is ingested as one user of a scratch service (a page per
+session, no bookmarks, so recall is the coarse ranking alone), every question is recalled over
+the whole haystack, and the service's ranking is compared with ``BM25Filter`` (bm25s) over the
+same sessions: identical rankings, and the benchmark metrics of both with their paired
+difference. Writes ``eval/results/service_coarse_parity.{json,md}``.
+
+    python eval/service_coarse_parity.py --locomo ../shared/data/locomo/locomo10.json \
+        --longmemeval ../shared/data/longmemeval/longmemeval_s_cleaned_498.json.gz
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from benchlib import git_head, machine, machine_line
+
+from memsifter.coarse import build_filter
+from memsifter.data import load_dataset
+from memsifter.data.types import Query, Session
+from memsifter.evaluation import longmemeval as lme
+from memsifter.ir_metrics import evaluate_rankings
+from memsifter.serving.config import PagingSettings, ServeConfig
+from memsifter.serving.memory import MemoryService
+from memsifter.serving.ranking import ServiceRanker
+from memsifter.serving.store import Principal, Store, to_naive_utc
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "eval" / "results" / "service_coarse_parity.md"
+METRICS = ("ndcg@1", "ndcg@5", "recall@5", "recall@10")
+
+
+class NoKeywords:
+    """No bookmarks: the service's recall is then its coarse ranking alone."""
+
+    name = "none"
+
+    def extract(self, pages: Sequence[Session]) -> list[list[tuple[str, float]]]:
+        return [[] for _ in pages]
+
+
+def _queries(dataset: str, path: str, limit: int | None) -> list[Query]:
+    data = load_dataset(dataset, path)
+    queries = [q for q in data.queries if q.has_evidence]
+    if dataset == "longmemeval":  # the benchmark ranks user turns (its own default)
+        queries = [lme.user_sessions(q) for q in queries]
+    return queries[:limit] if limit else queries
+
+
+def compare(dataset: str, path: str, limit: int | None) -> dict[str, Any]:
+    queries = _queries(dataset, path, limit)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(f"sqlite:///{Path(tmp) / 'parity.db'}")
+        store.migrate()
+        store.ensure_tenant("bench")
+        # One page per session: the benchmarks rank sessions.
+        longest = max(len(s.turns) for q in queries for s in q.haystack)
+        config = ServeConfig(db_url=store.url, paging=PagingSettings(turns_per_page=longest))
+        memory = MemoryService(config, store, ServiceRanker(build_filter("bm25")), NoKeywords())
+        who = Principal("bench")
+        users: dict[tuple[str, ...], str] = {}
+        service: dict[str, tuple[str, ...]] = {}
+        bm25 = build_filter("bm25")
+        reference: dict[str, tuple[str, ...]] = {}
+        start = time.perf_counter()
+        for q in queries:
+            key = tuple(s.fingerprint for s in q.haystack)
+            user = users.get(key)
+            if user is None:
+                user = users[key] = f"u{len(users)}"
+                memory.ingest_sessions(who, user, list(q.haystack))
+            hits = memory.recall(who, user, q.question, top_k=len(q.haystack)).hits
+            service[q.qid] = tuple(h.page.session_id for h in hits)
+            # The service breaks ties chronologically: the reference gets the sessions in
+            # the order the service stores them (undated last, then by date).
+            ordered = sorted(
+                q.haystack,
+                key=lambda s: (s.date is None, to_naive_utc(s.date) or datetime.min),
+            )
+            reference[q.qid] = bm25.score(q.question, ordered).ids
+        seconds = time.perf_counter() - start
+        store.close()
+    gold = {q.qid: q.gold_session_ids for q in queries}
+    ours, theirs = evaluate_rankings(service, gold), evaluate_rankings(reference, gold)
+    same = sum(service[q.qid] == reference[q.qid] for q in queries)
+    same10 = sum(service[q.qid][:10] == reference[q.qid][:10] for q in queries)
+    return {
+        "dataset": dataset,
+        "data": path,
+        "n_questions": len(queries),
+        "n_users": len(users),
+        "sessions_mean": sum(len(q.haystack) for q in queries) / max(len(queries), 1),
+        "identical_rankings": same,
+        "identical_top10": same10,
+        "service": {m: ours[m] for m in METRICS},
+        "bm25": {m: theirs[m] for m in METRICS},
+        "difference": {m: ours[m] - theirs[m] for m in METRICS},
+        "seconds": round(seconds, 1),
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        "# The service's coarse stage against the benchmarks' BM25",
+        "",
+        f"Generated from `service_coarse_parity.json` by `eval/service_coarse_parity.py`. "
+        f"`{result['command']}` at code version `{result['code_version']}`; {result['machine']}.",
+        "",
+        "Each haystack is ingested as one user of a scratch recall service (SQLite, a page per "
+        "session, no bookmarks) and every question recalled over it; `BM25Filter` (bm25s, the "
+        "retrieval benchmarks' coarse filter) ranks the same sessions. Native haystacks; "
+        "LongMemEval ranks user turns, as its benchmark does.",
+        "",
+        "| dataset | questions | users | identical rankings | identical top 10 | "
+        + " | ".join(f"{m} service / BM25 (diff)" for m in METRICS)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(METRICS),
+    ]
+    for r in result["rows"]:
+        cells = [
+            f"{r['service'][m]:.4f} / {r['bm25'][m]:.4f} ({r['difference'][m]:+.4f})"
+            for m in METRICS
+        ]
+        lines.append(
+            f"| {r['dataset']} | {r['n_questions']} | {r['n_users']} | "
+            f"{r['identical_rankings']} | {r['identical_top10']} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(
+    locomo: Annotated[str | None, typer.Option(help="LoCoMo's locomo10.json")] = None,
+    longmemeval: Annotated[str | None, typer.Option(help="LongMemEval-S json(.gz)")] = None,
+    max_questions: Annotated[int | None, typer.Option(help="first N questions each")] = None,
+    out: Annotated[Path, typer.Option(help="the .md; the .json goes beside it")] = OUT,
+) -> None:
+    rows = []
+    if locomo:
+        rows.append(compare("locomo", locomo, max_questions))
+    if longmemeval:
+        rows.append(compare("longmemeval", longmemeval, max_questions))
+    if not rows:
+        raise typer.BadParameter("name --locomo and/or --longmemeval")
+    command = "python eval/service_coarse_parity.py" + (f" --locomo {locomo}" if locomo else "")
+    command += f" --longmemeval {longmemeval}" if longmemeval else ""
+    command += f" --max-questions {max_questions}" if max_questions else ""
+    result = {
+        "command": command,
+        "code_version": git_head(),
+        "machine": machine_line(machine()),
+        "rows": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    out.write_text(render(result), encoding="utf-8")
+    print(render(result))
+
+
+if __name__ == "__main__":
+    typer.run(main)
