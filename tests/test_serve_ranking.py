@@ -304,6 +304,12 @@ def test_the_index_cache_is_bounded_in_bytes_and_a_user_over_it_is_served_uncach
     assert memory.recall(who, "u1", QUESTION, top_k=1).index.kind == "opened"
     assert [k[1] for k in ranker._indexes] == ["u3", "u1"]
 
+    # Over the budget only with its cached postings: it drops them, and stays.
+    shedding, ranker, _ = _memory(tmp_path / "shed", index_cache_bytes=(opened + one) // 2)
+    shedding.ingest_sessions(who, "mid", SESSIONS)
+    assert shedding.recall(who, "mid", QUESTION, top_k=1).index.cached
+    assert ranker._indexes[("acme", "mid")].nbytes == opened
+
     small, ranker, reports = _memory(tmp_path / "small", index_cache_bytes=opened // 2)
     small.ingest_sessions(who, "big", SESSIONS)
     assert ("acme", "big") not in ranker._indexes

@@ -250,10 +250,11 @@ class ServeConfig:
     # front (commonly 60 s idle) closes first.
     keep_alive_s: float = setting(75.0, help="seconds an idle kept-alive connection stays open")
     index_cache_users: int = setting(256, help="per-user coarse indexes kept in memory (LRU)")
-    # Users differ by orders of magnitude (a 100K-session user's index is ~0.5 GB), so a count
-    # alone does not bound memory. Estimated bytes (IncrementalBM25.nbytes, UserIndex.nbytes).
+    # Users differ by orders of magnitude, so a count alone does not bound memory. Estimated
+    # bytes (StoredIndex.nbytes: 32 B a page, ~24 B a cached posting; UserIndex.nbytes, the
+    # pages, for a non-BM25 filter). A 100K-session user with every term cached is ~0.1 GB.
     index_cache_bytes: int = setting(
-        2_000_000_000,
+        512_000_000,
         help="estimated bytes of per-user indexes kept in memory (LRU); a user over it alone "
         "is served without being kept",
     )

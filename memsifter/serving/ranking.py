@@ -343,7 +343,7 @@ class ServiceRanker:
         max_concurrency: int = 1,
         rrf_k: int = 60,
         index_cache_users: int = 256,
-        index_cache_bytes: int | None = 2_000_000_000,
+        index_cache_bytes: int | None = 512_000_000,
         token_cache_pages: int = 500_000,
         rank_cache_bytes: int | None = 64_000_000,
         name: str | None = None,
@@ -571,6 +571,8 @@ class ServiceRanker:
         with self._index_lock:
             if self._indexes.get(key) is not index:
                 return False  # evicted meanwhile, or served uncached: nothing to fit
+            if index.nbytes > budget and isinstance(index, StoredIndex):
+                index.shed()  # its cached postings first: they are read again as needed
             too_large = index.nbytes > budget
             if too_large and self._indexes.get(key) is index:
                 del self._indexes[key]

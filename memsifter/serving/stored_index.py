@@ -158,6 +158,11 @@ class StoredIndex:
         with self._lock:
             return list(self._terms)
 
+    def shed(self) -> None:
+        """Drop the cached postings (an index over the cache's budget by itself)."""
+        with self._lock:
+            self._clear()
+
     def _clear(self) -> None:
         self._terms, self._marks, self._cached_bytes = {}, {}, 0
 
