@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,7 @@ import typer
 from benchlib import (
     DEFAULT_PG_DSN,
     HERE,
+    TENANT,
     ProxyOptions,
     Server,
     command_line,
@@ -55,6 +57,7 @@ from benchlib import (
 from sqlalchemy import create_engine, text
 
 USER = "scale"
+DIRECT_BATCH = 2000
 FULL_SESSIONS = 10_000  # a run whose largest history is smaller is a smoke run, and says so
 OUT = HERE / "results" / "bench_scale.md"
 
@@ -82,6 +85,42 @@ def seed(server: Server, start: int, stop: int, batch: int, rng: random.Random) 
                 for i in range(lo, min(lo + batch, stop))
             ]
             _post(c, f"/v1/users/{USER}/sessions", {"sessions": sessions})
+    return time.perf_counter() - t0
+
+
+class _NoBookmarks:
+    name = "none"
+
+    def extract(self, pages: Any) -> list[list[tuple[str, float]]]:
+        return [[] for _ in pages]
+
+
+def seed_direct(config: Path, start: int, stop: int, rng: random.Random) -> float:
+    """Sessions ``start..stop`` written through the service's own ingest in this process, not
+    over HTTP (the server stopped), without bookmarks: keyword extraction (YAKE, ~10 ms a
+    session here) would make a million sessions take a day. The seconds it took."""
+    from memsifter.data.types import Turn
+    from memsifter.serving.config import load_serve_config
+    from memsifter.serving.memory import MemoryService, session_from_input
+    from memsifter.serving.ranking import ServiceRanker
+    from memsifter.serving.store import Principal, Store
+
+    settings = load_serve_config(config)
+    store = Store(settings.db_url)
+    memory = MemoryService(settings, store, ServiceRanker.from_config(settings), _NoBookmarks())
+    who = Principal(TENANT)
+    t0 = time.perf_counter()
+    try:
+        for lo in range(start, stop, DIRECT_BATCH):
+            batch = []
+            for i in range(lo, min(lo + DIRECT_BATCH, stop)):
+                raw = make_session(rng, f"seed-{i}", session_date(i))
+                turns = tuple(Turn(t["speaker"], t["text"], t["turn_id"]) for t in raw["turns"])
+                date = datetime.fromisoformat(raw["date"])
+                batch.append(session_from_input(raw["id"], turns, date, None))
+            memory.ingest_sessions(who, USER, batch)
+    finally:
+        store.close()
     return time.perf_counter() - t0
 
 
@@ -171,7 +210,7 @@ def measure(
 
 
 def run_store(
-    kind: str, sizes: list[int], args: dict[str, int], pg_dsn: str
+    kind: str, sizes: list[int], args: dict[str, int], pg_dsn: str, direct: bool = False
 ) -> list[dict[str, Any]]:
     rows = []
     rng = random.Random(0)
@@ -184,8 +223,14 @@ def run_store(
             try:
                 held = 0  # the user's sessions: seeded, and the timed ingests before
                 for size in sorted(sizes):
-                    seconds = seed(server, held, size, args["seed_batch"], rng)
+                    if direct:
+                        server.stop()
+                        seconds = seed_direct(ws / "serve.yaml", held, size, rng)
+                        server.start()
+                    else:
+                        seconds = seed(server, held, size, args["seed_batch"], rng)
                     row = measure(server, db.url, kind, size, args, rng)
+                    row["seed"] = "direct, no bookmarks" if direct else "http"
                     row["seed_sessions_per_s"] = round((size - held) / seconds, 1)
                     held = row["sessions_at_end"]
                     rows.append(row)
@@ -225,12 +270,13 @@ def report(result: dict[str, Any]) -> list[str]:
             "",
         ]
     for r in result["rows"]:
+        direct = " (direct)" if r.get("seed", "http") != "http" else ""
         cold = ", ".join(
             f"{c['s']} ({c['index_load']}, {c['index_ms']:.0f})" for c in r["cold_first_recall"]
         )
         lines.append(
             f"| {runs.index(r['run']) + 1} | {r['sessions']:,} | {r['tokens']:,} | {r['store']} | "
-            f"{r['seed_sessions_per_s']} | {r['disk_mb']} | {r['warm_p50_ms']} / "
+            f"{r['seed_sessions_per_s']}{direct} | {r['disk_mb']} | {r['warm_p50_ms']} / "
             f"{r['warm_p95_ms']} | {r['rss_mb']} | {cold} | {r['ingest_p50_ms']} / "
             f"{r['ingest_p95_ms']} |"
         )
@@ -254,6 +300,13 @@ def main(
     keep: Annotated[
         bool, typer.Option(help="keep the report's rows of other stores and sizes")
     ] = True,
+    seed_direct: Annotated[
+        bool,
+        typer.Option(
+            "--seed-direct",
+            help="seed through the service's ingest in-process, without bookmarks (for 1M)",
+        ),
+    ] = False,
 ) -> None:
     facts = machine()
     args = {
@@ -275,7 +328,11 @@ def main(
         "date": utc_now_text(),
         "machine": machine_line(facts, run=True),
     }
-    rows = [{**row, "run": run} for kind in db for row in run_store(kind, sessions, args, pg_dsn)]
+    rows = [
+        {**row, "run": run}
+        for kind in db
+        for row in run_store(kind, sessions, args, pg_dsn, seed_direct)
+    ]
     result = {"machine": facts, **{k: run[k] for k in ("command", "code_version", "date")}}
     result["rows"] = merged(out.with_suffix(".json"), rows) if keep else rows
     out.parent.mkdir(parents=True, exist_ok=True)

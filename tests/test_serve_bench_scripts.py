@@ -244,15 +244,38 @@ def test_bench_scale_tiny(tmp_path: Path) -> None:
         assert cold["index_load"] == "opened" and 0 < cold["index_ms"] <= 1000 * cold["s"]
     assert rows[1]["tokens"] > rows[0]["tokens"]
     assert "SMOKE RUN" in out.read_text()
-    # A size measured again replaces its row; the others stay, each naming its own run.
+    # A size measured again replaces its row; the others stay, each naming its own run. This
+    # one is seeded in-process (the path a million sessions take), and says so.
     _run(
         "bench_scale.py",
         *("--sessions", "20", "--seed-batch", "10", "--questions", "2", "--warmup", "1"),
-        *("--ingests", "1", "--restarts", "1", "--out", str(out)),
+        *("--ingests", "1", "--restarts", "1", "--out", str(out), "--seed-direct"),
         timeout=300.0,
     )
     again = _json(out)["rows"]
     assert [(r["sessions"], r["sessions_at_end"]) for r in again] == [(20, 21), (45, 47)]
     assert again[0]["run"]["command"] != again[1]["run"]["command"]
+    assert [r["seed"] for r in again] == ["direct, no bookmarks", "http"]
+    assert again[0]["tokens"] > 0 and again[0]["warm_p50_ms"] > 0
+    assert "(direct)" in out.read_text()
     with pytest.raises(AssertionError, match="each must exceed"):  # sizes the ingests overlap
         _run("bench_scale.py", "--sessions", "20", "--sessions", "21", "--out", str(out))
+
+
+@pytest.mark.slow
+def test_service_coarse_parity_tiny(
+    tmp_path: Path, locomo_mini_path: Path, longmemeval_mini_path: Path
+) -> None:
+    """The service's recall over an ingested haystack ranks as the benchmarks' BM25 does, on
+    the mini fixtures of both datasets: every ranking identical, every metric's difference 0."""
+    out = tmp_path / "parity.md"
+    _run(
+        "service_coarse_parity.py",
+        *("--locomo", str(locomo_mini_path), "--longmemeval", str(longmemeval_mini_path)),
+        *("--out", str(out)),
+    )
+    rows = _json(out)["rows"]
+    assert [r["dataset"] for r in rows] == ["locomo", "longmemeval"]
+    for r in rows:
+        assert r["n_questions"] > 0 and r["identical_rankings"] == r["n_questions"], r
+        assert all(d == 0 for d in r["difference"].values()), r

@@ -7,10 +7,12 @@ Every test runs on SQLite, and on PostgreSQL when ``MEMSIFTER_TEST_PG_DSN`` name
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +27,13 @@ from memsifter.serving.ranking import IndexLoad, ServiceRanker
 from memsifter.serving.store import Principal, Store
 from memsifter.serving.store.postings import MAX_TERM, term_key
 from memsifter.serving.store.records import IndexState
-from memsifter.serving.store.schema import IndexTermRow, PageRow, PostingRow, UserRow
+from memsifter.serving.store.schema import (
+    MIGRATIONS,
+    IndexTermRow,
+    PageRow,
+    PostingRow,
+    UserRow,
+)
 from memsifter.serving.stored_index import StoredIndex
 from memsifter.testing.coarse import LetterFilter
 
@@ -292,3 +300,69 @@ def test_terms_read_at_another_version_serve_that_query_only() -> None:
     assert found.positions.tolist() == [0, 2]
     assert index.take(4, newer, {}, (["dog"], [])) == ({}, {})
     assert index.missing(["dog"], []) == ([], [])
+
+
+def test_the_top_of_a_fused_ranking_equals_the_full_sorts_prefix() -> None:
+    """``_fused_top`` (partition, then sort the head) gives what ``_fuse`` (sort everything)
+    gives, first n included, on scores with ties, zeros, with and without bookmark weights."""
+    from memsifter.serving.ranking import _fuse, _fused_top
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        size = int(rng.integers(1, 60))
+        coarse = rng.choice([0.0, 0.5, 1.0, 1.5, 2.0, 3.7], size) * (rng.random() < 0.9)
+        if trial % 3:
+            coarse = coarse + rng.random(size) * (coarse > 0) * (trial % 2)
+        marks = rng.choice([0.0, 0.0, 0.3, 0.6], size) * (trial % 4 != 0)
+        n = int(rng.integers(1, 12))
+        fused, order = _fuse(coarse, np.argsort(-coarse, kind="stable"), marks, 60)
+        top_fused, top = _fused_top(coarse, marks, 60, n)
+        assert top.tolist() == order[:n].tolist(), (coarse, marks, n)
+        assert np.array_equal(top_fused, fused)
+
+
+def test_a_database_from_before_postings_is_indexed_on_first_use(tmp_path: Path) -> None:
+    """Pages written at revision 0003 (no postings, lengths or copied dates) are served after
+    the upgrade: the migration copies each page's date, and the first recall indexes the user
+    from the pages (``reindexed``), ranking as BM25 over them."""
+    from alembic import command
+    from alembic.config import Config
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store = Store(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with store._writer.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0003")
+    with store._writer.begin() as conn:  # what a 0003 service wrote, column by column
+        conn.exec_driver_sql("INSERT INTO tenants (id, created_at) VALUES ('acme', '2024-01-01')")
+        conn.exec_driver_sql(
+            "INSERT INTO users (tenant_id, user_id, version, epoch, created_at)"
+            " VALUES ('acme', 'u', 1, 'e1', '2024-01-01')"
+        )
+        for i, session in enumerate(HISTORY):
+            turns = json.dumps([{"speaker": t.speaker, "text": t.text} for t in session.turns])
+            conn.exec_driver_sql(
+                "INSERT INTO sessions (pk, tenant_id, user_id, session_id, date, date_text,"
+                " turns, n_turns, n_tokens, created_at) VALUES (?, 'acme', 'u', ?, ?, ?, ?, ?,"
+                " 10, '2024-01-01')",
+                (i + 1, session.id, session.date, session.date_text, turns, len(session.turns)),
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO pages (session_pk, tenant_id, user_id, page_id, turn_start,"
+                " turn_end, n_tokens, added_version) VALUES (?, 'acme', 'u', ?, 0, ?, 10, 1)",
+                (i + 1, f"{session.id}#0", len(session.turns)),
+            )
+    store.migrate()
+    assert _lengths(store, "acme", "u") == {f"{s.id}#0": None for s in HISTORY}
+    with store._read() as s:
+        copied = dict(s.execute(select(PageRow.page_id, PageRow.date)).all())
+        undated = dict(s.execute(select(PageRow.page_id, PageRow.undated)).all())
+    assert copied == {f"{x.id}#0": x.date for x in HISTORY}
+    assert undated == {f"{x.id}#0": x.date is None for x in HISTORY}
+    result = _memory(store).recall(Principal("acme"), "u", "dog park", top_k=100)
+    assert result.index.kind == "reindexed"
+    assert [h.page.page.id for h in result.hits] == _scratch(store, "acme", "u", "dog park")[0]
+    assert all(n for n in _lengths(store, "acme", "u").values())
+    store.close()

@@ -5,9 +5,10 @@ The offline default is YAKE (statistical, no model). With ``bookmarks.extractor:
 service's proxy backend is asked for keywords instead. Either way a page's keywords become
 ``Bookmark``s whose ``terms`` are the same stemmed terms BM25 uses (``memsifter.text.analyze``),
 so a question matches a bookmark exactly when it shares a term with it. The terms are stored
-(indexed) with their page; each replica keeps them in its per-user index
-(``memsifter.serving.ranking.UserIndex``), so at query time bookmark hits are dictionary
-look-ups, fused with the coarse filter by reciprocal rank.
+(indexed by user and term) with their page; a replica reads the rows of a question's terms with
+its postings and keeps them with them (``memsifter.serving.stored_index.StoredIndex``; with a
+non-BM25 filter, ``memsifter.serving.ranking.UserIndex``), and the hits are fused with the
+coarse filter by reciprocal rank.
 
 Speaker names are left out of the text handed to the extractor: they occur in every page of a
 conversation, and YAKE would otherwise rank them as each page's top keyword.

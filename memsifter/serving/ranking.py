@@ -664,17 +664,18 @@ class ServiceRanker:
                 return self._rank(question, pages, question_date, index)
             start = time.perf_counter()
             chosen = store.indexed_pages(index.tenant, index.user, page_ids=list(page_ids))
-            at = index.positions_of([p.pk for p in chosen])
+            tokens, mark_terms = self._query_terms(question)
+            extra = self._read_terms(store, index, tokens, mark_terms)
+            found = index.evidence(tokens, mark_terms, extra)
+            at = found.positions_of([p.pk for p in chosen])
             held = sorted(
                 ((pos, page) for pos, page in zip(at.tolist(), chosen, strict=True) if pos >= 0),
                 key=lambda x: x[0],
             )
             where = np.asarray([pos for pos, _ in held], dtype=np.int64)
-            tokens, mark_terms = self._query_terms(question)
-            extra = self._read_terms(store, index, tokens, mark_terms)
-            coarse, marks = index.scores_at(where, tokens, mark_terms, extra)
-            order = np.argsort(-coarse, kind="stable")
-            fused, order = _fuse(coarse, order, marks, self.rrf_k)
+            coarse = values_at(found.positions, found.coarse, where)
+            marks = values_at(found.positions, found.marks, where)
+            fused, order = _fuse(coarse, np.argsort(-coarse, kind="stable"), marks, self.rrf_k)
             sessions = [p.stored.page for _, p in held]
             return self._finish(
                 question, sessions, coarse, marks, fused, order, question_date, start
@@ -729,28 +730,28 @@ class ServiceRanker:
         excluded = np.zeros(0, dtype=np.int64)
         if exclude:
             skipped = store.indexed_pages(index.tenant, index.user, page_ids=list(exclude))
-            excluded = index.positions_of([p.pk for p in skipped])
+            excluded = found.positions_of([p.pk for p in skipped])
             keep = ~np.isin(where, excluded)
             where, coarse, marks = where[keep], coarse[keep], marks[keep]
         # Fused over every page with evidence (chronological, so ties fall as in a full
         # ranking); the rest of a ranking would follow in chronological order with score 0.
-        fused, order = _fuse(coarse, np.argsort(-coarse, kind="stable"), marks, self.rrf_k)
         n = top_k if self.proxy is None else max(top_k, self.max_candidates)
-        best = where[order[:n]]
+        fused, top = _fused_top(coarse, marks, self.rrf_k, n)
+        best = where[top]
         if len(best) < n:
-            rest = np.ones(len(index), dtype=bool)
+            rest = np.ones(len(found.pks), dtype=bool)
             rest[where] = False
             rest[excluded[excluded >= 0]] = False
             best = np.concatenate([best, np.flatnonzero(rest)[: n - len(best)]])
-        read = store.indexed_pages(index.tenant, index.user, pks=index.pks[best].tolist())
+        read = store.indexed_pages(index.tenant, index.user, pks=found.pks[best].tolist())
         pages = {p.pk: p for p in read}
         # Chronological again, as a full ranking hands pages to the proxy; a page deleted
         # since the index's version is left out.
         chosen = np.sort(best)
-        chosen = chosen[np.isin(index.pks[chosen], list(pages))]
+        chosen = chosen[np.isin(found.pks[chosen], list(pages))]
         rank_of = {int(pos): r for r, pos in enumerate(best.tolist())}
         local = np.argsort([rank_of[int(p)] for p in chosen], kind="stable")
-        stored = [pages[int(index.pks[i])].stored for i in chosen]
+        stored = [pages[int(found.pks[i])].stored for i in chosen]
         outcome = self._finish(
             question,
             [p.page for p in stored],
@@ -889,6 +890,41 @@ def _fuse(
     fused = rrf([matched, mark_order], len(coarse), rrf_k)
     # Pages in neither list keep their coarse order after every fused one.
     return fused, coarse_order[np.argsort(-fused[coarse_order], kind="stable")]
+
+
+def _stable_ranks(values: np.ndarray) -> np.ndarray:
+    """Each value's 1-based rank, largest first, ties in index order: its place in
+    ``np.argsort(-values, kind="stable")``. Counted from a sort of the values (several times
+    cheaper than the stable argsort); with ties, from that argsort."""
+    ordered = np.sort(values)
+    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
+        order = np.argsort(-values, kind="stable")
+        ranks = np.empty(len(values), dtype=np.int64)
+        ranks[order] = np.arange(1, len(values) + 1)
+        return ranks
+    return len(values) - np.searchsorted(ordered, values, side="right") + 1
+
+
+def _fused_top(
+    coarse: np.ndarray, marks: np.ndarray, rrf_k: int, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_fuse``'s fused scores of candidates in chronological order, and the first ``n`` of its
+    order (fused, then coarse score, then chronological), without sorting them all: a recall
+    over a 100K-page history has tens of thousands of candidates and wants five."""
+    fused = coarse
+    if marks.any():
+        fused = np.zeros(len(coarse), dtype=np.float64)
+        for values in (coarse, marks):  # rrf's order of additions: coarse, then bookmarks
+            hit = np.flatnonzero(values > 0)
+            fused[hit] += 1.0 / (rrf_k + _stable_ranks(values[hit]))
+    if len(fused) > n:
+        # Every candidate at or above the n-th best fused score, ties at the boundary included.
+        floor = np.partition(fused, len(fused) - n)[len(fused) - n]
+        pick = np.flatnonzero(fused >= floor)
+    else:
+        pick = np.arange(len(fused))
+    order = pick[np.lexsort((pick, -coarse[pick], -fused[pick]))]
+    return fused, order[:n]
 
 
 def _bounded(coarse: CoarseFilter, max_bytes: int) -> CoarseFilter:

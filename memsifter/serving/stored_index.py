@@ -47,11 +47,27 @@ class _Cached:
 @dataclass(frozen=True)
 class Evidence:
     """A query's scores over the pages that have any: ``positions`` (chronological, ascending)
-    and per position the BM25 score and the summed bookmark weight."""
+    and per position the BM25 score and the summed bookmark weight; with the index's pages as
+    they were when it was scored (``pks``, chronological), which an ingest or reopen running
+    meanwhile does not change (the index swaps in new arrays, it never writes into these)."""
 
     positions: np.ndarray
     coarse: np.ndarray
     marks: np.ndarray
+    pks: np.ndarray
+    _order_pks: np.ndarray
+    _order_pos: np.ndarray
+
+    def positions_of(self, pks: Sequence[int]) -> np.ndarray:
+        """Chronological positions of ``pks`` in ``self.pks``; -1 for a page not there."""
+        return _lookup(self._order_pks, self._order_pos, np.asarray(pks, dtype=np.int64))
+
+
+def _lookup(order_pks: np.ndarray, order_pos: np.ndarray, pks: np.ndarray) -> np.ndarray:
+    if not len(order_pks):
+        return np.full(len(pks), -1, dtype=np.int64)
+    at = np.searchsorted(order_pks, pks).clip(max=len(order_pks) - 1)
+    return np.where(order_pks[at] == pks, order_pos[at], -1)
 
 
 def values_at(where: np.ndarray, values: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -145,13 +161,23 @@ class StoredIndex:
             for cache, rows in ((self._terms, postings), (self._marks, marks)):
                 for term, (pks, values) in rows.items():
                     old = cache.get(term)
-                    if old is not None:
-                        self._put(
-                            cache,
-                            term,
-                            np.concatenate([old.pks, pks]),
-                            np.concatenate([old.values, values]),
-                        )
+                    if old is None:
+                        continue
+                    # Appended pages leave every held position where it was: only the new
+                    # postings are looked up (a cached term of 10K postings costs no search).
+                    positions = (
+                        np.concatenate([old.positions, self._positions(pks)])
+                        if old.layout == self._layout
+                        else self._positions(np.concatenate([old.pks, pks]))
+                    )
+                    self._cached_bytes -= old.nbytes
+                    entry = cache[term] = _Cached(
+                        np.concatenate([old.pks, pks]),
+                        np.concatenate([old.values, values]),
+                        positions,
+                        self._layout,
+                    )
+                    self._cached_bytes += entry.nbytes
             self.version = state.version
 
     def cached_terms(self) -> list[str]:
@@ -214,10 +240,7 @@ class StoredIndex:
 
     def _positions(self, pks: np.ndarray) -> np.ndarray:
         """Chronological positions of ``pks``; -1 for a page this index does not hold."""
-        if not len(self._order_pks):
-            return np.full(len(pks), -1, dtype=np.int64)
-        at = np.searchsorted(self._order_pks, pks).clip(max=len(self._order_pks) - 1)
-        return np.where(self._order_pks[at] == pks, self._order_pos[at], -1)
+        return _lookup(self._order_pks, self._order_pos, pks)
 
     def _rows(
         self,
@@ -267,22 +290,11 @@ class StoredIndex:
                     if rows is not None and len(rows[0]):
                         np.add.at(marks, rows[0], rows[1])
             positions = np.flatnonzero((coarse > 0) | (marks > 0))
-            return Evidence(positions, coarse[positions], marks[positions])
-
-    def scores_at(
-        self,
-        positions: np.ndarray,
-        terms: Sequence[str],
-        mark_terms: Sequence[str],
-        extra: tuple[TermArrays, TermArrays] = ({}, {}),
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """BM25 and bookmark weight of the pages at ``positions`` (0 where none)."""
-        found = self.evidence(terms, mark_terms, extra)
-        return (
-            values_at(found.positions, found.coarse, positions),
-            values_at(found.positions, found.marks, positions),
-        )
-
-    def positions_of(self, pks: Sequence[int]) -> np.ndarray:
-        with self._lock:
-            return self._positions(np.asarray(pks, dtype=np.int64))
+            return Evidence(
+                positions,
+                coarse[positions],
+                marks[positions],
+                self.pks,
+                self._order_pks,
+                self._order_pos,
+            )

@@ -32,7 +32,6 @@ from memsifter.serving.store.schema import (
     IndexTermRow,
     PageRow,
     PostingRow,
-    SessionRow,
     UserRow,
 )
 
@@ -60,41 +59,25 @@ _ANALYZER = select(UserRow.index_analyzer).where(*USER_KEY)
 _STATE = select(
     UserRow.epoch, UserRow.version, UserRow.index_analyzer, UserRow.pages_removed
 ).where(*USER_KEY)
-# Pages in the order the service ranks ties in: undated last, then by date, session and turn.
-_CHRONOLOGICAL = (
-    SessionRow.date.is_(None),
-    SessionRow.date,
-    PageRow.session_pk,
-    PageRow.turn_start,
-)
-# A user's pages in chronological order, pk and BM25 length only: a replica opening a user
-# reads every row, so nothing is converted per row that it does not need (parsing 10K dates
-# cost twice the query); the newest and oldest pages' order keys are read by pk after.
-_LENGTHS = (
-    select(PageRow.pk, PageRow.n_terms)
-    .join(SessionRow, SessionRow.pk == PageRow.session_pk)
-    .where(*_OF_USER)
-)
+# Pages in the order the service ranks ties in: undated last, then by date, session and turn;
+# ix_pages_user_chronological holds them so (with their lengths), so a replica opening a user
+# walks one index: no join, no sort.
+_CHRONOLOGICAL = (PageRow.undated, PageRow.date, PageRow.session_pk, PageRow.turn_start)
+_LENGTHS = select(PageRow.pk, PageRow.n_terms).where(*_OF_USER)
 _ALL_LENGTHS = _LENGTHS.order_by(*_CHRONOLOGICAL)
 _NEW_LENGTHS = _LENGTHS.where(PageRow.added_version > bindparam("since")).order_by(*_CHRONOLOGICAL)
-_ORDER_KEYS = (
-    select(PageRow.pk, SessionRow.date, PageRow.session_pk, PageRow.turn_start)
-    .join(SessionRow, SessionRow.pk == PageRow.session_pk)
-    .where(PageRow.pk.in_(bindparam("pks", expanding=True)))
+_ORDER_KEYS = select(PageRow.pk, PageRow.date, PageRow.session_pk, PageRow.turn_start).where(
+    PageRow.pk.in_(bindparam("pks", expanding=True))
 )
-_TERM_POSTINGS = (
-    select(IndexTermRow.term, PostingRow.page_pk, PostingRow.tf)
-    .join(PostingRow, PostingRow.term_pk == IndexTermRow.pk)
-    .where(
-        IndexTermRow.tenant_id == bindparam("tenant"),
-        IndexTermRow.user_id == bindparam("user"),
-        IndexTermRow.term.in_(bindparam("terms", expanding=True)),
-    )
+# A term's postings by its pk: one clustered range on SQLite (the table has no rowid). Read a
+# term at a time, so no rows are grouped in Python (that cost more than the reads).
+_TERM_POSTINGS = select(PostingRow.page_pk, PostingRow.tf).where(
+    PostingRow.term_pk == bindparam("term")
 )
-_TERM_MARKS = select(BookmarkRow.term, BookmarkRow.page_pk, BookmarkRow.weight).where(
+_TERM_MARKS = select(BookmarkRow.page_pk, BookmarkRow.weight).where(
     BookmarkRow.tenant_id == bindparam("tenant"),
     BookmarkRow.user_id == bindparam("user"),
-    BookmarkRow.term.in_(bindparam("terms", expanding=True)),
+    BookmarkRow.term == bindparam("term"),
 )
 _PAGE_POSTINGS = (
     select(IndexTermRow.term, PostingRow.page_pk, PostingRow.tf)
@@ -120,6 +103,14 @@ TermArrays = dict[str, tuple[np.ndarray, np.ndarray]]
 
 def _order(row: Any) -> tuple[bool, datetime, int, int]:
     return (row.date is None, row.date or datetime.min, row.session_pk, row.turn_start)
+
+
+def _arrays(rows: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of (page pk, value) as two arrays."""
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    pks, values = zip(*rows, strict=True)
+    return np.array(pks, dtype=np.int64), np.array(values, dtype=np.float64)
 
 
 def _grouped(rows: Iterable[Any]) -> TermArrays:
@@ -259,13 +250,19 @@ class IndexRepository(Database):
             version = conn.execute(select(UserRow.version).where(*USER_KEY), who).scalar()
             if version is None:
                 return None
-            postings: list[Any] = []
-            marks: list[Any] = []
+            term_pks: dict[str, int] = {}
             for chunk in chunks(list(terms)):
-                postings += conn.execute(_TERM_POSTINGS, {**who, "terms": chunk}).all()
-            for chunk in chunks(list(mark_terms)):
-                marks += conn.execute(_TERM_MARKS, {**who, "terms": chunk}).all()
-        return int(version), _grouped(postings), _grouped(marks)
+                term_pks.update(conn.execute(_KNOWN_TERMS, {**who, "terms": chunk}).all())
+            postings = {
+                term: _arrays(conn.execute(_TERM_POSTINGS, {"term": pk}).all())
+                for term, pk in term_pks.items()
+            }
+            marks = {
+                term: _arrays(rows)
+                for term in mark_terms
+                if (rows := conn.execute(_TERM_MARKS, {**who, "term": term}).all())
+            }
+        return int(version), postings, marks
 
     def page_terms(self, pks: Sequence[int]) -> tuple[TermArrays, TermArrays]:
         """The postings and bookmark rows of pages ``pks``: what a replica's cached terms take

@@ -202,7 +202,11 @@ class SessionRepository(Database):
                 if conflict is None:
                     raise
                 raise conflict from e
-            pages = [(pk, p) for pk, r in zip(session_pks, records, strict=True) for p in r.pages]
+            pages = [
+                (pk, to_naive_utc(r.session.date), p)
+                for pk, r in zip(session_pks, records, strict=True)
+                for p in r.pages
+            ]
             if not pages:
                 return
             page_pks = s.scalars(
@@ -218,8 +222,10 @@ class SessionRepository(Database):
                         "n_tokens": p.n_tokens,
                         "added_version": version,
                         "n_terms": page_length(p) if analyzer is not None else None,
+                        "undated": date is None,
+                        "date": date,
                     }
-                    for session_pk, p in pages
+                    for session_pk, date, p in pages
                 ],
             ).all()
             marks = [
@@ -231,7 +237,7 @@ class SessionRepository(Database):
                     "term": term[:100],
                     "weight": b.weight,
                 }
-                for page_pk, (_, p) in zip(page_pks, pages, strict=True)
+                for page_pk, (_, _, p) in zip(page_pks, pages, strict=True)
                 for b in p.bookmarks
                 for term in b.terms
             ]
@@ -241,7 +247,7 @@ class SessionRepository(Database):
                 s,
                 tenant,
                 user,
-                [(pk, p) for pk, (_, p) in zip(page_pks, pages, strict=True)],
+                [(pk, p) for pk, (_, _, p) in zip(page_pks, pages, strict=True)],
                 analyzer,
             )
 
