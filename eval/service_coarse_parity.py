@@ -122,9 +122,8 @@ def render(result: dict[str, Any]) -> str:
         "retrieval benchmarks' coarse filter) ranks the same sessions. Native haystacks; "
         "LongMemEval ranks user turns, as its benchmark does.",
         "",
-        "| dataset | questions (left out: repeated ids) | users | identical rankings | identical top 10 | "
-        + " | ".join(f"{m} service / BM25 (diff)" for m in METRICS)
-        + " |",
+        "| dataset | questions (left out: repeated ids) | users | identical rankings | "
+        "identical top 10 | " + " | ".join(f"{m} service / BM25 (diff)" for m in METRICS) + " |",
         "|---|---|---|---|---|" + "---|" * len(METRICS),
     ]
     for r in result["rows"]:
