@@ -9,11 +9,6 @@ import numpy as np
 
 from memsifter.text import Analyzer, get_analyzer
 
-# What one document, posting (a term in a document) and distinct term cost in CPython, as
-# tracemalloc measured an index of the recall benchmarks' sessions at three vocabulary sizes
-# (tests/test_serve_ranking.py keeps ``nbytes`` within 25% of that measurement).
-DOC_BYTES, POSTING_BYTES, TERM_BYTES = 750, 55, 285
-
 
 def lucene_weights(
     tf: np.ndarray, length: np.ndarray, df: int, n: int, avgdl: float, k1: float, b: float
@@ -50,19 +45,6 @@ class IncrementalBM25:
         self._postings: dict[str, dict[int, int]] = {}  # term -> {slot: tf}, live slots only
         self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # term -> (slots, tfs)
         self._total_length = 0.0
-        self._n_postings = 0  # live (term, document) pairs
-        self._array_bytes = 0  # the bytes of the arrays in ``_arrays``
-
-    def nbytes(self) -> int:
-        """The index's estimated size in memory (``DOC_BYTES`` and friends, plus the posting
-        arrays queries have cached): what a byte-bounded cache of indexes charges it."""
-        return (
-            DOC_BYTES * len(self._ids)
-            + POSTING_BYTES * self._n_postings
-            + TERM_BYTES * len(self._postings)
-            + self._array_bytes
-            + self._length.nbytes
-        )
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -86,7 +68,6 @@ class IncrementalBM25:
         self._ids.append(doc_id)
         self._terms.append(counts)
         self._slot[doc_id] = slot
-        self._n_postings += len(counts)
         for term, tf in counts.items():
             self._postings.setdefault(term, {})[slot] = tf
             self._drop_arrays(term)
@@ -98,7 +79,6 @@ class IncrementalBM25:
         counts = self._terms[slot] or {}
         self._terms[slot] = None
         self._total_length -= self._length[slot]
-        self._n_postings -= len(counts)
         for term in counts:
             postings = self._postings[term]
             del postings[slot]
@@ -113,7 +93,6 @@ class IncrementalBM25:
         live = [(doc_id, self._terms[slot]) for doc_id, slot in self._slot.items()]
         lengths = {doc_id: self._length[slot] for doc_id, slot in self._slot.items()}
         self._slot, self._ids, self._terms, self._postings, self._arrays = {}, [], [], {}, {}
-        self._array_bytes = 0
         self._length = np.zeros(max(16, 2 * len(live)), dtype=np.float64)
         for new, (doc_id, counts) in enumerate(live):
             self._slot[doc_id] = new
@@ -124,9 +103,7 @@ class IncrementalBM25:
                 self._postings.setdefault(term, {})[new] = tf
 
     def _drop_arrays(self, term: str) -> None:
-        arrays = self._arrays.pop(term, None)
-        if arrays is not None:
-            self._array_bytes -= arrays[0].nbytes + arrays[1].nbytes
+        self._arrays.pop(term, None)
 
     def _posting_arrays(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
         arrays = self._arrays.get(term)
@@ -138,7 +115,6 @@ class IncrementalBM25:
                 np.fromiter(postings.keys(), dtype=np.int64, count=len(postings)),
                 np.fromiter(postings.values(), dtype=np.float64, count=len(postings)),
             )
-            self._array_bytes += arrays[0].nbytes + arrays[1].nbytes
         return arrays
 
     def slots(self, doc_ids: Sequence[str]) -> np.ndarray:

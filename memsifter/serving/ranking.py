@@ -523,7 +523,7 @@ class ServiceRanker:
                 return None
             if index.appends(delta) and delta.analyzer == analyzer:
                 postings, marks = ({}, {})
-                if delta.pks and index.cached_terms():
+                if delta.pks and index.caches_terms:
                     postings, marks = store.page_terms(delta.pks)
                 index.catch_up(delta, postings, marks)
                 return "caught_up", len(delta.pks)

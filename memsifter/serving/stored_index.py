@@ -180,9 +180,10 @@ class StoredIndex:
                     self._cached_bytes += entry.nbytes
             self.version = state.version
 
-    def cached_terms(self) -> list[str]:
-        with self._lock:
-            return list(self._terms)
+    @property
+    def caches_terms(self) -> bool:
+        """Whether any term's rows are cached (a catch-up then reads the new pages' rows)."""
+        return bool(self._terms or self._marks)
 
     def shed(self) -> None:
         """Drop the cached postings (an index over the cache's budget by itself)."""
