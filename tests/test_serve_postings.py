@@ -127,6 +127,33 @@ def test_a_stored_index_ranks_like_bm25_over_the_pages_ties_and_zero_tail_includ
     assert [h.page.page.id for h in top] == _scratch(store, tenant, "u", "dog park")[0][:2]
 
 
+def test_cached_terms_score_as_bm25_after_each_ingest_that_appends(
+    store: Store, tenant: str
+) -> None:
+    """A replica keeps the postings and BM25 weights of the terms queries asked for; each
+    ingest of newer pages (with the terms, or with none of them: every page count and length
+    still moves the weights) is appended, and every question then scores as BM25 from scratch
+    over the pages."""
+    memory = _memory(store)
+    who = Principal(tenant)
+    dated = [s for s in HISTORY if s.date is not None]
+    memory.ingest_sessions(who, "u", dated)
+    later = [
+        _session("g", 20, ["A kayak on the lake.", "Calm water."]),
+        _session("h", 21, ["Nothing of note today.", "Quiet."]),
+        _session("i", 22, ["Tax day, and the dog park.", "Busy."]),
+    ]
+    for session in [None, *later]:
+        if session is not None:
+            memory.ingest_sessions(who, "u", [session])
+        for question in QUESTIONS:
+            result = memory.recall(who, "u", question, top_k=100)
+            assert result.index.kind in ("warm", "caught_up", "opened"), result.index
+            ids, scores = _scratch(store, tenant, "u", question)
+            assert [h.page.page.id for h in result.hits] == ids, question
+            assert [h.coarse_score for h in result.hits] == pytest.approx(scores), question
+
+
 def test_bookmarks_fuse_as_they_do_over_pages_held_in_memory(store: Store, tenant: str) -> None:
     """With bookmarks, the stored index's fused ranking equals the in-memory path's (the pages
     held by the replica, scored by the same BM25 filter, bookmark hits from the pages' rows)."""
@@ -303,22 +330,27 @@ def test_terms_read_at_another_version_serve_that_query_only() -> None:
 
 
 def test_the_top_of_a_fused_ranking_equals_the_full_sorts_prefix() -> None:
-    """``_fused_top`` (partition, then sort the head) gives what ``_fuse`` (sort everything)
-    gives, first n included, on scores with ties, zeros, with and without bookmark weights."""
+    """``_fused_top`` (the heads of both rankings, ranked without sorting every candidate)
+    gives what ``_fuse`` (sort everything) gives, first n and their fused scores, on scores
+    with ties, zeros, with and without bookmark weights; small sets (ranked whole) and sets
+    large enough to be cut to the heads, with small and large ``rrf_k``."""
     from memsifter.serving.ranking import _fuse, _fused_top
 
     rng = np.random.default_rng(0)
-    for trial in range(300):
-        size = int(rng.integers(1, 60))
+    for trial in range(400):
+        size = int(rng.integers(1, 60)) if trial % 2 else int(rng.integers(200, 3000))
         coarse = rng.choice([0.0, 0.5, 1.0, 1.5, 2.0, 3.7], size) * (rng.random() < 0.9)
         if trial % 3:
-            coarse = coarse + rng.random(size) * (coarse > 0) * (trial % 2)
+            coarse = coarse + rng.random(size) * (coarse > 0) * (trial % 5 > 1)
         marks = rng.choice([0.0, 0.0, 0.3, 0.6], size) * (trial % 4 != 0)
-        n = int(rng.integers(1, 12))
-        fused, order = _fuse(coarse, np.argsort(-coarse, kind="stable"), marks, 60)
-        top_fused, top = _fused_top(coarse, marks, 60, n)
-        assert top.tolist() == order[:n].tolist(), (coarse, marks, n)
-        assert np.array_equal(top_fused, fused)
+        if trial % 7 == 0:  # few bookmark hits, deep in the coarse ranking
+            marks = marks * (rng.random(size) < 0.01)
+        n = int(rng.integers(1, 45))
+        k = int(rng.choice([0, 1, 10, 60]))
+        fused, order = _fuse(coarse, np.argsort(-coarse, kind="stable"), marks, k)
+        top, top_fused = _fused_top(coarse, marks, k, n)
+        assert top.tolist() == order[:n].tolist(), (trial, n, k)
+        assert np.array_equal(top_fused, fused[order[:n]]), trial
 
 
 def test_a_database_from_before_postings_is_indexed_on_first_use(tmp_path: Path) -> None:
@@ -366,3 +398,43 @@ def test_a_database_from_before_postings_is_indexed_on_first_use(tmp_path: Path)
     assert [h.page.page.id for h in result.hits] == _scratch(store, "acme", "u", "dog park")[0]
     assert all(n for n in _lengths(store, "acme", "u").values())
     store.close()
+
+
+def _index_definitions(store: Store) -> dict[str, str]:
+    with store._writer.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname IN"
+            " ('pk_index_postings', 'ix_pages_user_chronological')"
+        ).all()
+    return dict(rows)
+
+
+def test_postgresql_reads_postings_and_page_lengths_from_indexes_alone(
+    serve_db: Callable[[str], str],
+) -> None:
+    """Migration 0005 makes a term's postings and a user's page lengths index-only reads on
+    PostgreSQL (the key index carries ``tf``, the chronological index ``pk``), and goes back
+    down to 0004 and up again. SQLite needs neither (a clustered table; indexes hold the
+    rowid), so there it changes nothing."""
+    from alembic import command
+    from alembic.config import Config
+
+    store = Store(serve_db("covering"))
+    store.migrate()
+    if store.dialect != "postgresql":
+        store.close()
+        pytest.skip("SQLite clusters the postings, and its indexes hold pages.pk (the rowid)")
+    try:
+        covered = _index_definitions(store)
+        assert "INCLUDE (tf)" in covered["pk_index_postings"]
+        assert "INCLUDE (pk)" in covered["ix_pages_user_chronological"]
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        with store._writer.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0004")
+        assert not any("INCLUDE" in d for d in _index_definitions(store).values())
+        store.migrate()
+        assert _index_definitions(store) == covered
+    finally:
+        store.close()

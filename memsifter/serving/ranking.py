@@ -69,7 +69,7 @@ from memsifter.serving.errors import ServeError, UnavailableError
 from memsifter.serving.store import Store
 from memsifter.serving.store.postings import TermArrays
 from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage
-from memsifter.serving.stored_index import StoredIndex, values_at
+from memsifter.serving.stored_index import Evidence, StoredIndex, values_at
 
 logger = logging.getLogger(__name__)
 COARSE_ONLY = "coarse-only"
@@ -523,8 +523,8 @@ class ServiceRanker:
                 return None
             if index.appends(delta) and delta.analyzer == analyzer:
                 postings, marks = ({}, {})
-                if delta.pks and index.caches_terms:
-                    postings, marks = store.page_terms(delta.pks)
+                if len(delta.pks) and index.caches_terms:
+                    postings, marks = store.page_terms(delta.pks.tolist())
                 index.catch_up(delta, postings, marks)
                 return "caught_up", len(delta.pks)
         state = store.index_state(tenant, user)
@@ -563,7 +563,7 @@ class ServiceRanker:
         """After a load grew ``index``: evict the least recently used users until the cache is
         within ``index_cache_bytes``. An index over the whole budget is not kept (this request
         still uses it). Whether ``index`` stays. Queries' cached postings grow a stored index
-        between loads; ``_read_terms`` fits the cache again after it grows one."""
+        between loads; ``_evidence`` fits the cache again after it grows one."""
         budget = self._index_cache_bytes
         if budget is None:
             return True
@@ -664,9 +664,7 @@ class ServiceRanker:
                 return self._rank(question, pages, question_date, index)
             start = time.perf_counter()
             chosen = store.indexed_pages(index.tenant, index.user, page_ids=list(page_ids))
-            tokens, mark_terms = self._query_terms(question)
-            extra = self._read_terms(store, index, tokens, mark_terms)
-            found = index.evidence(tokens, mark_terms, extra)
+            found = self._evidence(store, index, question)
             at = found.positions_of([p.pk for p in chosen])
             held = sorted(
                 ((pos, page) for pos, page in zip(at.tolist(), chosen, strict=True) if pos >= 0),
@@ -691,27 +689,25 @@ class ServiceRanker:
         found = store.indexed_pages(index.tenant, index.user, page_ids=list(page_ids))
         return {p.stored.page.id: p.stored for p in found}
 
-    def _query_terms(self, question: str) -> tuple[list[str], list[str]]:
-        """A question's BM25 tokens (repeats kept: each counts) and its bookmark terms."""
+    def _evidence(self, store: Store, index: StoredIndex, question: str) -> Evidence:
+        """``question``'s evidence over the user's pages: its BM25 tokens (repeats count) and
+        bookmark terms, scored from the postings ``index`` caches, after reading those it lacks
+        (what it could not cache, read at another version, serves this query only). Caching
+        postings or their weights grows the index: the cache is fitted again."""
         assert self._bm25 is not None
-        return self._bm25.analyzer(question), query_terms(question)
-
-    def _read_terms(
-        self, store: Store, index: StoredIndex, tokens: Sequence[str], mark_terms: Sequence[str]
-    ) -> tuple[TermArrays, TermArrays]:
-        """Read the query's terms ``index`` does not cache; what it could not cache (read at
-        another version) comes back for this query only."""
+        tokens, mark_terms = self._bm25.analyzer(question), query_terms(question)
+        held = index.nbytes
+        extra: tuple[TermArrays, TermArrays] = ({}, {})
         asked = index.missing(tokens, mark_terms)
-        if not asked[0] and not asked[1]:
-            return {}, {}
-        read = store.read_terms(index.tenant, index.user, asked[0], asked[1])
-        if read is None:
-            return {}, {}
-        version, postings, marks = read
-        extra = index.take(version, postings, marks, asked)
-        if not extra[0] and not extra[1]:
-            self._fit((index.tenant, index.user), index)  # the index grew
-        return extra
+        if asked[0] or asked[1]:
+            read = store.read_terms(index.tenant, index.user, asked[0], asked[1])
+            if read is not None:
+                version, postings, marks = read
+                extra = index.take(version, postings, marks, asked)
+        found = index.evidence(tokens, mark_terms, extra)
+        if index.nbytes > held:
+            self._fit((index.tenant, index.user), index)
+        return found
 
     def _recall_stored(
         self,
@@ -723,9 +719,7 @@ class ServiceRanker:
         exclude: Sequence[str],
     ) -> tuple[RankOutcome, dict[str, StoredPage]]:
         start = time.perf_counter()
-        tokens, mark_terms = self._query_terms(question)
-        extra = self._read_terms(store, index, tokens, mark_terms)
-        found = index.evidence(tokens, mark_terms, extra)
+        found = self._evidence(store, index, question)
         where, coarse, marks = found.positions, found.coarse, found.marks
         excluded = np.zeros(0, dtype=np.int64)
         if exclude:
@@ -736,7 +730,9 @@ class ServiceRanker:
         # Fused over every page with evidence (chronological, so ties fall as in a full
         # ranking); the rest of a ranking would follow in chronological order with score 0.
         n = top_k if self.proxy is None else max(top_k, self.max_candidates)
-        fused, top = _fused_top(coarse, marks, self.rrf_k, n)
+        top, top_fused = _fused_top(coarse, marks, self.rrf_k, n)
+        fused = np.zeros(len(coarse), dtype=np.float64)  # read at the top pages only
+        fused[top] = top_fused
         best = where[top]
         if len(best) < n:
             rest = np.ones(len(found.pks), dtype=bool)
@@ -892,39 +888,72 @@ def _fuse(
     return fused, coarse_order[np.argsort(-fused[coarse_order], kind="stable")]
 
 
-def _stable_ranks(values: np.ndarray) -> np.ndarray:
-    """Each value's 1-based rank, largest first, ties in index order: its place in
-    ``np.argsort(-values, kind="stable")``. Counted from a sort of the values (several times
-    cheaper than the stable argsort); with ties, from that argsort."""
-    ordered = np.sort(values)
-    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
-        order = np.argsort(-values, kind="stable")
-        ranks = np.empty(len(values), dtype=np.int64)
-        ranks[order] = np.arange(1, len(values) + 1)
-        return ranks
-    return len(values) - np.searchsorted(ordered, values, side="right") + 1
+def _ranks_of(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The 1-based ranks of ``values[at]`` in ``values`` ranked largest first, ties in index
+    order (their places in ``np.argsort(-values, kind="stable")``), without sorting
+    ``values``: each value is placed among the few distinct values asked about, so a recall
+    ranks a handful of its 50K candidates in O(50K log handful)."""
+    asked = np.unique(values[at])  # ascending
+    place = np.searchsorted(asked, values)  # how many asked values lie below each value
+    # Values above asked[m] are those placed above m.
+    above = np.cumsum(np.bincount(place, minlength=len(asked) + 1)[::-1])[::-1][1:]
+    # Ties: each value equal to an asked one counts, for the later ones, in index order.
+    tied = np.flatnonzero(np.append(asked, np.inf)[place] == values)
+    group = place[tied].astype(np.uint16 if len(asked) < 2**16 else np.int64)  # radix sort
+    by_group = np.argsort(group, kind="stable")
+    grouped = group[by_group]
+    before = np.empty(len(tied), dtype=np.int64)
+    before[by_group] = np.arange(len(tied)) - np.searchsorted(grouped, grouped)
+    return 1 + above[np.searchsorted(asked, values[at])] + before[np.searchsorted(tied, at)]
+
+
+def _head(values: np.ndarray, depth: int) -> np.ndarray:
+    """Indices of the first ``depth`` of ``values`` in stable order (largest first, ties in
+    index order), ascending."""
+    if len(values) <= depth:
+        return np.arange(len(values))
+    floor = np.partition(values, len(values) - depth)[len(values) - depth]
+    above = np.flatnonzero(values > floor)
+    tied = np.flatnonzero(values == floor)[: depth - len(above)]
+    return np.sort(np.concatenate([above, tied]))
 
 
 def _fused_top(
     coarse: np.ndarray, marks: np.ndarray, rrf_k: int, n: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``_fuse``'s fused scores of candidates in chronological order, and the first ``n`` of its
-    order (fused, then coarse score, then chronological), without sorting them all: a recall
-    over a 100K-page history has tens of thousands of candidates and wants five."""
-    fused = coarse
-    if marks.any():
-        fused = np.zeros(len(coarse), dtype=np.float64)
-        for values in (coarse, marks):  # rrf's order of additions: coarse, then bookmarks
-            hit = np.flatnonzero(values > 0)
-            fused[hit] += 1.0 / (rrf_k + _stable_ranks(values[hit]))
-    if len(fused) > n:
-        # Every candidate at or above the n-th best fused score, ties at the boundary included.
-        floor = np.partition(fused, len(fused) - n)[len(fused) - n]
-        pick = np.flatnonzero(fused >= floor)
+    """The first ``n`` of ``_fuse``'s order (fused score, then coarse score, then index) of
+    candidates with ``coarse`` scores and bookmark weights ``marks``, and their fused scores,
+    without ranking every candidate: a recall over a 100K-page history has tens of thousands
+    of candidates and wants five.
+
+    With bookmarks, only pages among the first ``depth = rrf_k + 2n`` of either ranking can
+    be in the top ``n``: any other page scores at most ``2 / (rrf_k + depth + 1)``, below the
+    ``1 / (rrf_k + n)`` that each of the first ``n`` pages of the longer ranking (which has at
+    least ``n`` matches, or every candidate is ranked) holds. Those pages' exact ranks in both
+    rankings give their exact fused scores."""
+    if not marks.any():
+        head = np.arange(len(coarse))
+        if len(coarse) > n:
+            # Every candidate at or above the n-th best score, ties at the boundary included.
+            floor = np.partition(coarse, len(coarse) - n)[len(coarse) - n]
+            head = np.flatnonzero(coarse >= floor)
+        order = head[np.lexsort((head, -coarse[head]))][:n]
+        return order, coarse[order]
+    # Each ranking holds its matches only (rrf's lists): their positions and scores.
+    hits = (np.flatnonzero(coarse > 0), np.flatnonzero(marks > 0))
+    rankings = [(hit, values[hit]) for hit, values in zip(hits, (coarse, marks), strict=True)]
+    depth = int(np.ceil(rrf_k)) + 2 * n
+    if max(len(hit) for hit, _ in rankings) < n or len(coarse) <= 4 * depth:
+        head = np.arange(len(coarse))
     else:
-        pick = np.arange(len(fused))
-    order = pick[np.lexsort((pick, -coarse[pick], -fused[pick]))]
-    return fused, order[:n]
+        head = np.union1d(*(hit[_head(held, depth)] for hit, held in rankings))
+    fused = np.zeros(len(head), dtype=np.float64)
+    for hit, held in rankings:  # rrf's order of additions: coarse, then bookmarks
+        at = np.searchsorted(hit, head).clip(max=max(len(hit) - 1, 0))
+        inside = hit[at] == head if len(hit) else np.zeros(len(head), dtype=bool)
+        fused[inside] += 1.0 / (rrf_k + _ranks_of(held, at[inside]))
+    best = np.lexsort((head, -coarse[head], -fused))[:n]
+    return head[best], fused[best]
 
 
 def _bounded(coarse: CoarseFilter, max_bytes: int) -> CoarseFilter:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,10 +38,15 @@ class _Cached:
     values: np.ndarray  # float64: tf (postings) or weight (bookmark rows)
     positions: np.ndarray  # int64 chronological positions, valid for ``layout``
     layout: int
+    # A posting list's BM25 weights, valid while the index's statistics are at ``stats``
+    # (pages, lengths): kept, a warm query adds them instead of computing them again.
+    weights: np.ndarray | None = None
+    stats: int = -1
 
     @property
     def nbytes(self) -> int:
-        return TERM_BYTES + self.pks.nbytes + self.values.nbytes + self.positions.nbytes
+        held = self.pks.nbytes + self.values.nbytes + self.positions.nbytes
+        return TERM_BYTES + held + (self.weights.nbytes if self.weights is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class StoredIndex:
         self._total = 0.0
         self._last_order: tuple[bool, object, int, int] | None = None
         self._layout = 0  # bumped whenever positions move (a reopen)
+        self._stats = 0  # bumped whenever pages or their lengths change (weights go stale)
         self._terms: dict[str, _Cached] = {}
         self._marks: dict[str, _Cached] = {}
         self._cached_bytes = 0
@@ -122,6 +128,7 @@ class StoredIndex:
             self._total = float(self.lengths.sum())
             self._last_order = state.last_order
             self._layout += 1
+            self._stats += 1
             # The cached terms lack whatever changed since (pages added out of order, or gone):
             # queries read them again.
             self._clear()
@@ -132,14 +139,14 @@ class StoredIndex:
         every pk held: the common ingest, which ``catch_up`` takes without a reopen."""
         if not state.complete or state.analyzer != self.analyzer:
             return False
-        if not state.pks:
+        if not len(state.pks):
             return True
         newest = self._order_pks[-1] if len(self._order_pks) else -1
         return (
             self._last_order is None
             or state.first_order is None
             or state.first_order > self._last_order
-        ) and min(state.pks) > newest
+        ) and int(np.min(state.pks)) > newest
 
     def catch_up(self, state: IndexState, postings: TermArrays, marks: TermArrays) -> None:
         """Append the pages of ``state`` (``appends`` held), and the new pages' ``postings``
@@ -156,6 +163,7 @@ class StoredIndex:
             self._order_pks = np.concatenate([self._order_pks, new_pks[order]])
             self._order_pos = np.concatenate([self._order_pos, start + order])
             self._total += float(lengths.sum())
+            self._stats += 1
             if state.last_order is not None:
                 self._last_order = state.last_order
             for cache, rows in ((self._terms, postings), (self._marks, marks)):
@@ -253,9 +261,11 @@ class StoredIndex:
         entry = cache.get(key)
         if entry is not None:
             if entry.layout != self._layout:
+                self._cached_bytes -= entry.nbytes
                 entry = cache[key] = _Cached(
                     entry.pks, entry.values, self._positions(entry.pks), self._layout
                 )
+                self._cached_bytes += entry.nbytes
             return entry.positions, entry.values
         rows = extra.get(key)
         if rows is None:
@@ -263,6 +273,27 @@ class StoredIndex:
         positions = self._positions(rows[0])
         keep = positions >= 0
         return positions[keep], rows[1][keep]
+
+    def _weights(
+        self, key: str, extra: Mapping[str, tuple[np.ndarray, np.ndarray]], n: int, avgdl: float
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A term's (positions, BM25 weights) over held pages; None when it has no postings.
+        A cached term keeps its weights until the statistics change."""
+        entry = self._terms.get(key)
+        if entry is not None and entry.stats == self._stats and entry.layout == self._layout:
+            assert entry.weights is not None
+            return (entry.positions, entry.weights) if len(entry.pks) else None
+        rows = self._rows(self._terms, extra, key)
+        if rows is None or not len(rows[0]):
+            return None
+        where, tf = rows
+        weights = lucene_weights(tf, self.lengths[where], len(where), n, avgdl, self.k1, self.b)
+        entry = self._terms.get(key)
+        if entry is not None:  # cached: keep the weights with it
+            self._cached_bytes -= entry.nbytes
+            entry = self._terms[key] = replace(entry, weights=weights, stats=self._stats)
+            self._cached_bytes += entry.nbytes
+        return where, weights
 
     def evidence(
         self,
@@ -279,13 +310,9 @@ class StoredIndex:
             if n:
                 avgdl = self._total / n
                 for term in terms:
-                    rows = self._rows(self._terms, extra[0], term_key(term))
-                    if rows is None or not len(rows[0]):
-                        continue
-                    where, tf = rows
-                    coarse[where] += lucene_weights(
-                        tf, self.lengths[where], len(where), n, avgdl, self.k1, self.b
-                    )
+                    scored = self._weights(term_key(term), extra[0], n, avgdl)
+                    if scored is not None:
+                        coarse[scored[0]] += scored[1]
                 for term in dict.fromkeys(mark_terms):
                     rows = self._rows(self._marks, extra[1], term)
                     if rows is not None and len(rows[0]):

@@ -33,7 +33,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -43,10 +43,12 @@ try:
 except ImportError:  # Windows: no flock
     fcntl = None  # type: ignore[assignment]
 
+import numpy as np
 from sqlalchemy import Engine, bindparam, create_engine, event, select, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import Executable
 from tenacity import (
     Retrying,
     retry_if_exception,
@@ -369,3 +371,36 @@ class Database:
             "retry",
             field="path.user_id",
         )
+
+
+# ------------------------------------------------------------------------- bulk column reads
+
+_COMPILED: dict[tuple[Executable, str], Any] = {}
+
+
+def read_columns(
+    conn: Connection, stmt: Executable, params: Mapping[str, Any], dtypes: Sequence[Any]
+) -> tuple[np.ndarray, ...]:
+    """The rows of ``stmt`` (built once, at module level) as one array per column, in order,
+    read through the driver's own cursor (PostgreSQL's in binary): for a user's 100K page
+    lengths or a term's 50K postings, SQLAlchemy's row objects and a ``zip`` cost 2-5x the
+    read itself. Numeric columns only, and no NULLs (``coalesce`` them in ``stmt``)."""
+    key = (stmt, conn.dialect.name)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = _COMPILED[key] = stmt.compile(dialect=conn.dialect)
+    values = compiled.construct_params(params)
+    raw = conn.connection.driver_connection
+    if conn.dialect.name == "postgresql":
+        cursor = raw.cursor(binary=True)
+        args: Any = values
+    else:
+        cursor = raw.cursor()
+        args = tuple(values[name] for name in compiled.positiontup)
+    try:
+        cursor.execute(compiled.string, args)
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    table = np.array(rows, dtype=np.float64).reshape(len(rows), len(dtypes))
+    return tuple(table[:, i].astype(dtype) for i, dtype in enumerate(dtypes))

@@ -22,10 +22,10 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from memsifter.serving.store.engine import USER_KEY, Database
+from memsifter.serving.store.engine import USER_KEY, Database, read_columns
 from memsifter.serving.store.records import IndexState, PageRecord
 from memsifter.serving.store.schema import (
     BookmarkRow,
@@ -63,7 +63,7 @@ _STATE = select(
 # ix_pages_user_chronological holds them so (with their lengths), so a replica opening a user
 # walks one index: no join, no sort.
 _CHRONOLOGICAL = (PageRow.undated, PageRow.date, PageRow.session_pk, PageRow.turn_start)
-_LENGTHS = select(PageRow.pk, PageRow.n_terms).where(*_OF_USER)
+_LENGTHS = select(PageRow.pk, func.coalesce(PageRow.n_terms, 0)).where(*_OF_USER)
 _ALL_LENGTHS = _LENGTHS.order_by(*_CHRONOLOGICAL)
 _NEW_LENGTHS = _LENGTHS.where(PageRow.added_version > bindparam("since")).order_by(*_CHRONOLOGICAL)
 _ORDER_KEYS = select(PageRow.pk, PageRow.date, PageRow.session_pk, PageRow.turn_start).where(
@@ -97,20 +97,15 @@ _TERMS = IndexTermRow.__table__
 _INSERT_TERMS = insert(_TERMS).returning(_TERMS.c.pk, sort_by_parameter_order=True)
 _INSERT_POSTINGS = insert(PostingRow.__table__)
 
+_PAGE_COLUMNS = (np.int64, np.float64)  # pk, BM25 length
+_ROW_COLUMNS = (np.int64, np.float64)  # page pk, tf or bookmark weight
+
 # term -> (page pks, values): a term's postings (values: tf) or bookmark rows (values: weight)
 TermArrays = dict[str, tuple[np.ndarray, np.ndarray]]
 
 
 def _order(row: Any) -> tuple[bool, datetime, int, int]:
     return (row.date is None, row.date or datetime.min, row.session_pk, row.turn_start)
-
-
-def _arrays(rows: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of (page pk, value) as two arrays."""
-    if not rows:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-    pks, values = zip(*rows, strict=True)
-    return np.array(pks, dtype=np.int64), np.array(values, dtype=np.float64)
 
 
 def _grouped(rows: Iterable[Any]) -> TermArrays:
@@ -219,23 +214,24 @@ class IndexRepository(Database):
             if state is None:
                 return None
             if since is None:
-                rows = conn.execute(_ALL_LENGTHS, who).all()
+                pks, lengths = read_columns(conn, _ALL_LENGTHS, who, _PAGE_COLUMNS)
             else:
-                rows = conn.execute(_NEW_LENGTHS, {**who, "since": since}).all()
+                pks, lengths = read_columns(
+                    conn, _NEW_LENGTHS, {**who, "since": since}, _PAGE_COLUMNS
+                )
             ends = {}
-            if rows:
-                keys = {"pks": [rows[0][0], rows[-1][0]]}
+            if len(pks):
+                keys = {"pks": [int(pks[0]), int(pks[-1])]}
                 ends = {row.pk: _order(row) for row in conn.execute(_ORDER_KEYS, keys)}
         removed = state.pages_removed
-        pks, lengths = zip(*rows, strict=True) if rows else ((), ())
         return IndexState(
             epoch=state.epoch or "",
             version=int(state.version),
             analyzer=state.index_analyzer,
-            pks=list(pks),
-            lengths=[n or 0 for n in lengths],
-            first_order=ends.get(pks[0]) if rows else None,
-            last_order=ends.get(pks[-1]) if rows else None,
+            pks=pks,
+            lengths=lengths,
+            first_order=ends.get(int(pks[0])) if len(pks) else None,
+            last_order=ends.get(int(pks[-1])) if len(pks) else None,
             complete=since is None or removed is None or removed <= since,
         )
 
@@ -254,13 +250,17 @@ class IndexRepository(Database):
             for chunk in chunks(list(terms)):
                 term_pks.update(conn.execute(_KNOWN_TERMS, {**who, "terms": chunk}).all())
             postings = {
-                term: _arrays(conn.execute(_TERM_POSTINGS, {"term": pk}).all())
+                term: read_columns(conn, _TERM_POSTINGS, {"term": pk}, _ROW_COLUMNS)
                 for term, pk in term_pks.items()
             }
             marks = {
-                term: _arrays(rows)
+                term: rows
                 for term in mark_terms
-                if (rows := conn.execute(_TERM_MARKS, {**who, "term": term}).all())
+                if len(
+                    (rows := read_columns(conn, _TERM_MARKS, {**who, "term": term}, _ROW_COLUMNS))[
+                        0
+                    ]
+                )
             }
         return int(version), postings, marks
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import numpy as np
+
 from memsifter.data.types import Session as ChatSession
 
 
@@ -112,7 +114,7 @@ class UserState:
     version: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compare their fields
 class IndexState:
     """A user's BM25 index as the database holds it, read in one transaction: the user's
     incarnation and version, the analyzer that wrote the postings (None: some page has none),
@@ -123,8 +125,8 @@ class IndexState:
     epoch: str
     version: int
     analyzer: str | None
-    pks: list[int]
-    lengths: list[int]
+    pks: np.ndarray  # int64
+    lengths: np.ndarray  # float64
     first_order: tuple[bool, datetime, int, int] | None
     last_order: tuple[bool, datetime, int, int] | None
     complete: bool = True

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Text,
     UniqueConstraint,
@@ -153,6 +154,7 @@ class PageRow(Base):
             "session_pk",
             "turn_start",
             "n_terms",
+            postgresql_include=["pk"],  # SQLite's indexes hold the rowid (pk) anyway
         ),
     )
 
@@ -184,8 +186,14 @@ class PostingRow(Base):
         Integer, ForeignKey("pages.pk", ondelete="CASCADE"), primary_key=True, index=True
     )
     tf: Mapped[int] = mapped_column(Integer)
-    # SQLite: clustered on (term, page), so a term's postings are read as one range.
-    __table_args__ = ({"sqlite_with_rowid": False},)
+    # A term's postings are read as one range of the key, with no table access: SQLite
+    # clusters the table on it; PostgreSQL's key index carries tf (migration 0005).
+    __table_args__ = (
+        PrimaryKeyConstraint(
+            "term_pk", "page_pk", name="pk_index_postings", postgresql_include=["tf"]
+        ),
+        {"sqlite_with_rowid": False},
+    )
 
 
 class BookmarkRow(Base):
