@@ -132,26 +132,69 @@ def test_cached_terms_score_as_bm25_after_each_ingest_that_appends(
 ) -> None:
     """A replica keeps the postings and BM25 weights of the terms queries asked for; each
     ingest of newer pages (with the terms, or with none of them: every page count and length
-    still moves the weights) is appended, and every question then scores as BM25 from scratch
-    over the pages."""
-    memory = _memory(store)
+    still moves the weights) is appended, whether this replica wrote it (taken from the write)
+    or another did (read), or both, one after the other; every question then scores as BM25
+    from scratch over the pages, on both replicas."""
+    a, b = _memory(store), _memory(store)
     who = Principal(tenant)
     dated = [s for s in HISTORY if s.date is not None]
-    memory.ingest_sessions(who, "u", dated)
+    a.ingest_sessions(who, "u", dated)
     later = [
-        _session("g", 20, ["A kayak on the lake.", "Calm water."]),
-        _session("h", 21, ["Nothing of note today.", "Quiet."]),
-        _session("i", 22, ["Tax day, and the dog park.", "Busy."]),
+        (a, _session("g", 20, ["A kayak on the lake.", "Calm water."])),
+        (a, _session("h", 21, ["Nothing of note today.", "Quiet."])),
+        (b, _session("i", 22, ["Tax day, and the dog park.", "Busy."])),
+        (a, _session("j", 23, ["The dog again.", "Kayak later."])),
     ]
-    for session in [None, *later]:
-        if session is not None:
-            memory.ingest_sessions(who, "u", [session])
-        for question in QUESTIONS:
-            result = memory.recall(who, "u", question, top_k=100)
-            assert result.index.kind in ("warm", "caught_up", "opened"), result.index
-            ids, scores = _scratch(store, tenant, "u", question)
-            assert [h.page.page.id for h in result.hits] == ids, question
-            assert [h.coarse_score for h in result.hits] == pytest.approx(scores), question
+    for writer, session in [(None, None), *later]:
+        if writer is not None:
+            writer.ingest_sessions(who, "u", [session])
+        for replica in (a, b):
+            for question in QUESTIONS:
+                result = replica.recall(who, "u", question, top_k=100)
+                assert result.index.kind in ("warm", "caught_up", "opened"), result.index
+                ids, scores = _scratch(store, tenant, "u", question)
+                assert [h.page.page.id for h in result.hits] == ids, question
+                assert [h.coarse_score for h in result.hits] == pytest.approx(scores), question
+
+
+def _rows(arrays: dict[str, tuple[np.ndarray, np.ndarray]]) -> set[tuple[str, int, float]]:
+    return {
+        (term, int(pk), float(v)) for term, (pks, vs) in arrays.items() for pk, v in zip(pks, vs)
+    }
+
+
+def test_what_a_write_returns_is_what_a_replica_would_read_back(store: Store, tenant: str) -> None:
+    """``put_sessions`` says what it wrote (the new pages as ``index_state`` since the version
+    before reads them, their postings and bookmark rows), so the writing replica catches up
+    without reading them back: equal to the read, for dated, undated and several-page
+    sessions, with bookmarks, and for a replace (pages removed: not complete)."""
+    memory = _memory(store, bookmarks=True)
+    who = Principal(tenant)
+    analyzer = memory.ranker.index_analyzer
+    for batch, replace in [
+        (HISTORY[:2], False),
+        ([LATE, HISTORY[3]], False),
+        ([HISTORY[4]], False),
+        ([HISTORY[0]], True),
+    ]:
+        records = [memory._record(s)[0] for s in batch]
+        written = store.put_sessions(tenant, "u", records, replace=replace, analyzer=analyzer)
+        state = written.state
+        read = store.index_state(tenant, "u", since=state.version - 1)
+        assert read is not None
+        assert (state.epoch, state.version, state.analyzer, state.complete) == (
+            read.epoch,
+            read.version,
+            read.analyzer,
+            read.complete,
+        )
+        assert state.complete is not replace
+        assert state.pks.tolist() == read.pks.tolist() and len(state.pks)
+        assert state.lengths.tolist() == read.lengths.tolist()
+        assert (state.first_order, state.last_order) == (read.first_order, read.last_order)
+        postings, marks = store.page_terms(state.pks.tolist())
+        assert _rows(written.postings) == _rows(postings)
+        assert _rows(written.marks) == _rows(marks) and marks
 
 
 def test_bookmarks_fuse_as_they_do_over_pages_held_in_memory(store: Store, tenant: str) -> None:

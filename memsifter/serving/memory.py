@@ -143,14 +143,15 @@ class MemoryService:
                 records.append(record)
                 pages += stored
         try:
-            self.store.put_sessions(
+            written = self.store.put_sessions(
                 who.tenant_id, user, records, replace=replace, analyzer=self.ranker.index_analyzer
             )
         except ServeError as e:  # the store names fields of its input; callers sent a body
             if e.field and not e.field.startswith(("body.", "path.")):
                 e.field = f"body.{e.field}"
             raise
-        self.ranker.user_index(self.store, who.tenant_id, user)  # index now, not on first query
+        # Index now, not on first query.
+        self.ranker.user_index(self.store, who.tenant_id, user, written=written)
         self.ranker.warm(who.tenant_id, pages)
         logger.info(
             "ingested sessions",

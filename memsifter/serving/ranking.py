@@ -67,8 +67,14 @@ from memsifter.serving.bookmarks import query_terms
 from memsifter.serving.config import ServeConfig
 from memsifter.serving.errors import ServeError, UnavailableError
 from memsifter.serving.store import Store
-from memsifter.serving.store.postings import TermArrays
-from memsifter.serving.store.records import IndexedPage, PageDelta, StoredPage
+from memsifter.serving.store.records import (
+    IndexedPage,
+    PageDelta,
+    PagesWritten,
+    StoredPage,
+    TermArrays,
+    UserState,
+)
 from memsifter.serving.stored_index import Evidence, StoredIndex, values_at
 
 logger = logging.getLogger(__name__)
@@ -452,23 +458,30 @@ class ServiceRanker:
                 self.proxy.builder.warm(page)
 
     def user_index(
-        self, store: Store, tenant: str, user: str
+        self, store: Store, tenant: str, user: str, *, written: PagesWritten | None = None
     ) -> tuple[UserIndex | StoredIndex | None, IndexLoad]:
         """The user's index, caught up with the store when their version moved on, and what
-        that cost (``IndexLoad``; also handed to ``on_index_load``). All it caches (terms
-        stemmed, pages embedded and tokenized) is cached in the tenant's scope, where its
-        queries look."""
+        that cost (``IndexLoad``; also handed to ``on_index_load``). After this replica's own
+        write, ``written`` (what ``put_sessions`` returned) brings a stored index that was one
+        version behind up to it without reading the pages back. All it caches (terms stemmed,
+        pages embedded and tokenized) is cached in the tenant's scope, where its queries
+        look."""
         with cache_scope(tenant):
-            index, load = self._user_index(store, tenant, user)
+            index, load = self._user_index(store, tenant, user, written)
         if load.kind not in ("warm", "waited") and self.on_index_load is not None:
             self.on_index_load(load)
         return index, load
 
     def _user_index(
-        self, store: Store, tenant: str, user: str
+        self, store: Store, tenant: str, user: str, written: PagesWritten | None = None
     ) -> tuple[UserIndex | StoredIndex | None, IndexLoad]:
         key = (tenant, user)
-        state = store.user_state(tenant, user)
+        # A write says the user's state as it left it; a later write shows on the next read.
+        state = (
+            UserState(written.state.epoch, written.state.version)
+            if written is not None
+            else store.user_state(tenant, user)
+        )
         if state is None:
             self.forget_user(tenant, user)
             return None, IndexLoad()
@@ -490,7 +503,7 @@ class ServiceRanker:
             if index.version >= state.version:  # another request loaded it meanwhile
                 return index, IndexLoad("waited", (time.perf_counter() - start) * 1000)
             if isinstance(index, StoredIndex):
-                loaded = self._load_stored(store, index)
+                loaded = self._load_stored(store, index, written)
             else:
                 loaded = self._load_pages(store, index)
         if loaded is None:
@@ -510,13 +523,25 @@ class ServiceRanker:
             return UserIndex(tenant, user, epoch)
         return StoredIndex(tenant, user, epoch, self._bm25.k1, self._bm25.b)
 
-    def _load_stored(self, store: Store, index: StoredIndex) -> tuple[LoadKind, int] | None:
-        """Bring ``index`` to the store's state: the new pages appended (``caught_up``), or
-        every page's pk and length read (``opened``), after writing the user's postings again
-        when another analyzer (or none) wrote them (``reindexed``). None: the user is gone or
-        was created again."""
+    def _load_stored(
+        self, store: Store, index: StoredIndex, written: PagesWritten | None = None
+    ) -> tuple[LoadKind, int] | None:
+        """Bring ``index`` to the store's state: the new pages appended (``caught_up``: from
+        ``written`` when it is the one write since ``index``'s version, else read), or every
+        page's pk and length read (``opened``), after writing the user's postings again when
+        another analyzer (or none) wrote them (``reindexed``). None: the user is gone or was
+        created again."""
         tenant, user = index.tenant, index.user
         analyzer = self.index_analyzer
+        if written is not None:
+            delta = written.state
+            if (
+                index.version == delta.version - 1
+                and index.appends(delta)
+                and delta.analyzer == analyzer
+            ):
+                index.catch_up(delta, written.postings, written.marks)
+                return "caught_up", len(delta.pks)
         if index.version >= 0:
             delta = store.index_state(tenant, user, since=index.version)
             if delta is None or delta.epoch != index.epoch:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from memsifter.coarse.incremental import lucene_weights
-from memsifter.serving.store.postings import TermArrays, term_key
-from memsifter.serving.store.records import IndexState
+from memsifter.serving.store.postings import term_key
+from memsifter.serving.store.records import IndexState, TermArrays
 
 # What a cached term costs besides its arrays (its key, the dict slot, the array headers).
 TERM_BYTES = 400

@@ -26,7 +26,7 @@ from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from memsifter.serving.store.engine import USER_KEY, Database, read_columns
-from memsifter.serving.store.records import IndexState, PageRecord
+from memsifter.serving.store.records import IndexState, PageRecord, TermArrays
 from memsifter.serving.store.schema import (
     BookmarkRow,
     IndexTermRow,
@@ -55,7 +55,6 @@ def chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
 
 
 _OF_USER = (PageRow.tenant_id == bindparam("tenant"), PageRow.user_id == bindparam("user"))
-_ANALYZER = select(UserRow.index_analyzer).where(*USER_KEY)
 _STATE = select(
     UserRow.epoch, UserRow.version, UserRow.index_analyzer, UserRow.pages_removed
 ).where(*USER_KEY)
@@ -100,9 +99,6 @@ _INSERT_POSTINGS = insert(PostingRow.__table__)
 _PAGE_COLUMNS = (np.int64, np.float64)  # pk, BM25 length
 _ROW_COLUMNS = (np.int64, np.float64)  # page pk, tf or bookmark weight
 
-# term -> (page pks, values): a term's postings (values: tf) or bookmark rows (values: weight)
-TermArrays = dict[str, tuple[np.ndarray, np.ndarray]]
-
 
 def _order(row: Any) -> tuple[bool, datetime, int, int]:
     return (row.date is None, row.date or datetime.min, row.session_pk, row.turn_start)
@@ -114,6 +110,11 @@ def _grouped(rows: Iterable[Any]) -> TermArrays:
         pks, values = by_term.setdefault(term, ([], []))
         pks.append(pk)
         values.append(value)
+    return as_arrays(by_term)
+
+
+def as_arrays(by_term: Mapping[str, tuple[Sequence[int], Sequence[float]]]) -> TermArrays:
+    """Rows (page pks, values) by term as ``TermArrays``."""
     return {
         term: (np.asarray(pks, dtype=np.int64), np.asarray(values, dtype=np.float64))
         for term, (pks, values) in by_term.items()
@@ -131,12 +132,13 @@ def write_postings(
     user: str,
     pages: Sequence[tuple[int, PageRecord]],
     analyzer: str | None,
-) -> None:
+    current: str | None,
+) -> tuple[str | None, TermArrays]:
     """Index ``pages`` (their pks, just inserted with their ``page_length``, and records) in
-    the caller's transaction, and keep ``users.index_analyzer`` true: ``analyzer`` while every
-    page's postings are its, else NULL. The caller holds the user's row lock."""
+    the caller's transaction, and keep ``users.index_analyzer`` (``current`` before this
+    write) true: ``analyzer`` while every page's postings are its, else NULL. The caller holds
+    the user's row lock. The marker after the write, and the postings written by term."""
     who = {"tenant": tenant, "user": user}
-    current = s.execute(_ANALYZER, who).scalar()
     indexed = analyzer is not None and all(p.terms is not None for _, p in pages)
     marker = analyzer if indexed else None
     if indexed and current != analyzer:
@@ -149,9 +151,16 @@ def write_postings(
     if marker != current:
         s.execute(update(UserRow).where(*USER_KEY).values(index_analyzer=marker), who)
     if not indexed:
-        return
+        return marker, {}
     counts = [(pk, {term_key(t): n for t, n in p.terms or ()}) for pk, p in pages]
     insert_postings(s, tenant, user, counts, {}, lengths=False)  # put_sessions wrote them
+    by_term: dict[str, tuple[list[int], list[float]]] = {}
+    for pk, terms in counts:
+        for term, n in terms.items():
+            held = by_term.setdefault(term, ([], []))
+            held[0].append(pk)
+            held[1].append(n)
+    return marker, as_arrays(by_term)
 
 
 def clear_postings(s: Session, tenant: str, user: str) -> None:

@@ -132,6 +132,22 @@ class IndexState:
     complete: bool = True
 
 
+# term -> (page pks, values): a term's postings (values: tf) or bookmark rows (values: weight)
+TermArrays = dict[str, tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True, eq=False)
+class PagesWritten:
+    """What one ``put_sessions`` wrote, as the writing replica's index takes it in without
+    reading it back: ``state`` is what ``index_state(since=state.version - 1)`` would return
+    (the new pages in chronological order, the user's incarnation, the analyzer marker after
+    the write), and the new pages' postings and bookmark rows by term."""
+
+    state: IndexState
+    postings: TermArrays
+    marks: TermArrays
+
+
 @dataclass(frozen=True)
 class PageDelta:
     state: UserState

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
@@ -29,6 +30,7 @@ from memsifter.serving.store.engine import (
     rowcount,
 )
 from memsifter.serving.store.postings import (
+    as_arrays,
     chunks,
     clear_postings,
     insert_postings,
@@ -38,11 +40,15 @@ from memsifter.serving.store.postings import (
 )
 from memsifter.serving.store.records import (
     IndexedPage,
+    IndexState,
     PageDelta,
+    PageRecord,
+    PagesWritten,
     SessionInfo,
     SessionRecord,
     StoredPage,
     StoredSession,
+    TermArrays,
     UserState,
     to_naive_utc,
     utcnow,
@@ -94,7 +100,7 @@ _BUMP_USER = (
     update(UserRow.__table__)
     .where(*USER_KEY)
     .values(version=UserRow.version + 1)
-    .returning(UserRow.version)
+    .returning(UserRow.version, UserRow.epoch, UserRow.index_analyzer)
 )
 # A write that removes pages also records its version, so a replica learns "some page is gone"
 # from the user's row instead of counting every page.
@@ -102,7 +108,7 @@ _BUMP_USER_REMOVING = (
     update(UserRow.__table__)
     .where(*USER_KEY)
     .values(version=UserRow.version + 1, pages_removed=UserRow.version + 1)
-    .returning(UserRow.version)
+    .returning(UserRow.version, UserRow.epoch, UserRow.index_analyzer)
 )
 _INSERT_SESSIONS = insert(SessionRow).returning(SessionRow.pk, sort_by_parameter_order=True)
 _INSERT_PAGES = insert(PageRow).returning(PageRow.pk, sort_by_parameter_order=True)
@@ -130,15 +136,48 @@ def _already_exists(ids: Sequence[str], i: int) -> ConflictError:
     )
 
 
+def _written(
+    user_row: Row[Any],
+    removed: bool,
+    pages: Sequence[tuple[int, tuple[int, datetime | None, PageRecord]]],
+    marks: Sequence[Mapping[str, Any]],
+    analyzer: str | None,
+    postings: TermArrays,
+) -> PagesWritten:
+    """``put_sessions``' pages (pk, (session pk, date, record)) as ``index_state`` since the
+    version before would read them: chronological, lengths as ``coalesce(n_terms, 0)``."""
+    keyed = sorted(
+        ((date is None, date or datetime.min, session_pk, p.turn_start), pk, p)
+        for pk, (session_pk, date, p) in pages
+    )
+    by_term: dict[str, tuple[list[int], list[float]]] = {}
+    for row in marks:
+        held = by_term.setdefault(row["term"], ([], []))
+        held[0].append(row["page_pk"])
+        held[1].append(row["weight"])
+    state = IndexState(
+        epoch=user_row.epoch or "",
+        version=int(user_row.version),
+        analyzer=analyzer,
+        pks=np.array([pk for _, pk, _ in keyed], dtype=np.int64),
+        lengths=np.array([page_length(p) or 0 for _, _, p in keyed], dtype=np.float64),
+        first_order=keyed[0][0] if keyed else None,
+        last_order=keyed[-1][0] if keyed else None,
+        complete=not removed,
+    )
+    return PagesWritten(state, postings, as_arrays(by_term))
+
+
 class SessionRepository(Database):
     """Sessions, pages and bookmarks; users and their versions."""
 
     @staticmethod
-    def _bump(s: Session, tenant: str, user: str, *, removing: bool = False) -> int:
-        """The user's next version; the row stays locked (or the SQLite writer held) until the
-        transaction ends, so no other writer can take the same one."""
+    def _bump(s: Session, tenant: str, user: str, *, removing: bool = False) -> Row[Any]:
+        """The user's row at their next version (``version``, ``epoch``, ``index_analyzer``);
+        the row stays locked (or the SQLite writer held) until the transaction ends, so no
+        other writer can take the same version."""
         bump = _BUMP_USER_REMOVING if removing else _BUMP_USER
-        return int(s.execute(bump, {"tenant": tenant, "user": user}).scalar_one())
+        return s.execute(bump, {"tenant": tenant, "user": user}).one()
 
     @retried_write
     def put_sessions(
@@ -149,10 +188,11 @@ class SessionRepository(Database):
         *,
         replace: bool = False,
         analyzer: str | None = None,
-    ) -> None:
+    ) -> PagesWritten:
         """Store sessions with their pages, bookmarks and postings (the pages' ``terms``, as the
-        analyzer named ``analyzer`` read them) in one transaction. An existing id is a
-        ``ConflictError`` naming it unless ``replace``, which swaps the old session out."""
+        analyzer named ``analyzer`` read them) in one transaction, and say what was written. An
+        existing id is a ``ConflictError`` naming it unless ``replace``, which swaps the old
+        session out."""
         with self._write() as s:
             self._lock_user(s, tenant, user, create=True)
             ids = [r.session.id for r in records]
@@ -175,7 +215,8 @@ class SessionRepository(Database):
                         SessionRow.session_id.in_(existing),
                     )
                 )
-            version = self._bump(s, tenant, user, removing=bool(existing))
+            user_row = self._bump(s, tenant, user, removing=bool(existing))
+            version = int(user_row.version)
             now = utcnow()
             # Core bulk inserts (one statement per table, pks back in order): an ORM flush per
             # row cost more than the rest of the write.
@@ -208,7 +249,7 @@ class SessionRepository(Database):
                 for p in r.pages
             ]
             if not pages:
-                return
+                return _written(user_row, bool(existing), [], [], user_row.index_analyzer, {})
             page_pks = s.scalars(
                 _INSERT_PAGES,
                 [
@@ -243,13 +284,16 @@ class SessionRepository(Database):
             ]
             if marks:
                 s.execute(_INSERT_BOOKMARKS, marks)
-            write_postings(
+            written = list(zip(page_pks, pages, strict=True))
+            marker, postings = write_postings(
                 s,
                 tenant,
                 user,
-                [(pk, p) for pk, (_, _, p) in zip(page_pks, pages, strict=True)],
+                [(pk, p) for pk, (_, _, p) in written],
                 analyzer,
+                user_row.index_analyzer,
             )
+            return _written(user_row, bool(existing), written, marks, marker, postings)
 
     def list_sessions(
         self, tenant: str, user: str, *, limit: int = 100, offset: int = 0
