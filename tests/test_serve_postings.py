@@ -159,7 +159,9 @@ def test_cached_terms_score_as_bm25_after_each_ingest_that_appends(
 
 def _rows(arrays: dict[str, tuple[np.ndarray, np.ndarray]]) -> set[tuple[str, int, float]]:
     return {
-        (term, int(pk), float(v)) for term, (pks, vs) in arrays.items() for pk, v in zip(pks, vs)
+        (term, int(pk), float(v))
+        for term, (pks, vs) in arrays.items()
+        for pk, v in zip(pks, vs, strict=True)
     }
 
 
@@ -169,7 +171,6 @@ def test_what_a_write_returns_is_what_a_replica_would_read_back(store: Store, te
     without reading them back: equal to the read, for dated, undated and several-page
     sessions, with bookmarks, and for a replace (pages removed: not complete)."""
     memory = _memory(store, bookmarks=True)
-    who = Principal(tenant)
     analyzer = memory.ranker.index_analyzer
     for batch, replace in [
         (HISTORY[:2], False),
@@ -370,6 +371,31 @@ def test_terms_read_at_another_version_serve_that_query_only() -> None:
     assert found.positions.tolist() == [0, 2]
     assert index.take(4, newer, {}, (["dog"], [])) == ({}, {})
     assert index.missing(["dog"], []) == ([], [])
+
+
+def test_appending_pages_copies_nothing_held_and_leaves_a_querys_snapshot_as_it_was() -> None:
+    """Appended pages and postings go into the index's arrays in place (grown by doubling, so
+    an ingest does not copy a long history), while evidence taken before still reads the
+    pages and scores it was taken over; the index then scores over every page."""
+    index = StoredIndex("t", "u", "e", 1.5, 0.75)
+    index.open(IndexState("e", 1, "a", [1, 2, 3], [5, 5, 5], None, None))
+    index.take(1, {"dog": (np.array([1, 3]), np.array([1.0, 2.0]))}, {}, (["dog"], []))
+    before = index.evidence(["dog"], [])
+    kept = (before.pks.copy(), before.positions.copy(), before.coarse.copy())
+    grown = []
+    for version in range(2, 200):
+        pk = 100 + version
+        state = IndexState("e", version, "a", [pk], [5], None, None)
+        assert index.appends(state)
+        index.catch_up(state, {"dog": (np.array([pk]), np.array([1.0]))}, {})
+        grown.append(index.nbytes)
+    assert np.array_equal(before.pks, kept[0]) and np.array_equal(before.positions, kept[1])
+    assert np.array_equal(before.coarse, kept[2])
+    after = index.evidence(["dog"], [])
+    assert after.positions.tolist() == [0, 2, *range(3, 201)]
+    assert after.pks.tolist() == [1, 2, 3, *range(102, 300)]
+    # Doubling: the bytes held change at a handful of appends, not at each.
+    assert len(set(grown)) < 30
 
 
 def test_the_top_of_a_fused_ranking_equals_the_full_sorts_prefix() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,20 +32,72 @@ TERM_BYTES = 400
 PAGE_BYTES = 32  # pk and length, and the pk lookup's two arrays
 
 
-@dataclass(frozen=True)
-class _Cached:
-    pks: np.ndarray  # int64 page pks
-    values: np.ndarray  # float64: tf (postings) or weight (bookmark rows)
-    positions: np.ndarray  # int64 chronological positions, valid for ``layout``
-    layout: int
-    # A posting list's BM25 weights, valid while the index's statistics are at ``stats``
-    # (pages, lengths): kept, a warm query adds them instead of computing them again.
-    weights: np.ndarray | None = None
-    stats: int = -1
+class _Column:
+    """An array that grows at its end in amortized O(1) a value, so that an ingest into a
+    100K-page history copies nothing of it. Views of what it held stay as they were: an append
+    writes past them, and a full buffer is copied into one twice its size, never changed in
+    place. (A query's ``Evidence`` holds such views while an ingest appends.)"""
+
+    __slots__ = ("_buffer", "_n")
+
+    def __init__(self, values: np.ndarray) -> None:
+        self._buffer, self._n = values, len(values)
+
+    @property
+    def array(self) -> np.ndarray:
+        return self._buffer[: self._n]
 
     @property
     def nbytes(self) -> int:
-        held = self.pks.nbytes + self.values.nbytes + self.positions.nbytes
+        return int(self._buffer.nbytes)
+
+    def extend(self, values: np.ndarray) -> None:
+        end = self._n + len(values)
+        if end > len(self._buffer):
+            grown = np.empty(max(end, 2 * len(self._buffer)), dtype=self._buffer.dtype)
+            grown[: self._n] = self._buffer[: self._n]
+            self._buffer = grown
+        self._buffer[self._n : end] = values
+        self._n = end
+
+
+class _Cached:
+    """A term's rows held by the index: page pks, values (tf, or bookmark weights) and the
+    pages' chronological positions (valid for ``layout``), and for postings their BM25 weights
+    (valid while the index's statistics are at ``stats``: a warm query adds them instead of
+    computing them again)."""
+
+    __slots__ = ("_pks", "_values", "_positions", "layout", "weights", "stats")
+
+    def __init__(
+        self, pks: np.ndarray, values: np.ndarray, positions: np.ndarray, layout: int
+    ) -> None:
+        self._pks, self._values, self._positions = _Column(pks), _Column(values), _Column(positions)
+        self.layout = layout
+        self.weights: np.ndarray | None = None
+        self.stats = -1
+
+    @property
+    def pks(self) -> np.ndarray:
+        return self._pks.array
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._values.array
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self._positions.array
+
+    def extend(self, pks: np.ndarray, values: np.ndarray, positions: np.ndarray) -> None:
+        self._pks.extend(pks)
+        self._values.extend(values)
+        self._positions.extend(positions)
+        self.weights = None
+
+    @property
+    def nbytes(self) -> int:
+        held = self._pks.nbytes + self._values.nbytes + self._positions.nbytes
         return TERM_BYTES + held + (self.weights.nbytes if self.weights is not None else 0)
 
 
@@ -95,10 +147,10 @@ class StoredIndex:
         self.k1, self.b = k1, b
         self.version = -1
         self.analyzer: str | None = None
-        self.pks = np.zeros(0, dtype=np.int64)  # chronological
-        self.lengths = np.zeros(0, dtype=np.float64)
-        self._order_pks = np.zeros(0, dtype=np.int64)  # pks ascending
-        self._order_pos = np.zeros(0, dtype=np.int64)  # their chronological positions
+        self._pks = _Column(np.zeros(0, dtype=np.int64))  # chronological
+        self._lengths = _Column(np.zeros(0, dtype=np.float64))
+        self._order_pks = _Column(np.zeros(0, dtype=np.int64))  # pks ascending
+        self._order_pos = _Column(np.zeros(0, dtype=np.int64))  # their chronological positions
         self._total = 0.0
         self._last_order: tuple[bool, object, int, int] | None = None
         self._layout = 0  # bumped whenever positions move (a reopen)
@@ -113,19 +165,30 @@ class StoredIndex:
         return len(self.pks)
 
     @property
+    def pks(self) -> np.ndarray:
+        """The pages' pks in chronological order."""
+        return self._pks.array
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._lengths.array
+
+    @property
     def nbytes(self) -> int:
-        return PAGE_BYTES * len(self.pks) + self._cached_bytes
+        held = (self._pks, self._lengths, self._order_pks, self._order_pos)
+        return sum(c.nbytes for c in held) + self._cached_bytes
 
     # -- following the store
 
     def open(self, state: IndexState) -> None:
         """Hold every page of ``state`` (``index_state`` without ``since``)."""
         with self._lock:
-            self.pks = np.asarray(state.pks, dtype=np.int64)
-            self.lengths = np.maximum(np.asarray(state.lengths, dtype=np.float64), 1.0)
-            self._order_pos = np.argsort(self.pks, kind="stable")
-            self._order_pks = self.pks[self._order_pos]
-            self._total = float(self.lengths.sum())
+            pks = np.asarray(state.pks, dtype=np.int64)
+            lengths = np.maximum(np.asarray(state.lengths, dtype=np.float64), 1.0)
+            order = np.argsort(pks, kind="stable")
+            self._pks, self._lengths = _Column(pks), _Column(lengths)
+            self._order_pks, self._order_pos = _Column(pks[order]), _Column(order)
+            self._total = float(lengths.sum())
             self._last_order = state.last_order
             self._layout += 1
             self._stats += 1
@@ -141,7 +204,8 @@ class StoredIndex:
             return False
         if not len(state.pks):
             return True
-        newest = self._order_pks[-1] if len(self._order_pks) else -1
+        held = self._order_pks.array
+        newest = held[-1] if len(held) else -1
         return (
             self._last_order is None
             or state.first_order is None
@@ -157,34 +221,33 @@ class StoredIndex:
             start = len(self.pks)
             new_pks = np.asarray(state.pks, dtype=np.int64)
             lengths = np.maximum(np.asarray(state.lengths, dtype=np.float64), 1.0)
-            self.pks = np.concatenate([self.pks, new_pks])
-            self.lengths = np.concatenate([self.lengths, lengths])
+            self._pks.extend(new_pks)
+            self._lengths.extend(lengths)
             order = np.argsort(new_pks, kind="stable")
-            self._order_pks = np.concatenate([self._order_pks, new_pks[order]])
-            self._order_pos = np.concatenate([self._order_pos, start + order])
+            self._order_pks.extend(new_pks[order])  # above every pk held (``appends``)
+            self._order_pos.extend(start + order)
             self._total += float(lengths.sum())
             self._stats += 1
             if state.last_order is not None:
                 self._last_order = state.last_order
             for cache, rows in ((self._terms, postings), (self._marks, marks)):
                 for term, (pks, values) in rows.items():
-                    old = cache.get(term)
-                    if old is None:
+                    entry = cache.get(term)
+                    if entry is None:
                         continue
+                    self._cached_bytes -= entry.nbytes
                     # Appended pages leave every held position where it was: only the new
-                    # postings are looked up (a cached term of 10K postings costs no search).
-                    positions = (
-                        np.concatenate([old.positions, self._positions(pks)])
-                        if old.layout == self._layout
-                        else self._positions(np.concatenate([old.pks, pks]))
-                    )
-                    self._cached_bytes -= old.nbytes
-                    entry = cache[term] = _Cached(
-                        np.concatenate([old.pks, pks]),
-                        np.concatenate([old.values, values]),
-                        positions,
-                        self._layout,
-                    )
+                    # postings are looked up.
+                    if entry.layout == self._layout:
+                        entry.extend(pks, values, self._positions(pks))
+                    else:
+                        all_pks = np.concatenate([entry.pks, pks])
+                        entry = cache[term] = _Cached(
+                            all_pks,
+                            np.concatenate([entry.values, values]),
+                            self._positions(all_pks),
+                            self._layout,
+                        )
                     self._cached_bytes += entry.nbytes
             self.version = state.version
 
@@ -249,7 +312,7 @@ class StoredIndex:
 
     def _positions(self, pks: np.ndarray) -> np.ndarray:
         """Chronological positions of ``pks``; -1 for a page this index does not hold."""
-        return _lookup(self._order_pks, self._order_pos, pks)
+        return _lookup(self._order_pks.array, self._order_pos.array, pks)
 
     def _rows(
         self,
@@ -291,7 +354,7 @@ class StoredIndex:
         entry = self._terms.get(key)
         if entry is not None:  # cached: keep the weights with it
             self._cached_bytes -= entry.nbytes
-            entry = self._terms[key] = replace(entry, weights=weights, stats=self._stats)
+            entry.weights, entry.stats = weights, self._stats
             self._cached_bytes += entry.nbytes
         return where, weights
 
@@ -323,6 +386,6 @@ class StoredIndex:
                 coarse[positions],
                 marks[positions],
                 self.pks,
-                self._order_pks,
-                self._order_pos,
+                self._order_pks.array,
+                self._order_pos.array,
             )
