@@ -110,6 +110,9 @@ _BUMP_USER_REMOVING = (
     .values(version=UserRow.version + 1, pages_removed=UserRow.version + 1)
     .returning(UserRow.version, UserRow.epoch, UserRow.index_analyzer)
 )
+_MARK_REMOVED = (
+    update(UserRow.__table__).where(*USER_KEY).values(pages_removed=bindparam("b_version"))
+)
 _INSERT_SESSIONS = insert(SessionRow).returning(SessionRow.pk, sort_by_parameter_order=True)
 _INSERT_PAGES = insert(PageRow).returning(PageRow.pk, sort_by_parameter_order=True)
 _INSERT_BOOKMARKS = insert(BookmarkRow)
@@ -193,8 +196,14 @@ class SessionRepository(Database):
         analyzer named ``analyzer`` read them) in one transaction, and say what was written. An
         existing id is a ``ConflictError`` naming it unless ``replace``, which swaps the old
         session out."""
+        who = {"tenant": tenant, "user": user}
         with self._write() as s:
-            self._lock_user(s, tenant, user, create=True)
+            # The bump locks an existing user's row (nearly every write): no separate lock.
+            user_row = s.execute(_BUMP_USER, who).first()
+            if user_row is None:
+                self._lock_user(s, tenant, user, create=True)
+                user_row = self._bump(s, tenant, user)
+            version = int(user_row.version)
             ids = [r.session.id for r in records]
             existing = set(
                 s.scalars(
@@ -215,8 +224,7 @@ class SessionRepository(Database):
                         SessionRow.session_id.in_(existing),
                     )
                 )
-            user_row = self._bump(s, tenant, user, removing=bool(existing))
-            version = int(user_row.version)
+                s.execute(_MARK_REMOVED, {**who, "b_version": version})
             now = utcnow()
             # Core bulk inserts (one statement per table, pks back in order): an ORM flush per
             # row cost more than the rest of the write.
