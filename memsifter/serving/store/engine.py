@@ -28,6 +28,7 @@ Migrations take an advisory lock so replicas starting together do not race.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import re
@@ -399,8 +400,9 @@ def read_columns(
         args = tuple(values[name] for name in compiled.positiontup)
     try:
         cursor.execute(compiled.string, args)
-        rows = cursor.fetchall()
+        # Values straight from the cursor: no list of row tuples, no nested-sequence parse.
+        flat = np.fromiter(itertools.chain.from_iterable(cursor), dtype=np.float64)
     finally:
         cursor.close()
-    table = np.array(rows, dtype=np.float64).reshape(len(rows), len(dtypes))
+    table = flat.reshape(-1, len(dtypes))
     return tuple(table[:, i].astype(dtype) for i, dtype in enumerate(dtypes))
