@@ -3,9 +3,10 @@ holds (``memsifter.serving.store.postings``) instead of rebuilt from the pages' 
 
 What a replica keeps of a user is small and bounded: the pages' pks and BM25 lengths in
 chronological order (16 bytes a page, plus 16 for the pk lookup), and the postings and bookmark
-rows of the terms queries have asked for, as arrays. Opening a user reads the first (one
-indexed scan, no text); a query reads the postings of the terms it lacks; an ingest appends the
-new pages and the cached terms' new postings. Nothing holds the pages' text: a recall reads its
+rows of the terms queries have asked for (with their BM25 weights), as arrays grown in place by
+doubling. Opening a user reads the first (one indexed scan, no text); a query reads the
+postings of the terms it lacks; an ingest appends the new pages and the cached terms' new
+postings, copying nothing already held. Nothing holds the pages' text: a recall reads its
 top pages by pk.
 
 Scores are ``IncrementalBM25``'s, from the same formula (``lucene_weights``) and the same
@@ -29,7 +30,6 @@ from memsifter.serving.store.records import IndexState, TermArrays
 
 # What a cached term costs besides its arrays (its key, the dict slot, the array headers).
 TERM_BYTES = 400
-PAGE_BYTES = 32  # pk and length, and the pk lookup's two arrays
 
 
 class _Column:

@@ -113,9 +113,16 @@ _BUMP_USER_REMOVING = (
 _MARK_REMOVED = (
     update(UserRow.__table__).where(*USER_KEY).values(pages_removed=bindparam("b_version"))
 )
-_INSERT_SESSIONS = insert(SessionRow).returning(SessionRow.pk, sort_by_parameter_order=True)
-_INSERT_PAGES = insert(PageRow).returning(PageRow.pk, sort_by_parameter_order=True)
-_INSERT_BOOKMARKS = insert(BookmarkRow)
+# Core inserts on the tables: through the ORM's bulk path each cost more than its round trip.
+_SESSIONS, _PAGES = SessionRow.__table__, PageRow.__table__
+_INSERT_SESSIONS = insert(_SESSIONS).returning(_SESSIONS.c.pk, sort_by_parameter_order=True)
+_INSERT_PAGES = insert(_PAGES).returning(_PAGES.c.pk, sort_by_parameter_order=True)
+_INSERT_BOOKMARKS = insert(BookmarkRow.__table__)
+_EXISTING_SESSIONS = select(SessionRow.session_id).where(
+    SessionRow.tenant_id == bindparam("tenant"),
+    SessionRow.user_id == bindparam("user"),
+    SessionRow.session_id.in_(bindparam("ids", expanding=True)),
+)
 
 
 def _session_conflict(e: IntegrityError, ids: Sequence[str]) -> ServeError | None:
@@ -205,15 +212,7 @@ class SessionRepository(Database):
                 user_row = self._bump(s, tenant, user)
             version = int(user_row.version)
             ids = [r.session.id for r in records]
-            existing = set(
-                s.scalars(
-                    select(SessionRow.session_id).where(
-                        SessionRow.tenant_id == tenant,
-                        SessionRow.user_id == user,
-                        SessionRow.session_id.in_(ids),
-                    )
-                )
-            )
+            existing = set(s.scalars(_EXISTING_SESSIONS, {**who, "ids": ids}))
             if existing and not replace:
                 raise _already_exists(ids, next(i for i, sid in enumerate(ids) if sid in existing))
             if existing:
