@@ -4,6 +4,9 @@ term's postings are index-only scans instead of one heap page per row (a 6K-post
 14 ms from the heap, 1.6 ms from the index). SQLite needs neither: ``index_postings`` is
 clustered on its key (``WITHOUT ROWID``) and every SQLite index holds the rowid, ``pages.pk``.
 
+On PostgreSQL the upgrade rebuilds both indexes, and holds their tables locked while it does:
+minutes for a database of tens of millions of postings, so run it in a quiet window.
+
 Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-05
