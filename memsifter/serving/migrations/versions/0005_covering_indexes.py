@@ -5,7 +5,8 @@ term's postings are index-only scans instead of one heap page per row (a 6K-post
 clustered on its key (``WITHOUT ROWID``) and every SQLite index holds the rowid, ``pages.pk``.
 
 On PostgreSQL the upgrade rebuilds both indexes, and holds their tables locked while it does:
-minutes for a database of tens of millions of postings, so run it in a quiet window.
+about a second per million postings on a 2-core machine (the covering index over 4.6M took
+~2 s), so a large database wants a quiet window.
 
 Revision ID: 0005
 Revises: 0004
