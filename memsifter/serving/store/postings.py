@@ -104,17 +104,13 @@ def _order(row: Any) -> tuple[bool, datetime, int, int]:
     return (row.date is None, row.date or datetime.min, row.session_pk, row.turn_start)
 
 
-def _grouped(rows: Iterable[Any]) -> TermArrays:
+def grouped(rows: Iterable[tuple[str, int, float]]) -> TermArrays:
+    """Rows of (term, page pk, value) as ``TermArrays``: each term's page pks and values."""
     by_term: dict[str, tuple[list[int], list[float]]] = {}
     for term, pk, value in rows:
         pks, values = by_term.setdefault(term, ([], []))
         pks.append(pk)
         values.append(value)
-    return as_arrays(by_term)
-
-
-def as_arrays(by_term: Mapping[str, tuple[Sequence[int], Sequence[float]]]) -> TermArrays:
-    """Rows (page pks, values) by term as ``TermArrays``."""
     return {
         term: (np.asarray(pks, dtype=np.int64), np.asarray(values, dtype=np.float64))
         for term, (pks, values) in by_term.items()
@@ -154,13 +150,7 @@ def write_postings(
         return marker, {}
     counts = [(pk, {term_key(t): n for t, n in p.terms or ()}) for pk, p in pages]
     insert_postings(s, tenant, user, counts, {}, lengths=False)  # put_sessions wrote them
-    by_term: dict[str, tuple[list[int], list[float]]] = {}
-    for pk, terms in counts:
-        for term, n in terms.items():
-            held = by_term.setdefault(term, ([], []))
-            held[0].append(pk)
-            held[1].append(n)
-    return marker, as_arrays(by_term)
+    return marker, grouped((t, pk, n) for pk, terms in counts for t, n in terms.items())
 
 
 def clear_postings(s: Session, tenant: str, user: str) -> None:
@@ -263,15 +253,10 @@ class IndexRepository(Database):
                 for term, pk in term_pks.items()
             }
             marks = {
-                term: rows
+                term: read_columns(conn, _TERM_MARKS, {**who, "term": term}, _ROW_COLUMNS)
                 for term in mark_terms
-                if len(
-                    (rows := read_columns(conn, _TERM_MARKS, {**who, "term": term}, _ROW_COLUMNS))[
-                        0
-                    ]
-                )
             }
-        return int(version), postings, marks
+        return int(version), postings, {t: rows for t, rows in marks.items() if len(rows[0])}
 
     def page_terms(self, pks: Sequence[int]) -> tuple[TermArrays, TermArrays]:
         """The postings and bookmark rows of pages ``pks``: what a replica's cached terms take
@@ -282,4 +267,4 @@ class IndexRepository(Database):
             for chunk in chunks(list(pks)):
                 postings += conn.execute(_PAGE_POSTINGS, {"pks": chunk}).all()
                 marks += conn.execute(_PAGE_MARKS, {"pks": chunk}).all()
-        return _grouped(postings), _grouped(marks)
+        return grouped(postings), grouped(marks)

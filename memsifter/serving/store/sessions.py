@@ -30,9 +30,9 @@ from memsifter.serving.store.engine import (
     rowcount,
 )
 from memsifter.serving.store.postings import (
-    as_arrays,
     chunks,
     clear_postings,
+    grouped,
     insert_postings,
     page_length,
     term_key,
@@ -160,11 +160,6 @@ def _written(
         ((date is None, date or datetime.min, session_pk, p.turn_start), pk, p)
         for pk, (session_pk, date, p) in pages
     )
-    by_term: dict[str, tuple[list[int], list[float]]] = {}
-    for row in marks:
-        held = by_term.setdefault(row["term"], ([], []))
-        held[0].append(row["page_pk"])
-        held[1].append(row["weight"])
     state = IndexState(
         epoch=user_row.epoch or "",
         version=int(user_row.version),
@@ -175,7 +170,8 @@ def _written(
         last_order=keyed[-1][0] if keyed else None,
         complete=not removed,
     )
-    return PagesWritten(state, postings, as_arrays(by_term))
+    marked = grouped((row["term"], row["page_pk"], row["weight"]) for row in marks)
+    return PagesWritten(state, postings, marked)
 
 
 class SessionRepository(Database):
