@@ -384,8 +384,8 @@ def read_columns(
 ) -> tuple[np.ndarray, ...]:
     """The rows of ``stmt`` (built once, at module level) as one array per column, in order,
     read through the driver's own cursor (PostgreSQL's in binary): for a user's 100K page
-    lengths or a term's 50K postings, SQLAlchemy's row objects and a ``zip`` cost 2-5x the
-    read itself. Numeric columns only, and no NULLs (``coalesce`` them in ``stmt``)."""
+    lengths or a term's 50K postings, SQLAlchemy's row objects and a ``zip`` cost more than
+    the read itself. Numeric columns only, and no NULLs (``coalesce`` them in ``stmt``)."""
     key = (stmt, conn.dialect.name)
     compiled = _COMPILED.get(key)
     if compiled is None:

@@ -1,12 +1,10 @@
 """PostgreSQL reads a user's index from indexes alone: the postings' primary key carries ``tf``
 (``INCLUDE``) and the chronological pages index carries ``pk``, so opening a user and reading a
-term's postings are index-only scans instead of one heap page per row (a 6K-posting term took
-14 ms from the heap, 1.6 ms from the index). SQLite needs neither: ``index_postings`` is
+term's postings are index-only scans instead of one heap page per row. SQLite needs neither: ``index_postings`` is
 clustered on its key (``WITHOUT ROWID``) and every SQLite index holds the rowid, ``pages.pk``.
 
-On PostgreSQL the upgrade rebuilds both indexes, and holds their tables locked while it does:
-about a second per million postings on a 2-core machine (the covering index over 4.6M took
-~2 s), so a large database wants a quiet window.
+On PostgreSQL the upgrade rebuilds both indexes, and holds their tables locked while it does
+(time that grows with the postings held), so a large database wants a quiet window.
 
 Revision ID: 0005
 Revises: 0004
