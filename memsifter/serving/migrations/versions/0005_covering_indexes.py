@@ -1,7 +1,8 @@
 """PostgreSQL reads a user's index from indexes alone: the postings' primary key carries ``tf``
 (``INCLUDE``) and the chronological pages index carries ``pk``, so opening a user and reading a
-term's postings are index-only scans instead of one heap page per row. SQLite needs neither: ``index_postings`` is
-clustered on its key (``WITHOUT ROWID``) and every SQLite index holds the rowid, ``pages.pk``.
+term's postings are index-only scans instead of one heap page per row. SQLite needs neither:
+``index_postings`` is clustered on its key (``WITHOUT ROWID``) and every SQLite index holds the
+rowid, ``pages.pk``.
 
 On PostgreSQL the upgrade rebuilds both indexes, and holds their tables locked while it does
 (time that grows with the postings held), so a large database wants a quiet window.
