@@ -24,7 +24,7 @@ from memsifter.serving.bookmarks import YakeExtractor
 from memsifter.serving.config import PagingSettings, ServeConfig
 from memsifter.serving.memory import MemoryService
 from memsifter.serving.ranking import IndexLoad, ServiceRanker
-from memsifter.serving.store import Principal, Store
+from memsifter.serving.store import Principal, Store, packs
 from memsifter.serving.store.postings import MAX_TERM, term_key
 from memsifter.serving.store.records import IndexState
 from memsifter.serving.store.schema import (
@@ -44,6 +44,14 @@ def store(serve_db: Callable[[str], str]) -> Iterator[Store]:
     s.migrate()
     yield s
     s.close()
+
+
+@pytest.fixture(params=["rows", "packs"])
+def packed(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Users' indexes read as rows (a small user), or from packs written by nearly every read
+    (``store.packs``): the rankings are the same."""
+    if request.param == "packs":
+        monkeypatch.setattr(packs, "PACK_MIN", 1)
 
 
 @pytest.fixture()
@@ -109,7 +117,7 @@ def _recall_all(memory: MemoryService, tenant: str, user: str, question: str) ->
 
 
 def test_a_stored_index_ranks_like_bm25_over_the_pages_ties_and_zero_tail_included(
-    store: Store, tenant: str
+    store: Store, tenant: str, packed: None
 ) -> None:
     memory = _memory(store)
     who = Principal(tenant)
@@ -128,7 +136,7 @@ def test_a_stored_index_ranks_like_bm25_over_the_pages_ties_and_zero_tail_includ
 
 
 def test_cached_terms_score_as_bm25_after_each_ingest_that_appends(
-    store: Store, tenant: str
+    store: Store, tenant: str, packed: None
 ) -> None:
     """A replica keeps the postings and BM25 weights of the terms queries asked for; each
     ingest of newer pages (with the terms, or with none of them: every page count and length
@@ -315,7 +323,7 @@ def test_pages_stored_by_a_service_without_bm25_are_indexed_before_bm25_serves_t
 
 
 def test_a_replica_that_cached_a_term_sees_another_replicas_ingest_at_once(
-    store: Store, tenant: str
+    store: Store, tenant: str, packed: None
 ) -> None:
     """Replica A has the question's postings cached; replica B ingests a page with those
     terms, and deletes one: A's next recall catches up (the new page's postings appended to its

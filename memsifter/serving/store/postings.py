@@ -17,14 +17,17 @@ writes them again from the pages.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import numpy as np
 from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from memsifter.serving.store import packs
 from memsifter.serving.store.engine import USER_KEY, Database, read_columns
 from memsifter.serving.store.records import IndexState, PageRecord, TermArrays
 from memsifter.serving.store.schema import (
@@ -35,6 +38,7 @@ from memsifter.serving.store.schema import (
     UserRow,
 )
 
+logger = logging.getLogger(__name__)
 MAX_TERM = 100  # the column's width
 _CHUNK = 500  # bound parameters per IN list (SQLite allows 32,766; PostgreSQL 65,535)
 
@@ -73,6 +77,8 @@ _ORDER_KEYS = select(PageRow.pk, PageRow.date, PageRow.session_pk, PageRow.turn_
 _TERM_POSTINGS = select(PostingRow.page_pk, PostingRow.tf).where(
     PostingRow.term_pk == bindparam("term")
 )
+_TERM_POSTINGS_AFTER = _TERM_POSTINGS.where(PostingRow.page_pk > bindparam("after"))
+_VERSION = select(UserRow.version, UserRow.pages_removed).where(*USER_KEY)
 _TERM_MARKS = select(BookmarkRow.page_pk, BookmarkRow.weight).where(
     BookmarkRow.tenant_id == bindparam("tenant"),
     BookmarkRow.user_id == bindparam("user"),
@@ -154,7 +160,8 @@ def write_postings(
 
 
 def clear_postings(s: Session, tenant: str, user: str) -> None:
-    """Delete the user's postings and terms (the caller holds the user's row lock)."""
+    """Delete the user's postings, terms and packs (the caller holds the user's row lock)."""
+    packs.clear(s, tenant, user)
     page_pks = select(PageRow.pk).where(PageRow.tenant_id == tenant, PageRow.user_id == user)
     s.execute(delete(PostingRow).where(PostingRow.page_pk.in_(page_pks)))
     s.execute(
@@ -206,24 +213,28 @@ class IndexRepository(Database):
     def index_state(self, tenant: str, user: str, *, since: int | None = None) -> IndexState | None:
         """The user's index: every page (``since=None``), or the pages added after version
         ``since`` (``complete`` False when a write since then removed pages). None for an
-        unknown user."""
+        unknown user. Every page is read from the user's pack and the pages added since
+        (``store.packs``) when a pack holds a prefix of them; a read whose pages outside a
+        pack are ``packs.due`` writes a new one."""
         who = {"tenant": tenant, "user": user}
         with self._read_row() as conn:
             state = conn.execute(_STATE, who).first()
             if state is None:
                 return None
+            removed = state.pages_removed
+            found = None
             if since is None:
-                pks, lengths = read_columns(conn, _ALL_LENGTHS, who, _PAGE_COLUMNS)
+                found = self._packed_pages(conn, who, state)
+                if found is None:
+                    found = (*read_columns(conn, _ALL_LENGTHS, who, _PAGE_COLUMNS), 0)
             else:
-                pks, lengths = read_columns(
-                    conn, _NEW_LENGTHS, {**who, "since": since}, _PAGE_COLUMNS
+                found = (
+                    *read_columns(conn, _NEW_LENGTHS, {**who, "since": since}, _PAGE_COLUMNS),
+                    0,
                 )
-            ends = {}
-            if len(pks):
-                keys = {"pks": [int(pks[0]), int(pks[-1])]}
-                ends = {row.pk: _order(row) for row in conn.execute(_ORDER_KEYS, keys)}
-        removed = state.pages_removed
-        return IndexState(
+            pks, lengths, packed = found
+            ends = self._order_keys(conn, [pks[0], pks[-1]] if len(pks) else [])
+        index = IndexState(
             epoch=state.epoch or "",
             version=int(state.version),
             analyzer=state.index_analyzer,
@@ -232,31 +243,109 @@ class IndexRepository(Database):
             first_order=ends.get(int(pks[0])) if len(pks) else None,
             last_order=ends.get(int(pks[-1])) if len(pks) else None,
             complete=since is None or removed is None or removed <= since,
+            packed=packed,
         )
+        if since is None and packs.due(len(pks) - packed, packed):
+            self._write_packs(lambda s: packs.write_pages(s, tenant, user, index))
+        return index
+
+    @staticmethod
+    def _order_keys(conn: Any, pks: Sequence[Any]) -> dict[int, tuple[bool, datetime, int, int]]:
+        if not len(pks):
+            return {}
+        rows = conn.execute(_ORDER_KEYS, {"pks": [int(pk) for pk in pks]})
+        return {row.pk: _order(row) for row in rows}
+
+    def _packed_pages(
+        self, conn: Any, who: Mapping[str, str], state: Any
+    ) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """Every page of the user as the user's pack and the pages added since (pks, lengths,
+        the pages from the pack), when the pack holds a prefix: a usable pack of the same
+        incarnation and analyzer, with the pages since all after its newest (a page dated
+        before it makes the order a merge: the caller reads every page instead)."""
+        pack = conn.execute(packs.PAGE_PACK, who).first()
+        if (
+            pack is None
+            or pack.epoch != state.epoch
+            or pack.analyzer != state.index_analyzer
+            or not packs.usable(pack.version, state.version, state.pages_removed)
+        ):
+            return None
+        pks, lengths = packs.unpack_pages(pack)
+        new_pks, new_lengths = read_columns(
+            conn, _NEW_LENGTHS, {**who, "since": pack.version}, _PAGE_COLUMNS
+        )
+        if len(new_pks):
+            if not len(pks):
+                return None
+            ends = self._order_keys(conn, [pks[-1], new_pks[0]])
+            if ends[int(new_pks[0])] <= ends[int(pks[-1])]:
+                return None
+            pks, lengths = np.concatenate([pks, new_pks]), np.concatenate([lengths, new_lengths])
+        return pks, lengths, len(pks) - len(new_pks)
+
+    def _write_packs(self, write: Callable[[Session], None]) -> None:
+        """Write packs after a read: a pack failing to be written (a concurrent delete of the
+        user, a busy database) costs later reads time, never an answer, so it is logged and
+        the read goes on."""
+        try:
+            with self._write() as s:
+                write(s)
+        except SQLAlchemyError as e:
+            logger.warning("an index pack was not written: %s", e)
 
     def read_terms(
         self, tenant: str, user: str, terms: Sequence[str], mark_terms: Sequence[str] = ()
     ) -> tuple[int, TermArrays, TermArrays] | None:
         """The postings of ``terms`` (``term_key``s) and the bookmark rows of ``mark_terms``
         over the user's pages, and the user's version they were read at, in one transaction.
-        None for an unknown user."""
+        None for an unknown user. A term's postings are read from its pack and the rows since
+        (``store.packs``) when the pack holds a prefix; terms whose rows outside a pack are
+        ``packs.due`` are packed again after the read."""
         who = {"tenant": tenant, "user": user}
+        repack: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         with self._read_row() as conn:
-            version = conn.execute(select(UserRow.version).where(*USER_KEY), who).scalar()
-            if version is None:
+            state = conn.execute(_VERSION, who).first()
+            if state is None:
                 return None
+            version = int(state.version)
             term_pks: dict[str, int] = {}
             for chunk in chunks(list(terms)):
                 term_pks.update(conn.execute(_KNOWN_TERMS, {**who, "terms": chunk}).all())
-            postings = {
-                term: read_columns(conn, _TERM_POSTINGS, {"term": pk}, _ROW_COLUMNS)
-                for term, pk in term_pks.items()
-            }
+            postings: TermArrays = {}
+            first_new: dict[int, int | None] = {}  # version -> least pk of the pages since
+            for term, pk in term_pks.items():
+                rows, packed = self._packed_postings(conn, who, pk, state, first_new)
+                postings[term] = rows
+                if packs.due(len(rows[0]) - packed, packed):
+                    repack[pk] = rows
             marks = {
                 term: read_columns(conn, _TERM_MARKS, {**who, "term": term}, _ROW_COLUMNS)
                 for term in mark_terms
             }
-        return int(version), postings, {t: rows for t, rows in marks.items() if len(rows[0])}
+        if repack:
+            self._write_packs(lambda s: packs.write_postings(s, version, repack))
+        return version, postings, {t: rows for t, rows in marks.items() if len(rows[0])}
+
+    @staticmethod
+    def _packed_postings(
+        conn: Any, who: Mapping[str, str], term: int, state: Any, first_new: dict[int, int | None]
+    ) -> tuple[tuple[np.ndarray, np.ndarray], int]:
+        """Term ``term``'s postings (page pks, tf) and how many came from its pack: the pack
+        and the postings above its last pk when it holds a prefix (``usable``, and every page
+        added since has a pk above its last: ``first_new`` caches that least pk by version),
+        else every posting read as rows."""
+        pack = conn.execute(packs.POSTING_PACK, {"term": term}).first()
+        if pack is not None and packs.usable(pack.version, state.version, state.pages_removed):
+            pks, tfs = packs.unpack_postings(pack)
+            if pack.version not in first_new:
+                first_new[pack.version] = packs.first_new_pk(conn, who, pack.version)
+            first = first_new[pack.version]
+            if len(pks) and (first is None or first > pks[-1]):
+                after = {"term": term, "after": int(pks[-1])}
+                new_pks, new_tfs = read_columns(conn, _TERM_POSTINGS_AFTER, after, _ROW_COLUMNS)
+                return (np.concatenate([pks, new_pks]), np.concatenate([tfs, new_tfs])), len(pks)
+        return read_columns(conn, _TERM_POSTINGS, {"term": term}, _ROW_COLUMNS), 0
 
     def page_terms(self, pks: Sequence[int]) -> tuple[TermArrays, TermArrays]:
         """The postings and bookmark rows of pages ``pks``: what a replica's cached terms take

@@ -130,6 +130,7 @@ class IndexState:
     first_order: tuple[bool, datetime, int, int] | None
     last_order: tuple[bool, datetime, int, int] | None
     complete: bool = True
+    packed: int = 0  # of the pages, those read from the user's pack (``store.packs``)
 
 
 # term -> (page pks, values): a term's postings (values: tf) or bookmark rows (values: weight)

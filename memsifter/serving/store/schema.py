@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -194,6 +195,37 @@ class PostingRow(Base):
         ),
         {"sqlite_with_rowid": False},
     )
+
+
+class PagePackRow(Base):
+    """A user's pages as of ``version``, packed: their pks and BM25 lengths in chronological
+    order as two arrays (``store.packs``). A replica opening the user reads this row and the
+    pages added since, not a row per page. Valid while no page was removed after ``version``,
+    for the incarnation (``epoch``) and postings (``analyzer``) it names."""
+
+    __tablename__ = "index_page_packs"
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    analyzer: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    pks: Mapped[bytes] = mapped_column(LargeBinary)
+    lengths: Mapped[bytes] = mapped_column(LargeBinary)
+    __table_args__ = (_user_fk(),)
+
+
+class PostingPackRow(Base):
+    """A term's postings as of ``version``, packed: page pks ascending and their counts as two
+    arrays (``store.packs``). A query reads this row and the postings of pages above the last
+    pk packed. Valid while no page was removed after ``version``."""
+
+    __tablename__ = "index_posting_packs"
+    term_pk: Mapped[int] = mapped_column(
+        Integer, ForeignKey("index_terms.pk", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    pks: Mapped[bytes] = mapped_column(LargeBinary)
+    tfs: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class BookmarkRow(Base):
