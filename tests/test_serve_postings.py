@@ -34,7 +34,7 @@ from memsifter.serving.store.schema import (
     PostingRow,
     UserRow,
 )
-from memsifter.serving.stored_index import StoredIndex
+from memsifter.serving.stored_index import SLOT_SPAN, StoredIndex, _lookup
 from memsifter.testing.coarse import LetterFilter
 
 
@@ -404,6 +404,35 @@ def test_appending_pages_copies_nothing_held_and_leaves_a_querys_snapshot_as_it_
     assert after.pks.tolist() == [1, 2, 3, *range(102, 300)]
     # Doubling: the bytes held change at a handful of appends, not at each.
     assert len(set(grown)) < 30
+
+
+def test_positions_by_pk_from_the_table_equal_the_binary_search_through_appends() -> None:
+    """A query's postings find their pages' chronological positions in a table by pk while
+    the user's pks are dense enough (``SLOT_SPAN``), else by binary search: the same
+    positions, -1 for pks not held (between, below and above), before and after appends that
+    keep the table and one whose gap drops it."""
+    rng = np.random.default_rng(0)
+    for gap in (1, 3, 7):  # pks every `gap`: dense, within SLOT_SPAN, beyond it
+        pks = np.arange(50, 50 + 400 * gap, gap)
+        chronological = rng.permutation(pks)
+        index = StoredIndex("t", "u", "e", 1.5, 0.75)
+        index.open(IndexState("e", 1, "a", chronological, np.full(400, 5.0), None, None))
+        assert (index._slots is not None) is (gap <= SLOT_SPAN)
+        version = 1
+        for step in range(4):
+            asked = rng.integers(0, int(index.pks.max()) + 100, 3000)
+            order = np.argsort(index.pks, kind="stable")
+            expected = _lookup(index.pks[order], order, asked)
+            assert np.array_equal(index._positions(asked), expected), (gap, step)
+            assert (expected >= 0).any() and (expected < 0).any()
+            version += 1
+            jump = 1 if step < 2 else 10_000  # the last append spans too far for a table
+            top = int(index.pks.max())
+            new = rng.permutation(np.arange(top + jump, top + jump + 20 * gap, gap))
+            state = IndexState("e", version, "a", new, np.full(len(new), 5.0), None, None)
+            assert index.appends(state)
+            index.catch_up(state, {}, {})
+        assert index._slots is None
 
 
 def test_the_top_of_a_fused_ranking_equals_the_full_sorts_prefix() -> None:
