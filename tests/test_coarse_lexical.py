@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from memsifter.coarse import BM25Filter, HybridFilter, build_filter
@@ -274,3 +275,20 @@ def test_incremental_bm25_matches_bm25s_after_adds_and_removes() -> None:
         )
     with pytest.raises(KeyError):
         lived.scores("dog", ["d2"])
+
+
+def test_lucene_weights_are_the_expression_bit_for_bit() -> None:
+    """``lucene_weights`` works in place (two arrays for a term's postings, not six) in the
+    formula's own order of operations: the weights equal the written expression exactly."""
+    from memsifter.coarse.incremental import lucene_weights
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        m = int(rng.integers(1, 3000))
+        tf = rng.integers(1, 9, m).astype(float)
+        length = rng.integers(1, 400, m).astype(float)
+        n, avgdl = int(rng.integers(m, 10 * m)), float(rng.uniform(5, 200))
+        k1, b = float(rng.uniform(0.5, 2)), float(rng.uniform(0, 1))
+        idf = np.log(1.0 + (n - m + 0.5) / (m + 0.5))
+        expected = idf * tf / (tf + k1 * (1.0 - b + b * length / avgdl))
+        assert np.array_equal(lucene_weights(tf, length, m, n, avgdl, k1, b), expected)

@@ -311,3 +311,25 @@ def test_a_users_pages_added_at_one_version_each_keep_the_pack_used(
     store.delete_session(tenant, "u", "s0")
     third = store.index_state(tenant, "u")
     assert third is not None and third.packed == 0
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [5],
+        [3, 1, 2],  # chronological pks need not ascend: negative steps
+        [0, 2**62],  # a step too wide for int32
+        list(range(100, 100_000, 7)),
+        [],
+    ],
+)
+def test_pks_and_counts_pack_in_the_narrowest_type_and_come_back_exactly(ids: list[int]) -> None:
+    values = np.asarray(ids, dtype=np.int64)
+    for extra in (0, 2):
+        back = packs.decode_ids(packs.encode_ids(values), extra)
+        assert back.dtype == np.int64 and back[: len(values)].tolist() == ids
+        assert len(back) == len(values) + extra
+    counts = np.abs(values) % 70_000
+    assert packs.decode_counts(packs.encode_counts(counts)).tolist() == counts.tolist()
+    if len(values) > 100:  # close pks: one byte a step, not eight
+        assert len(packs.encode_ids(values)) < len(values) + 16

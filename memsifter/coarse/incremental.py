@@ -17,7 +17,16 @@ def lucene_weights(
     ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))`` times ``tf / (tf + k1 (1 - b + b dl /
     avgdl))``), for ``tf`` and document ``length`` arrays over those documents."""
     idf = np.log(1.0 + (n - df + 0.5) / (df + 0.5))
-    return idf * tf / (tf + k1 * (1.0 - b + b * length / avgdl))
+    # In place, in the expression's own order (IEEE + and * commute exactly, so the values are
+    # bit-identical): a common term's 500K postings make two arrays, not six.
+    norm = b * length
+    norm /= avgdl
+    norm += 1.0 - b
+    norm *= k1
+    norm += tf
+    weights = idf * tf
+    weights /= norm
+    return weights
 
 
 class IncrementalBM25:

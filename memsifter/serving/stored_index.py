@@ -131,6 +131,14 @@ def _lookup(order_pks: np.ndarray, order_pos: np.ndarray, pks: np.ndarray) -> np
     return np.where(order_pks[at] == pks, order_pos[at], -1)
 
 
+def _at_least_one(lengths: np.ndarray) -> np.ndarray:
+    """BM25 lengths as ``IncrementalBM25`` counts them (a page without terms counts 1),
+    copied only when one is below 1."""
+    if len(lengths) and lengths.min() < 1.0:
+        return np.maximum(lengths, 1.0)
+    return lengths
+
+
 def _slot_table(order_pks: np.ndarray, order_pos: np.ndarray) -> _Column | None:
     """pk - ``order_pks[0]`` -> chronological position (-1: no page), or None when the pks
     span more than ``SLOT_SPAN`` times their count."""
@@ -212,11 +220,15 @@ class StoredIndex:
         """Hold every page of ``state`` (``index_state`` without ``since``)."""
         with self._lock:
             pks = np.asarray(state.pks, dtype=np.int64)
-            lengths = np.maximum(np.asarray(state.lengths, dtype=np.float64), 1.0)
-            order = np.argsort(pks, kind="stable")
+            lengths = _at_least_one(np.asarray(state.lengths, dtype=np.float64))
+            order = np.arange(len(pks))
+            order_pks = pks  # pages added in pk order (the common case) need no sort
+            if len(pks) > 1 and not bool(np.all(pks[1:] > pks[:-1])):
+                order = np.argsort(pks, kind="stable")
+                order_pks = pks[order]
             self._pks, self._lengths = _Column(pks), _Column(lengths)
-            self._order_pks, self._order_pos = _Column(pks[order]), _Column(order)
-            self._slots = _slot_table(pks[order], order)
+            self._order_pks, self._order_pos = _Column(order_pks), _Column(order)
+            self._slots = _slot_table(order_pks, order)
             self._total = float(lengths.sum())
             self._last_order = state.last_order
             self._layout += 1
@@ -249,7 +261,7 @@ class StoredIndex:
                 return
             start = len(self.pks)
             new_pks = np.asarray(state.pks, dtype=np.int64)
-            lengths = np.maximum(np.asarray(state.lengths, dtype=np.float64), 1.0)
+            lengths = _at_least_one(np.asarray(state.lengths, dtype=np.float64))
             self._pks.extend(new_pks)
             self._lengths.extend(lengths)
             order = np.argsort(new_pks, kind="stable")

@@ -271,18 +271,19 @@ class IndexRepository(Database):
             or not packs.usable(pack.version, state.version, state.pages_removed)
         ):
             return None
-        pks, lengths = packs.unpack_pages(pack)
         new_pks, new_lengths = read_columns(
             conn, _NEW_LENGTHS, {**who, "since": pack.version}, _PAGE_COLUMNS
         )
+        pks, lengths = packs.unpack_pages(pack, extra=len(new_pks))
+        packed = len(pks) - len(new_pks)
         if len(new_pks):
-            if not len(pks):
+            if not packed:
                 return None
-            ends = self._order_keys(conn, [pks[-1], new_pks[0]])
-            if ends[int(new_pks[0])] <= ends[int(pks[-1])]:
+            ends = self._order_keys(conn, [pks[packed - 1], new_pks[0]])
+            if ends[int(new_pks[0])] <= ends[int(pks[packed - 1])]:
                 return None
-            pks, lengths = np.concatenate([pks, new_pks]), np.concatenate([lengths, new_lengths])
-        return pks, lengths, len(pks) - len(new_pks)
+            pks[packed:], lengths[packed:] = new_pks, new_lengths
+        return pks, lengths, packed
 
     def _write_packs(self, write: Callable[[Session], None]) -> None:
         """Write packs after a read: a pack failing to be written (a concurrent delete of the
@@ -344,7 +345,9 @@ class IndexRepository(Database):
             if len(pks) and (first is None or first > pks[-1]):
                 after = {"term": term, "after": int(pks[-1])}
                 new_pks, new_tfs = read_columns(conn, _TERM_POSTINGS_AFTER, after, _ROW_COLUMNS)
-                return (np.concatenate([pks, new_pks]), np.concatenate([tfs, new_tfs])), len(pks)
+                if len(new_pks):
+                    pks, tfs = np.concatenate([pks, new_pks]), np.concatenate([tfs, new_tfs])
+                return (pks, tfs), len(pks) - len(new_pks)
         return read_columns(conn, _TERM_POSTINGS, {"term": term}, _ROW_COLUMNS), 0
 
     def page_terms(self, pks: Sequence[int]) -> tuple[TermArrays, TermArrays]:
