@@ -7,6 +7,7 @@ Every test runs on SQLite, and on PostgreSQL when ``MEMSIFTER_TEST_PG_DSN`` name
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import uuid
@@ -409,30 +410,35 @@ def test_appending_pages_copies_nothing_held_and_leaves_a_querys_snapshot_as_it_
 def test_positions_by_pk_from_the_table_equal_the_binary_search_through_appends() -> None:
     """A query's postings find their pages' chronological positions in a table by pk while
     the user's pks are dense enough (``SLOT_SPAN``), else by binary search: the same
-    positions, -1 for pks not held (between, below and above), before and after appends that
-    keep the table and one whose gap drops it."""
+    positions, -1 for pks not held (between, below and above), for pages in pk order (no
+    positions written down) or not, before and after appends in pk order, out of it, and one
+    whose gap drops the table."""
     rng = np.random.default_rng(0)
-    for gap in (1, 3, 7):  # pks every `gap`: dense, within SLOT_SPAN, beyond it
+    for gap, shuffled in itertools.product((1, 3, 7), (False, True)):
+        # pks every `gap`: dense, within SLOT_SPAN, beyond it; chronological in pk order or not
         pks = np.arange(50, 50 + 400 * gap, gap)
-        chronological = rng.permutation(pks)
+        chronological = rng.permutation(pks) if shuffled else pks
         index = StoredIndex("t", "u", "e", 1.5, 0.75)
         index.open(IndexState("e", 1, "a", chronological, np.full(400, 5.0), None, None))
         assert (index._slots is not None) is (gap <= SLOT_SPAN)
+        assert (index._order_pos is None) is not shuffled
         version = 1
-        for step in range(4):
+        for step in range(5):
             asked = rng.integers(0, int(index.pks.max()) + 100, 3000)
             order = np.argsort(index.pks, kind="stable")
             expected = _lookup(index.pks[order], order, asked)
-            assert np.array_equal(index._positions(asked), expected), (gap, step)
+            assert np.array_equal(index._positions(asked), expected), (gap, shuffled, step)
             assert (expected >= 0).any() and (expected < 0).any()
             version += 1
-            jump = 1 if step < 2 else 10_000  # the last append spans too far for a table
+            jump = 1 if step < 3 else 10_000  # the last append spans too far for a table
             top = int(index.pks.max())
-            new = rng.permutation(np.arange(top + jump, top + jump + 20 * gap, gap))
+            new = np.arange(top + jump, top + jump + 20 * gap, gap)
+            if step == 1:  # chronological order stops following pk order
+                new = rng.permutation(new)
             state = IndexState("e", version, "a", new, np.full(len(new), 5.0), None, None)
             assert index.appends(state)
             index.catch_up(state, {}, {})
-        assert index._slots is None
+        assert index._slots is None and index._order_pos is not None
 
 
 def test_the_top_of_a_fused_ranking_equals_the_full_sorts_prefix() -> None:

@@ -34,6 +34,7 @@ TERM_BYTES = 400
 # times their count (a user's pages interleave with other users' in one pk sequence): looking
 # a common term's 500K postings up in it takes a tenth of the binary searches' time.
 SLOT_SPAN = 4
+_SLICE = 1 << 16
 
 
 class _Column:
@@ -117,38 +118,43 @@ class Evidence:
     marks: np.ndarray
     pks: np.ndarray
     _order_pks: np.ndarray
-    _order_pos: np.ndarray
+    _order_pos: np.ndarray | None  # None: pk order is chronological
 
     def positions_of(self, pks: Sequence[int]) -> np.ndarray:
         """Chronological positions of ``pks`` in ``self.pks``; -1 for a page not there."""
         return _lookup(self._order_pks, self._order_pos, np.asarray(pks, dtype=np.int64))
 
 
-def _lookup(order_pks: np.ndarray, order_pos: np.ndarray, pks: np.ndarray) -> np.ndarray:
+def _lookup(order_pks: np.ndarray, order_pos: np.ndarray | None, pks: np.ndarray) -> np.ndarray:
     if not len(order_pks):
         return np.full(len(pks), -1, dtype=np.int64)
     at = np.searchsorted(order_pks, pks).clip(max=len(order_pks) - 1)
-    return np.where(order_pks[at] == pks, order_pos[at], -1)
+    return np.where(order_pks[at] == pks, at if order_pos is None else order_pos[at], -1)
 
 
 def _at_least_one(lengths: np.ndarray) -> np.ndarray:
     """BM25 lengths as ``IncrementalBM25`` counts them (a page without terms counts 1),
     copied only when one is below 1."""
-    if len(lengths) and lengths.min() < 1.0:
-        return np.maximum(lengths, 1.0)
+    if len(lengths) and lengths.min() < 1:
+        return np.maximum(lengths, 1)  # in the lengths' own type
     return lengths
 
 
-def _slot_table(order_pks: np.ndarray, order_pos: np.ndarray) -> _Column | None:
+def _slot_table(order_pks: np.ndarray, order_pos: np.ndarray | None) -> _Column | None:
     """pk - ``order_pks[0]`` -> chronological position (-1: no page), or None when the pks
     span more than ``SLOT_SPAN`` times their count."""
     if not len(order_pks):
         return None
-    span = int(order_pks[-1] - order_pks[0]) + 1
+    base = int(order_pks[0])
+    span = int(order_pks[-1]) - base + 1
     if span > SLOT_SPAN * len(order_pks):
         return None
     slots = np.full(span, -1, dtype=np.int32)
-    slots[order_pks - order_pks[0]] = order_pos
+    # In slices: a cold open of a million pages touches no temporary of a million.
+    for lo in range(0, len(order_pks), _SLICE):
+        hi = min(lo + _SLICE, len(order_pks))
+        at = order_pks[lo:hi] - base
+        slots[at] = np.arange(lo, hi) if order_pos is None else order_pos[lo:hi]
     return _Column(slots)
 
 
@@ -185,7 +191,9 @@ class StoredIndex:
         self._pks = _Column(np.zeros(0, dtype=np.int64))  # chronological
         self._lengths = _Column(np.zeros(0, dtype=np.float64))
         self._order_pks = _Column(np.zeros(0, dtype=np.int64))  # pks ascending
-        self._order_pos = _Column(np.zeros(0, dtype=np.int64))  # their chronological positions
+        # Their chronological positions; None while pk order is chronological (the common
+        # case: a history written in order), which a cold open then need not write down.
+        self._order_pos: _Column | None = None
         self._slots: _Column | None = None  # the same, as a table by pk (``_slot_table``)
         self._total = 0.0
         self._last_order: tuple[bool, object, int, int] | None = None
@@ -220,14 +228,15 @@ class StoredIndex:
         """Hold every page of ``state`` (``index_state`` without ``since``)."""
         with self._lock:
             pks = np.asarray(state.pks, dtype=np.int64)
-            lengths = _at_least_one(np.asarray(state.lengths, dtype=np.float64))
-            order = np.arange(len(pks))
+            lengths = _at_least_one(np.asarray(state.lengths))
+            order: np.ndarray | None = None
             order_pks = pks  # pages added in pk order (the common case) need no sort
             if len(pks) > 1 and not bool(np.all(pks[1:] > pks[:-1])):
                 order = np.argsort(pks, kind="stable")
                 order_pks = pks[order]
             self._pks, self._lengths = _Column(pks), _Column(lengths)
-            self._order_pks, self._order_pos = _Column(order_pks), _Column(order)
+            self._order_pks = _Column(order_pks)
+            self._order_pos = _Column(order) if order is not None else None
             self._slots = _slot_table(order_pks, order)
             self._total = float(lengths.sum())
             self._last_order = state.last_order
@@ -261,16 +270,20 @@ class StoredIndex:
                 return
             start = len(self.pks)
             new_pks = np.asarray(state.pks, dtype=np.int64)
-            lengths = _at_least_one(np.asarray(state.lengths, dtype=np.float64))
+            lengths = _at_least_one(np.asarray(state.lengths))
             self._pks.extend(new_pks)
             self._lengths.extend(lengths)
             order = np.argsort(new_pks, kind="stable")
             self._order_pks.extend(new_pks[order])  # above every pk held (``appends``)
-            self._order_pos.extend(start + order)
+            in_order = bool(np.all(order[1:] > order[:-1]))
+            if self._order_pos is not None or not in_order:
+                if self._order_pos is None:  # pk order stops being chronological here
+                    self._order_pos = _Column(np.arange(start))
+                self._order_pos.extend(start + order)
             if start:
                 self._extend_slots(new_pks[order], start + order)
             else:
-                self._slots = _slot_table(self._order_pks.array, self._order_pos.array)
+                self._slots = _slot_table(self._order_pks.array, self._positions_in_order)
             self._total += float(lengths.sum())
             self._stats += 1
             if state.last_order is not None:
@@ -310,6 +323,11 @@ class StoredIndex:
         grown = np.full(span - held, -1, dtype=np.int32)
         grown[pks - base - held] = positions
         self._slots.extend(grown)
+
+    @property
+    def _positions_in_order(self) -> np.ndarray | None:
+        """The chronological positions of the pks in ascending order (None: the same)."""
+        return self._order_pos.array if self._order_pos is not None else None
 
     @property
     def caches_terms(self) -> bool:
@@ -374,7 +392,7 @@ class StoredIndex:
         """Chronological positions of ``pks``; -1 for a page this index does not hold."""
         if self._slots is not None:
             return _slot_lookup(int(self._order_pks.array[0]), self._slots.array, pks)
-        return _lookup(self._order_pks.array, self._order_pos.array, pks)
+        return _lookup(self._order_pks.array, self._positions_in_order, pks)
 
     def _rows(
         self,
@@ -456,5 +474,5 @@ class StoredIndex:
                 held,
                 self.pks,
                 self._order_pks.array,
-                self._order_pos.array,
+                self._positions_in_order,
             )

@@ -126,7 +126,7 @@ class IndexState:
     version: int
     analyzer: str | None
     pks: np.ndarray  # int64
-    lengths: np.ndarray  # float64
+    lengths: np.ndarray  # integers: float64 read as rows, int32 from a pack
     first_order: tuple[bool, datetime, int, int] | None
     last_order: tuple[bool, datetime, int, int] | None
     complete: bool = True
