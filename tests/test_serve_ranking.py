@@ -235,7 +235,7 @@ def test_an_index_estimates_its_memory_within_a_quarter_of_what_tracemalloc_meas
     """``nbytes`` is what the byte-bounded cache charges a user, so it must track what an index
     really holds: within 25% of tracemalloc's count of every allocation made while loading it.
     ``UserIndex`` (the pages of a non-BM25 filter) at a narrow and a wide vocabulary and after a
-    delete; ``StoredIndex`` (pks, lengths, and cached postings) opened over 20,000 pages with
+    delete; ``StoredIndex`` (pks, lengths, the pk table, cached postings) over 20,000 pages with
     terms of 10 to 10,000 postings cached. A constant off by 2x (or a term never charged)
     fails."""
     for vocabulary in (300, 30_000):
@@ -258,11 +258,13 @@ def test_an_index_estimates_its_memory_within_a_quarter_of_what_tracemalloc_meas
     drawn = [np.sort(rng.choice(n, size, replace=False)) for size in sizes]
     gc.collect()
     tracemalloc.start()
-    # As the store hands them over: arrays made for the index, which keeps them.
+    # As the store hands them over: arrays made for the index, which keeps the values (and
+    # the pages' positions it looks up), not the pks.
     postings = {f"t{i}": (pks.copy(), np.ones(len(pks))) for i, pks in enumerate(drawn)}
     stored = StoredIndex("t", "u", "e", 1.5, 0.75)
     stored.open(state)
     stored.take(3, postings, {}, (list(postings), []))
+    del postings
     gc.collect()
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -67,24 +67,17 @@ class _Column:
 
 
 class _Cached:
-    """A term's rows held by the index: page pks, values (tf, or bookmark weights) and the
-    pages' chronological positions (valid for ``layout``), and for postings their BM25 weights
-    (valid while the index's statistics are at ``stats``: a warm query adds them instead of
-    computing them again)."""
+    """A term's rows held by the index: values (tf, or bookmark weights) at the pages'
+    chronological positions, and for postings their BM25 weights (valid while the index's
+    statistics are at ``stats``: a warm query adds them instead of computing them again). No
+    pks: positions move only when the index is opened again, which drops every cached term."""
 
-    __slots__ = ("_pks", "_values", "_positions", "layout", "weights", "stats")
+    __slots__ = ("_values", "_positions", "weights", "stats")
 
-    def __init__(
-        self, pks: np.ndarray, values: np.ndarray, positions: np.ndarray, layout: int
-    ) -> None:
-        self._pks, self._values, self._positions = _Column(pks), _Column(values), _Column(positions)
-        self.layout = layout
+    def __init__(self, values: np.ndarray, positions: np.ndarray) -> None:
+        self._values, self._positions = _Column(values), _Column(positions)
         self.weights: np.ndarray | None = None
         self.stats = -1
-
-    @property
-    def pks(self) -> np.ndarray:
-        return self._pks.array
 
     @property
     def values(self) -> np.ndarray:
@@ -94,15 +87,14 @@ class _Cached:
     def positions(self) -> np.ndarray:
         return self._positions.array
 
-    def extend(self, pks: np.ndarray, values: np.ndarray, positions: np.ndarray) -> None:
-        self._pks.extend(pks)
+    def extend(self, values: np.ndarray, positions: np.ndarray) -> None:
         self._values.extend(values)
         self._positions.extend(positions)
         self.weights = None
 
     @property
     def nbytes(self) -> int:
-        held = self._pks.nbytes + self._values.nbytes + self._positions.nbytes
+        held = self._values.nbytes + self._positions.nbytes
         return TERM_BYTES + held + (self.weights.nbytes if self.weights is not None else 0)
 
 
@@ -197,7 +189,6 @@ class StoredIndex:
         self._slots: _Column | None = None  # the same, as a table by pk (``_slot_table``)
         self._total = 0.0
         self._last_order: tuple[bool, object, int, int] | None = None
-        self._layout = 0  # bumped whenever positions move (a reopen)
         self._stats = 0  # bumped whenever pages or their lengths change (weights go stale)
         self._terms: dict[str, _Cached] = {}
         self._marks: dict[str, _Cached] = {}
@@ -240,10 +231,9 @@ class StoredIndex:
             self._slots = _slot_table(order_pks, order)
             self._total = float(lengths.sum())
             self._last_order = state.last_order
-            self._layout += 1
             self._stats += 1
-            # The cached terms lack whatever changed since (pages added out of order, or gone):
-            # queries read them again.
+            # The cached terms lack whatever changed since (pages added out of order, or gone)
+            # and their positions moved: queries read them again.
             self._clear()
             self.version, self.analyzer = state.version, state.analyzer
 
@@ -296,16 +286,7 @@ class StoredIndex:
                     self._cached_bytes -= entry.nbytes
                     # Appended pages leave every held position where it was: only the new
                     # postings are looked up.
-                    if entry.layout == self._layout:
-                        entry.extend(pks, values, self._positions(pks))
-                    else:
-                        all_pks = np.concatenate([entry.pks, pks])
-                        entry = cache[term] = _Cached(
-                            all_pks,
-                            np.concatenate([entry.values, values]),
-                            self._positions(all_pks),
-                            self._layout,
-                        )
+                    entry.extend(values, self._positions(pks))
                     self._cached_bytes += entry.nbytes
             self.version = state.version
 
@@ -385,7 +366,7 @@ class StoredIndex:
         old = cache.pop(key, None)
         if old is not None:
             self._cached_bytes -= old.nbytes
-        entry = cache[key] = _Cached(pks, values, self._positions(pks), self._layout)
+        entry = cache[key] = _Cached(values, self._positions(pks))
         self._cached_bytes += entry.nbytes
 
     def _positions(self, pks: np.ndarray) -> np.ndarray:
@@ -403,12 +384,6 @@ class StoredIndex:
         """A term's (positions, values) over held pages, from the cache or ``extra``."""
         entry = cache.get(key)
         if entry is not None:
-            if entry.layout != self._layout:
-                self._cached_bytes -= entry.nbytes
-                entry = cache[key] = _Cached(
-                    entry.pks, entry.values, self._positions(entry.pks), self._layout
-                )
-                self._cached_bytes += entry.nbytes
             return entry.positions, entry.values
         rows = extra.get(key)
         if rows is None:
@@ -423,9 +398,9 @@ class StoredIndex:
         """A term's (positions, BM25 weights) over held pages; None when it has no postings.
         A cached term keeps its weights until the statistics change."""
         entry = self._terms.get(key)
-        if entry is not None and entry.stats == self._stats and entry.layout == self._layout:
+        if entry is not None and entry.stats == self._stats:
             assert entry.weights is not None
-            return (entry.positions, entry.weights) if len(entry.pks) else None
+            return (entry.positions, entry.weights) if len(entry.positions) else None
         rows = self._rows(self._terms, extra, key)
         if rows is None or not len(rows[0]):
             return None
