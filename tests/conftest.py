@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +66,27 @@ def serve_db(
     yield make
     for drop in drops:
         drop()
+
+
+@pytest.fixture(scope="module")
+def store(serve_db: Callable[[str], str], request: pytest.FixtureRequest) -> Iterator[Any]:
+    """One migrated recall-service ``Store`` per test module, on each ``serve_db`` backend; a
+    module that needs another kind of store defines its own ``store``."""
+    from memsifter.serving.store import Store
+
+    s = Store(serve_db(request.module.__name__.rpartition(".")[2]))
+    s.migrate()
+    yield s
+    s.close()
+
+
+@pytest.fixture()
+def tenant(store: Any) -> str:
+    """A fresh tenant per test: a module's tests share one database (and on PostgreSQL, runs
+    share the server)."""
+    t = f"t-{uuid.uuid4().hex[:12]}"
+    store.ensure_tenant(t)
+    return t
 
 
 @pytest.fixture(scope="session")

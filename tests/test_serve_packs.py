@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -36,21 +35,6 @@ from memsifter.serving.store.schema import (
 
 WORDS = ["dog", "park", "tax", "kayak", "lake", "rain", "walk", "forms", "calm", "busy"]
 TERMS = ["dog", "park", "tax", "kayak", "lake"]  # as the analyzer keeps them
-
-
-@pytest.fixture(scope="module")
-def store(serve_db: Callable[[str], str]) -> Iterator[Store]:
-    s = Store(serve_db("packs"))
-    s.migrate()
-    yield s
-    s.close()
-
-
-@pytest.fixture()
-def tenant(store: Store) -> str:
-    t = f"t-{uuid.uuid4().hex[:12]}"
-    store.ensure_tenant(t)
-    return t
 
 
 @pytest.fixture()

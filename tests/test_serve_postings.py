@@ -10,8 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -39,27 +38,12 @@ from memsifter.serving.stored_index import SLOT_SPAN, StoredIndex, _lookup
 from memsifter.testing.coarse import LetterFilter
 
 
-@pytest.fixture(scope="module")
-def store(serve_db: Callable[[str], str]) -> Iterator[Store]:
-    s = Store(serve_db("postings"))
-    s.migrate()
-    yield s
-    s.close()
-
-
 @pytest.fixture(params=["rows", "packs"])
 def packed(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Users' indexes read as rows (a small user), or from packs written by nearly every read
     (``store.packs``): the rankings are the same."""
     if request.param == "packs":
         monkeypatch.setattr(packs, "PACK_MIN", 1)
-
-
-@pytest.fixture()
-def tenant(store: Store) -> str:
-    t = f"t-{uuid.uuid4().hex[:12]}"
-    store.ensure_tenant(t)
-    return t
 
 
 class NoKeywords:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -34,22 +32,6 @@ from memsifter.serving.store import (
     Store,
     utcnow,
 )
-
-
-@pytest.fixture(scope="module")
-def store(serve_db: Callable[[str], str]) -> Iterator[Store]:
-    s = Store(serve_db("store"))
-    s.migrate()
-    yield s
-    s.close()
-
-
-@pytest.fixture()
-def tenant(store: Store) -> str:
-    # A fresh tenant per test: tests share one database (and on Postgres, across runs).
-    t = f"t-{uuid.uuid4().hex[:12]}"
-    store.ensure_tenant(t)
-    return t
 
 
 @pytest.fixture(scope="module")

@@ -247,6 +247,18 @@ def retried_write(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def upsert_insert(dialect: str, model: Any) -> Any:
+    """``INSERT`` into ``model``'s table in the dialect's own form, which has ``ON CONFLICT``
+    (both databases the store runs on spell it alike)."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(model)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(model)
+
+
 # ---------------------------------------------------------------------------------- database
 
 
@@ -327,15 +339,8 @@ class Database:
 
     def _insert_ignore(self, s: Session, model: type[Base], **values: Any) -> bool:
         """Insert a row unless it would violate a unique key; True if it was inserted."""
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-            result = s.execute(pg_insert(model).values(**values).on_conflict_do_nothing())
-        else:
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            result = s.execute(sqlite_insert(model).values(**values).on_conflict_do_nothing())
-        return rowcount(result) > 0
+        stmt = upsert_insert(self.dialect, model).values(**values).on_conflict_do_nothing()
+        return rowcount(s.execute(stmt)) > 0
 
     def _ensure_user(self, s: Session, tenant: str, user: str) -> None:
         self._insert_ignore(

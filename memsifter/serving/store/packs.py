@@ -28,6 +28,7 @@ import numpy as np
 from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
+from memsifter.serving.store.engine import upsert_insert
 from memsifter.serving.store.records import IndexState
 from memsifter.serving.store.schema import IndexTermRow, PagePackRow, PageRow, PostingPackRow
 
@@ -139,11 +140,7 @@ def unpack_postings(row: Any) -> tuple[np.ndarray, np.ndarray]:
 def _upsert(s: Session, model: Any, keys: list[str], rows: list[dict[str, Any]]) -> None:
     """Insert ``rows``, or replace a row of an older version with the same ``keys``: of two
     replicas packing at once, the newer pack stays."""
-    if s.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    stmt = insert(model)
+    stmt = upsert_insert(s.get_bind().dialect.name, model)
     table = model.__table__
     stmt = stmt.on_conflict_do_update(
         index_elements=keys,

@@ -222,7 +222,6 @@ class IndexRepository(Database):
             if state is None:
                 return None
             removed = state.pages_removed
-            found = None
             if since is None:
                 found = self._packed_pages(conn, who, state)
                 if found is None:
