@@ -534,3 +534,87 @@ def test_postgresql_reads_postings_and_page_lengths_from_indexes_alone(
         assert _index_definitions(store) == covered
     finally:
         store.close()
+
+
+def _top(found: object, n: int) -> list[tuple[int, float]]:
+    """The first n of evidence in ranking order (score, then chronological position)."""
+    positions, coarse = found.positions, found.coarse  # type: ignore[attr-defined]
+    order = np.lexsort((positions, -coarse))[:n]
+    return [(int(positions[i]), float(coarse[i])) for i in order]
+
+
+def test_pruned_evidence_holds_the_exact_top_of_the_full_scoring() -> None:
+    """With ``top``, a query with common terms (on more than 1/COMMON_SHARE of the pages) is
+    scored at the pages that can make the top only (MaxScore): its first ``top`` (ties in
+    chronological order) and their scores equal the full scoring's, bit for bit, and every
+    page it holds has its exact score; over random histories with ties (few lengths and tfs),
+    repeated query terms, pages in pk order or not, terms cached before and after appends.
+    The control: most of these queries were pruned, and none held every page."""
+    rng = np.random.default_rng(1)
+    pruned = 0
+    for trial in range(120):
+        n = int(rng.integers(60, 400))
+        pks = np.arange(10, 10 + 2 * n, 2)
+        chronological = rng.permutation(pks) if trial % 3 == 0 else pks
+        lengths = rng.choice([3, 8, 8, 20], n).astype(np.int64)
+        index = StoredIndex("t", "u", "e", 1.5, 0.75)
+        index.open(IndexState("e", 1, "a", chronological, lengths, None, None))
+        shares = {"w0": 0.9, "w1": 0.5, "w2": 0.2, "r0": 0.05, "r1": 0.03, "r2": 0.1}
+        postings = {}
+        for term, share in shares.items():
+            held = np.sort(rng.choice(pks, max(1, int(share * n)), replace=False))
+            tf = rng.choice([1, 1, 2, 3], len(held)).astype(np.uint8)
+            postings[term_key(term)] = (held, tf)
+        index.take(1, postings, {}, (list(postings), []))
+        if trial % 2:  # appended pages, with postings of the cached terms
+            new = np.arange(pks[-1] + 1, pks[-1] + 41)
+            state = IndexState("e", 2, "a", new, rng.choice([3, 8], 40), None, None)
+            assert index.appends(state)
+            grown = {term_key(t): (rng.permutation(new)[:15], np.ones(15)) for t in ("w0", "r1")}
+            index.catch_up(state, grown, {})
+        for _ in range(4):
+            terms = list(rng.choice(list(shares), int(rng.integers(1, 6))))
+            top = int(rng.integers(1, 12))
+            full = index.evidence(terms, [])
+            cut = index.evidence(terms, [], top=top)
+            assert _top(cut, top) == _top(full, top), (trial, terms, top)
+            exact = dict(zip(full.positions.tolist(), full.coarse.tolist(), strict=True))
+            assert all(exact[p] == c for p, c in zip(cut.positions, cut.coarse, strict=True))
+            if not cut.complete:
+                pruned += 1
+                assert len(cut.positions) < len(full.positions)
+    assert pruned > 200
+
+
+def test_a_recall_with_common_words_returns_the_full_rankings_top_and_scores(
+    store: Store, tenant: str, packed: None
+) -> None:
+    """Through the service: a history where every page shares a word with the question (so a
+    recall scores the rare words' pages and bounds the common word's share) returns BM25's
+    top k and scores, with and without excluded pages."""
+    memory = _memory(store)
+    who = Principal(tenant)
+    rng = np.random.default_rng(2)
+    rare = "kayak tax lake violin piano garden sofa tent pasta bike radio chess".split()
+    history = []
+    for i in range(120):
+        words = ["the", "dog", "walked"] + list(rng.choice(rare, int(rng.integers(0, 3))))
+        history.append(_session(f"s{i}", 1 + i % 28, [" ".join(words) + ".", "Ok."]))
+    memory.ingest_sessions(who, "u", history)
+    found: list[bool] = []
+    evidence = StoredIndex.evidence
+
+    def spy(self: StoredIndex, *args: object, **kwargs: object) -> object:
+        result = evidence(self, *args, **kwargs)  # type: ignore[arg-type]
+        found.append(result.complete)
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StoredIndex, "evidence", spy)
+        for question, skip in [("dog kayak", 0), ("the dog and the tax lake", 2)]:
+            ids, scores = _scratch(store, tenant, "u", question)
+            exclude = ids[:skip]  # the two best pages: the next ones come up
+            hits = memory.recall(who, "u", question, top_k=4, exclude=exclude).hits
+            assert [h.page.page.id for h in hits] == ids[skip : skip + 4], question
+            assert [h.coarse_score for h in hits] == pytest.approx(scores[skip : skip + 4])
+    assert found == [False, False]  # both were pruned

@@ -714,11 +714,14 @@ class ServiceRanker:
         found = store.indexed_pages(index.tenant, index.user, page_ids=list(page_ids))
         return {p.stored.page.id: p.stored for p in found}
 
-    def _evidence(self, store: Store, index: StoredIndex, question: str) -> Evidence:
+    def _evidence(
+        self, store: Store, index: StoredIndex, question: str, top: int | None = None
+    ) -> Evidence:
         """``question``'s evidence over the user's pages: its BM25 tokens (repeats count) and
         bookmark terms, scored from the postings ``index`` caches, after reading those it lacks
         (what it could not cache, read at another version, serves this query only). Caching
-        postings or their weights grows the index: the cache is fitted again."""
+        postings or their weights grows the index: the cache is fitted again. With ``top``, the
+        pages that can be among the ``top`` best suffice (``StoredIndex.evidence``)."""
         assert self._bm25 is not None
         tokens, mark_terms = self._bm25.analyzer(question), query_terms(question)
         held = index.nbytes
@@ -729,7 +732,7 @@ class ServiceRanker:
             if read is not None:
                 version, postings, marks = read
                 extra = index.take(version, postings, marks, asked)
-        found = index.evidence(tokens, mark_terms, extra)
+        found = index.evidence(tokens, mark_terms, extra, top)
         if index.nbytes > held:
             self._fit((index.tenant, index.user), index)
         return found
@@ -744,7 +747,9 @@ class ServiceRanker:
         exclude: Sequence[str],
     ) -> tuple[RankOutcome, dict[str, StoredPage]]:
         start = time.perf_counter()
-        found = self._evidence(store, index, question)
+        n = top_k if self.proxy is None else max(top_k, self.max_candidates)
+        # The top n but excluded pages are among the first n + len(exclude).
+        found = self._evidence(store, index, question, n + len(exclude))
         where, coarse, marks = found.positions, found.coarse, found.marks
         excluded = np.zeros(0, dtype=np.int64)
         if exclude:
@@ -754,12 +759,11 @@ class ServiceRanker:
             where, coarse, marks = where[keep], coarse[keep], marks[keep]
         # Fused over every page with evidence (chronological, so ties fall as in a full
         # ranking); the rest of a ranking would follow in chronological order with score 0.
-        n = top_k if self.proxy is None else max(top_k, self.max_candidates)
         top, top_fused = _fused_top(coarse, marks, self.rrf_k, n)
-        fused = np.zeros(len(coarse), dtype=np.float64)  # read at the top pages only
-        fused[top] = top_fused
         best = where[top]
-        if len(best) < n:
+        by_position = np.argsort(best)  # fused scores are read at the top pages only
+        if len(best) < n:  # fewer pages with evidence than n: every one was scored
+            assert found.complete
             rest = np.ones(len(found.pks), dtype=bool)
             rest[where] = False
             rest[excluded[excluded >= 0]] = False
@@ -778,7 +782,7 @@ class ServiceRanker:
             [p.page for p in stored],
             values_at(where, coarse, chosen),
             values_at(where, marks, chosen),
-            values_at(where, fused, chosen),
+            values_at(best[by_position], top_fused[by_position], chosen),
             local,
             question_date,
             start,

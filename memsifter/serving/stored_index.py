@@ -19,7 +19,7 @@ chronological order).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,10 @@ TERM_BYTES = 400
 # a common term's 500K postings up in it takes a tenth of the binary searches' time.
 SLOT_SPAN = 4
 _SLICE = 1 << 16
+# A query term on more than 1/COMMON_SHARE of a user's pages is scored only at the pages that
+# can make a recall's top (``StoredIndex._pruned``).
+COMMON_SHARE = 8
+PRUNE_MARGIN = 1e-9
 
 
 class _Column:
@@ -57,6 +61,9 @@ class _Column:
         return int(self._buffer.nbytes)
 
     def extend(self, values: np.ndarray) -> None:
+        kind = np.result_type(self._buffer.dtype, values.dtype)
+        if kind != self._buffer.dtype:  # held narrow (a pack's counts): widened, never wrapped
+            self._buffer = self._buffer.astype(kind)
         end = self._n + len(values)
         if end > len(self._buffer):
             grown = np.empty(max(end, 2 * len(self._buffer)), dtype=self._buffer.dtype)
@@ -69,13 +76,24 @@ class _Column:
 class _Cached:
     """A term's rows held by the index: values (tf, or bookmark weights) at the pages'
     chronological positions, and for postings their BM25 weights (valid while the index's
-    statistics are at ``stats``: a warm query adds them instead of computing them again). No
-    pks: positions move only when the index is opened again, which drops every cached term."""
+    statistics are at ``stats``: a warm query adds them instead of computing them again).
+    Postings come in by pk (ascending) and their positions are looked up when a query first
+    needs them: a common term that ``StoredIndex._pruned`` scores at a few pages is looked
+    up there by pk instead. Positions move only when the index is opened again, which drops
+    every cached term."""
 
-    __slots__ = ("_values", "_positions", "weights", "stats")
+    __slots__ = ("_values", "_positions", "_pks", "weights", "stats")
 
-    def __init__(self, values: np.ndarray, positions: np.ndarray) -> None:
-        self._values, self._positions = _Column(values), _Column(positions)
+    def __init__(
+        self,
+        values: np.ndarray,
+        *,
+        positions: np.ndarray | None = None,
+        pks: np.ndarray | None = None,
+    ) -> None:
+        self._values = _Column(values)
+        self._positions = None if positions is None else _Column(positions)
+        self._pks = None if pks is None else _Column(pks)
         self.weights: np.ndarray | None = None
         self.stats = -1
 
@@ -84,17 +102,32 @@ class _Cached:
         return self._values.array
 
     @property
+    def pks(self) -> np.ndarray | None:
+        """The pages' pks (ascending) until positions are looked up; then None."""
+        return None if self._pks is None else self._pks.array
+
+    @property
     def positions(self) -> np.ndarray:
+        assert self._positions is not None, "positions not looked up"
         return self._positions.array
 
-    def extend(self, values: np.ndarray, positions: np.ndarray) -> None:
+    def locate(self, positions: np.ndarray) -> None:
+        """Hold ``positions`` (of ``pks``, in their order) instead of the pks."""
+        self._positions, self._pks = _Column(positions), None
+
+    def extend(self, values: np.ndarray, keys: np.ndarray) -> None:
+        """Append rows: ``keys`` are positions, or pks (above every pk held, ascending)
+        while the positions are not looked up."""
         self._values.extend(values)
-        self._positions.extend(positions)
+        held = self._positions if self._pks is None else self._pks
+        assert held is not None
+        held.extend(keys)
         self.weights = None
 
     @property
     def nbytes(self) -> int:
-        held = self._values.nbytes + self._positions.nbytes
+        keys = self._positions if self._pks is None else self._pks
+        held = self._values.nbytes + (keys.nbytes if keys is not None else 0)
         return TERM_BYTES + held + (self.weights.nbytes if self.weights is not None else 0)
 
 
@@ -111,6 +144,8 @@ class Evidence:
     pks: np.ndarray
     _order_pks: np.ndarray
     _order_pos: np.ndarray | None  # None: pk order is chronological
+    # False: only the pages that can make the top asked for (``StoredIndex.evidence``)
+    complete: bool = True
 
     def positions_of(self, pks: Sequence[int]) -> np.ndarray:
         """Chronological positions of ``pks`` in ``self.pks``; -1 for a page not there."""
@@ -141,6 +176,8 @@ def _slot_table(order_pks: np.ndarray, order_pos: np.ndarray | None) -> _Column 
     span = int(order_pks[-1]) - base + 1
     if span > SLOT_SPAN * len(order_pks):
         return None
+    if order_pos is None and span == len(order_pks):  # no pk missing: the table counts up
+        return _Column(np.arange(span, dtype=np.int32))
     slots = np.full(span, -1, dtype=np.int32)
     # In slices: a cold open of a million pages touches no temporary of a million.
     for lo in range(0, len(order_pks), _SLICE):
@@ -153,11 +190,23 @@ def _slot_table(order_pks: np.ndarray, order_pos: np.ndarray | None) -> _Column 
 def _slot_lookup(base: int, slots: np.ndarray, pks: np.ndarray) -> np.ndarray:
     at = pks - base
     if not len(at) or (at.min() >= 0 and at.max() < len(slots)):
-        return slots[at].astype(np.int64)
+        return slots[at].astype(np.intp)  # numpy indexes by intp: int32 would be cast per use
     inside = (at >= 0) & (at < len(slots))
-    out = np.full(len(pks), -1, dtype=np.int64)
+    out = np.full(len(pks), -1, dtype=np.intp)
     out[inside] = slots[at[inside]]
     return out
+
+
+def _is_ascending(values: np.ndarray) -> bool:
+    return len(values) < 2 or bool(np.all(values[1:] > values[:-1]))
+
+
+def _ascending(where: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``where`` and ``values`` sorted by ``where`` (as they come, when they are)."""
+    if _is_ascending(where):
+        return where, values
+    order = np.argsort(where, kind="stable")
+    return where[order], values[order]
 
 
 def values_at(where: np.ndarray, values: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -188,6 +237,7 @@ class StoredIndex:
         self._order_pos: _Column | None = None
         self._slots: _Column | None = None  # the same, as a table by pk (``_slot_table``)
         self._total = 0.0
+        self._min_length = 1.0  # the shortest page's BM25 length (``_pruned``'s bound)
         self._last_order: tuple[bool, object, int, int] | None = None
         self._stats = 0  # bumped whenever pages or their lengths change (weights go stale)
         self._terms: dict[str, _Cached] = {}
@@ -230,6 +280,7 @@ class StoredIndex:
             self._order_pos = _Column(order) if order is not None else None
             self._slots = _slot_table(order_pks, order)
             self._total = float(lengths.sum())
+            self._min_length = float(lengths.min()) if len(lengths) else 1.0
             self._last_order = state.last_order
             self._stats += 1
             # The cached terms lack whatever changed since (pages added out of order, or gone)
@@ -275,6 +326,8 @@ class StoredIndex:
             else:
                 self._slots = _slot_table(self._order_pks.array, self._positions_in_order)
             self._total += float(lengths.sum())
+            if len(lengths):
+                self._min_length = min(self._min_length, float(lengths.min()))
             self._stats += 1
             if state.last_order is not None:
                 self._last_order = state.last_order
@@ -286,7 +339,11 @@ class StoredIndex:
                     self._cached_bytes -= entry.nbytes
                     # Appended pages leave every held position where it was: only the new
                     # postings are looked up.
-                    entry.extend(values, self._positions(pks))
+                    if entry.pks is None:
+                        entry.extend(values, self._positions(pks))
+                    else:
+                        order = np.argsort(pks, kind="stable")
+                        entry.extend(values[order], pks[order])
                     self._cached_bytes += entry.nbytes
             self.version = state.version
 
@@ -366,8 +423,22 @@ class StoredIndex:
         old = cache.pop(key, None)
         if old is not None:
             self._cached_bytes -= old.nbytes
-        entry = cache[key] = _Cached(values, self._positions(pks))
+        if cache is self._terms:  # postings: positions when a query needs them
+            pks, values = _ascending(pks, values)
+            entry = _Cached(values, pks=pks)
+        else:
+            entry = _Cached(values, positions=self._positions(pks))
+        cache[key] = entry
         self._cached_bytes += entry.nbytes
+
+    def _located(self, entry: _Cached) -> np.ndarray:
+        """A cached term's positions, looked up now if they were not."""
+        pks = entry.pks
+        if pks is not None:
+            self._cached_bytes -= entry.nbytes
+            entry.locate(self._positions(pks))
+            self._cached_bytes += entry.nbytes
+        return entry.positions
 
     def _positions(self, pks: np.ndarray) -> np.ndarray:
         """Chronological positions of ``pks``; -1 for a page this index does not hold."""
@@ -384,7 +455,7 @@ class StoredIndex:
         """A term's (positions, values) over held pages, from the cache or ``extra``."""
         entry = cache.get(key)
         if entry is not None:
-            return entry.positions, entry.values
+            return self._located(entry), entry.values
         rows = extra.get(key)
         if rows is None:
             return None
@@ -400,7 +471,7 @@ class StoredIndex:
         entry = self._terms.get(key)
         if entry is not None and entry.stats == self._stats:
             assert entry.weights is not None
-            return (entry.positions, entry.weights) if len(entry.positions) else None
+            return (entry.positions, entry.weights) if len(entry.values) else None
         rows = self._rows(self._terms, extra, key)
         if rows is None or not len(rows[0]):
             return None
@@ -418,36 +489,157 @@ class StoredIndex:
         terms: Sequence[str],
         mark_terms: Sequence[str],
         extra: tuple[TermArrays, TermArrays] = ({}, {}),
+        top: int | None = None,
     ) -> Evidence:
         """BM25 of the query tokens ``terms`` (repeats count) and the summed bookmark weights
-        of ``mark_terms``, over the pages with any of either."""
+        of ``mark_terms``, over the pages with any of either. With ``top`` and no bookmark
+        hit, over the pages that can be among the ``top`` best only (``_pruned``; the
+        evidence is then not ``complete``)."""
         with self._lock:
             n = len(self.pks)
-            coarse = np.zeros(n, dtype=np.float64)
             marks: np.ndarray | None = None  # allocated by the first bookmark hit
+            for term in dict.fromkeys(mark_terms) if n else ():
+                rows = self._rows(self._marks, extra[1], term)
+                if rows is not None and len(rows[0]):
+                    if marks is None:
+                        marks = np.zeros(n, dtype=np.float64)
+                    np.add.at(marks, rows[0], rows[1])
+            if marks is None and top is not None and n:
+                pruned = self._pruned(terms, extra[0], n, top)
+                if pruned is not None:
+                    return self._found(pruned[0], pruned[1], None, complete=False)
+            coarse = np.zeros(n, dtype=np.float64)
             if n:
-                avgdl = self._total / n
-                for term in terms:
-                    scored = self._weights(term_key(term), extra[0], n, avgdl)
-                    if scored is not None:
-                        coarse[scored[0]] += scored[1]
-                for term in dict.fromkeys(mark_terms):
-                    rows = self._rows(self._marks, extra[1], term)
-                    if rows is not None and len(rows[0]):
-                        if marks is None:
-                            marks = np.zeros(n, dtype=np.float64)
-                        np.add.at(marks, rows[0], rows[1])
+                self._accumulate(coarse, terms, extra[0], n)
             if marks is None:
-                positions = np.flatnonzero(coarse > 0)
-                held = np.zeros(len(positions), dtype=np.float64)
+                positions = np.flatnonzero(coarse > 0)  # faster than on the floats
             else:
                 positions = np.flatnonzero((coarse > 0) | (marks > 0))
-                held = marks[positions]
-            return Evidence(
-                positions,
-                coarse[positions],
-                held,
-                self.pks,
-                self._order_pks.array,
-                self._positions_in_order,
-            )
+            return self._found(positions, coarse[positions], marks)
+
+    def _found(
+        self,
+        positions: np.ndarray,
+        coarse: np.ndarray,
+        marks: np.ndarray | None,
+        complete: bool = True,
+    ) -> Evidence:
+        # No bookmark hit: zeros that take no memory (read-only, as ``Evidence`` is).
+        held = np.broadcast_to(0.0, len(positions)) if marks is None else marks[positions]
+        return Evidence(
+            positions,
+            coarse,
+            held,
+            self.pks,
+            self._order_pks.array,
+            self._positions_in_order,
+            complete,
+        )
+
+    def _accumulate(
+        self,
+        coarse: np.ndarray,
+        terms: Sequence[str],
+        extra: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        n: int,
+        skip: Container[str] = (),
+    ) -> None:
+        """Add the BM25 weights of ``terms`` (but ``skip``) into ``coarse`` (zeros), in the
+        query's order: the order ``IncrementalBM25`` adds them in, so sums are equal."""
+        avgdl = self._total / n
+        first = True
+        for term in terms:
+            key = term_key(term)
+            scored = None if key in skip else self._weights(key, extra, n, avgdl)
+            if scored is None:
+                continue
+            # 0.0 + w is w exactly: the first term's weights are written, not added (a
+            # common term's postings gathered and scattered once, not twice).
+            if first:
+                coarse[scored[0]] = scored[1]
+            else:
+                coarse[scored[0]] += scored[1]
+            first = False
+
+    def _pruned(
+        self,
+        terms: Sequence[str],
+        extra: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        n: int,
+        top: int,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The pages that can be among the ``top`` best for ``terms`` (ascending positions)
+        and their exact scores, without scoring every posting of the common terms (on more
+        than 1/``COMMON_SHARE`` of the pages): MaxScore (Turtle and Flood, 1995). The other
+        terms' sums make ``top`` pages score at least ``floor``; a common term adds at most
+        its ``lucene_weights`` at its largest tf and the shortest page, so a page whose sum
+        plus those bounds stays below ``floor`` is out, whatever its ties. The rest are scored
+        with every term, in the query's order. None when nothing would be saved: no common
+        term, no other term, too few pages, or bounds that rule nothing out."""
+        keys = [term_key(t) for t in terms]
+        tfs: dict[str, np.ndarray] = {}  # a term's tf over held pages (no positions needed)
+        for key in dict.fromkeys(keys):
+            entry = self._terms.get(key)
+            rows = self._rows(self._terms, extra, key) if entry is None else None
+            tf = entry.values if entry is not None else rows[1] if rows is not None else None
+            if tf is not None and len(tf):
+                tfs[key] = tf
+        common = {k for k, tf in tfs.items() if len(tf) * COMMON_SHARE > n}
+        if not common or len(common) == len(tfs):
+            return None
+        partial = np.zeros(n, dtype=np.float64)
+        self._accumulate(partial, terms, extra, n, skip=common)
+        hit = np.flatnonzero(partial > 0)
+        if len(hit) <= top:
+            return None
+        sums = partial[hit]
+        floor = float(np.partition(sums, len(hit) - top)[len(hit) - top])
+        avgdl = self._total / n
+        shortest = np.array([self._min_length], dtype=np.float64)
+        bound = 0.0
+        for key in keys:
+            if key in common:
+                most = np.array([tfs[key].max()], dtype=np.float64)
+                weight = lucene_weights(most, shortest, len(tfs[key]), n, avgdl, self.k1, self.b)
+                bound += float(weight[0])
+        # Rounding in either sum moves it by far less than this margin.
+        if bound >= floor * (1 - PRUNE_MARGIN):
+            return None
+        chosen = hit[sums + bound >= floor * (1 - PRUNE_MARGIN)]
+        at: dict[str, np.ndarray] = {}
+        for key in dict.fromkeys(k for k in keys if k in tfs):
+            if key in common:
+                found = self._tf_at(key, extra, chosen)
+                inside = found > 0
+                weights = np.zeros(len(chosen), dtype=np.float64)
+                weights[inside] = lucene_weights(
+                    found[inside],
+                    self.lengths[chosen[inside]],
+                    len(tfs[key]),
+                    n,
+                    avgdl,
+                    self.k1,
+                    self.b,
+                )
+            else:
+                scored = self._weights(key, extra, n, avgdl)
+                assert scored is not None
+                weights = values_at(*_ascending(*scored), chosen)
+            at[key] = weights
+        scores = np.zeros(len(chosen), dtype=np.float64)
+        for key in keys:
+            if key in at:
+                scores += at[key]  # 0.0 where a term has no posting: x + 0.0 is x
+        return chosen, scores
+
+    def _tf_at(
+        self, key: str, extra: Mapping[str, tuple[np.ndarray, np.ndarray]], chosen: np.ndarray
+    ) -> np.ndarray:
+        """A term's tf at positions ``chosen`` (0: no posting), by pk while its positions
+        are not looked up (a common term's 500K postings are never mapped to positions)."""
+        entry = self._terms.get(key)
+        if entry is not None and entry.pks is not None:
+            return values_at(entry.pks, entry.values, self.pks[chosen])
+        rows = self._rows(self._terms, extra, key)
+        assert rows is not None
+        return values_at(*_ascending(*rows), chosen)

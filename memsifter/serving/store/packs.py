@@ -117,19 +117,26 @@ def encode_counts(counts: np.ndarray) -> bytes:
     return kind.str.encode() + values.astype(kind).tobytes()
 
 
-def decode_counts(blob: bytes, extra: int = 0, dtype: Any = np.float64) -> np.ndarray:
-    """``encode_counts``'s counts as ``dtype``, with room for ``extra`` more after them."""
+def decode_counts(blob: bytes, more: np.ndarray | None = None) -> np.ndarray:
+    """``encode_counts``'s counts followed by ``more``, in the narrowest unsigned type that
+    holds both (what a pack stored, for a tail that fits it): a million page lengths or a
+    common term's tfs take a byte each, and BM25 reads them the same."""
     stored = np.frombuffer(blob, dtype=np.dtype(blob[:_CODE].decode()), offset=_CODE)
-    counts = np.empty(len(stored) + extra, dtype=dtype)
+    if more is None or not len(more):
+        return stored.copy()  # writable, and not a view of the row's bytes
+    kind = np.result_type(stored.dtype, _narrowest(np.asarray(more, dtype=np.int64), _COUNTS))
+    counts = np.empty(len(stored) + len(more), dtype=kind)
     counts[: len(stored)] = stored
+    counts[len(stored) :] = more
     return counts
 
 
-def unpack_pages(row: Any, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A page pack's (pks, BM25 lengths) as ``index_state`` returns them, with room for
-    ``extra`` pages after them (filled by the caller: the pages added since). The lengths
-    are int32: half the fresh memory of a cold open's float64, and BM25 reads them the same."""
-    return decode_ids(row.pks, extra), decode_counts(row.lengths, extra, np.int32)
+def unpack_pages(row: Any, pks: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A page pack's (pks, BM25 lengths) followed by ``pks`` and ``lengths`` (the pages
+    added since), as ``index_state`` returns them."""
+    ids = decode_ids(row.pks, len(pks))
+    ids[len(ids) - len(pks) :] = pks
+    return ids, decode_counts(row.lengths, lengths)
 
 
 def unpack_postings(row: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -273,7 +273,7 @@ class IndexRepository(Database):
         new_pks, new_lengths = read_columns(
             conn, _NEW_LENGTHS, {**who, "since": pack.version}, _PAGE_COLUMNS
         )
-        pks, lengths = packs.unpack_pages(pack, extra=len(new_pks))
+        pks, lengths = packs.unpack_pages(pack, new_pks, new_lengths)
         packed = len(pks) - len(new_pks)
         if len(new_pks):
             if not packed:
@@ -281,7 +281,6 @@ class IndexRepository(Database):
             ends = self._order_keys(conn, [pks[packed - 1], new_pks[0]])
             if ends[int(new_pks[0])] <= ends[int(pks[packed - 1])]:
                 return None
-            pks[packed:], lengths[packed:] = new_pks, new_lengths
         return pks, lengths, packed
 
     def _write_packs(self, write: Callable[[Session], None]) -> None:
