@@ -536,24 +536,36 @@ def test_postgresql_reads_postings_and_page_lengths_from_indexes_alone(
         store.close()
 
 
-def _top(found: object, n: int) -> list[tuple[int, float]]:
-    """The first n of evidence in ranking order (score, then chronological position)."""
-    positions, coarse = found.positions, found.coarse  # type: ignore[attr-defined]
-    order = np.lexsort((positions, -coarse))[:n]
-    return [(int(positions[i]), float(coarse[i])) for i in order]
+def _ranked(found: object, excluded: np.ndarray, k: int, n: int) -> tuple[list, list, list]:
+    """What a recall ranks from evidence (``_recall_stored``): the excluded positions out,
+    then ``_fused_top``'s first n, their fused and coarse scores."""
+    from memsifter.serving.ranking import _fused_top
+
+    positions = found.positions  # type: ignore[attr-defined]
+    keep = ~np.isin(positions, excluded)
+    coarse, marks = found.coarse[keep], found.marks[keep]  # type: ignore[attr-defined]
+    top, fused = _fused_top(coarse, marks, k, n)
+    return positions[keep][top].tolist(), fused.tolist(), coarse[top].tolist()
 
 
-def test_pruned_evidence_holds_the_exact_top_of_the_full_scoring() -> None:
+def test_pruned_evidence_ranks_a_recall_exactly_as_the_full_scoring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With ``top``, a query with common terms (on more than 1/COMMON_SHARE of the pages) is
-    scored at the pages that can make the top only (MaxScore): its first ``top`` (ties in
-    chronological order) and their scores equal the full scoring's, bit for bit, and every
-    page it holds has its exact score; over random histories with ties (few lengths and tfs),
-    repeated query terms, pages in pk order or not, terms cached before and after appends.
-    The control: most of these queries were pruned, and none held every page."""
+    scored at the pages that can change a recall's ranking only (MaxScore): the recall's first
+    n, their fused and coarse scores equal the full scoring's bit for bit, without bookmark
+    hits and with them (fused by rank with every page's coarse rank), with excluded pages;
+    every page it holds has its exact score. Over random histories with ties (few lengths and
+    tfs), repeated query terms, pages in pk order or not, terms cached before and after
+    appends. The control: many queries of both kinds were pruned and held fewer pages (at
+    any gain: these histories are small)."""
+    import memsifter.serving.stored_index as stored_index
+
+    monkeypatch.setattr(stored_index, "PRUNE_GAIN", 1)
     rng = np.random.default_rng(1)
-    pruned = 0
-    for trial in range(120):
-        n = int(rng.integers(60, 400))
+    pruned = {False: 0, True: 0}
+    for trial in range(150):
+        n = int(rng.integers(60, 500))
         pks = np.arange(10, 10 + 2 * n, 2)
         chronological = rng.permutation(pks) if trial % 3 == 0 else pks
         lengths = rng.choice([3, 8, 8, 20], n).astype(np.int64)
@@ -565,25 +577,38 @@ def test_pruned_evidence_holds_the_exact_top_of_the_full_scoring() -> None:
             held = np.sort(rng.choice(pks, max(1, int(share * n)), replace=False))
             tf = rng.choice([1, 1, 2, 3], len(held)).astype(np.uint8)
             postings[term_key(term)] = (held, tf)
-        index.take(1, postings, {}, (list(postings), []))
+        # Bookmarks on pages with a rare term (as a page's keywords come from its text), and
+        # on half the pages (whose weakest scores leave little to prune).
+        marked = {
+            term: (np.sort(rng.choice(among, size, replace=False)), rng.choice([0.5, 1.0], size))
+            for term, among, size in (
+                ("m0", postings[term_key("r0")][0], min(3, len(postings[term_key("r0")][0]))),
+                ("m1", postings[term_key("r2")][0], max(1, n // 20)),
+                ("m2", pks, n // 2),
+            )
+        }
+        index.take(1, postings, marked, (list(postings), list(marked)))
         if trial % 2:  # appended pages, with postings of the cached terms
             new = np.arange(pks[-1] + 1, pks[-1] + 41)
             state = IndexState("e", 2, "a", new, rng.choice([3, 8], 40), None, None)
             assert index.appends(state)
             grown = {term_key(t): (rng.permutation(new)[:15], np.ones(15)) for t in ("w0", "r1")}
-            index.catch_up(state, grown, {})
+            index.catch_up(state, grown, {"m1": (new[:2], np.ones(2))})
         for _ in range(4):
             terms = list(rng.choice(list(shares), int(rng.integers(1, 6))))
-            top = int(rng.integers(1, 12))
-            full = index.evidence(terms, [])
-            cut = index.evidence(terms, [], top=top)
-            assert _top(cut, top) == _top(full, top), (trial, terms, top)
+            marks = list(rng.choice(list(marked), int(rng.integers(0, 2))))
+            top, k = int(rng.integers(1, 12)), int(rng.choice([0, 1, 10, 60]))
+            excluded = rng.choice(len(index.pks), int(rng.integers(0, 3)), replace=False)
+            tops = (top + len(excluded), k + 2 * top + len(excluded))
+            full = index.evidence(terms, marks)
+            cut = index.evidence(terms, marks, top=tops)
+            assert _ranked(cut, excluded, k, top) == _ranked(full, excluded, k, top), trial
             exact = dict(zip(full.positions.tolist(), full.coarse.tolist(), strict=True))
             assert all(exact[p] == c for p, c in zip(cut.positions, cut.coarse, strict=True))
             if not cut.complete:
-                pruned += 1
+                pruned[bool(marks)] += 1
                 assert len(cut.positions) < len(full.positions)
-    assert pruned > 200
+    assert pruned[False] > 80 and pruned[True] > 10, pruned
 
 
 def test_a_recall_with_common_words_returns_the_full_rankings_top_and_scores(

@@ -715,13 +715,17 @@ class ServiceRanker:
         return {p.stored.page.id: p.stored for p in found}
 
     def _evidence(
-        self, store: Store, index: StoredIndex, question: str, top: int | None = None
+        self,
+        store: Store,
+        index: StoredIndex,
+        question: str,
+        top: tuple[int, int] | None = None,
     ) -> Evidence:
         """``question``'s evidence over the user's pages: its BM25 tokens (repeats count) and
         bookmark terms, scored from the postings ``index`` caches, after reading those it lacks
         (what it could not cache, read at another version, serves this query only). Caching
         postings or their weights grows the index: the cache is fitted again. With ``top``, the
-        pages that can be among the ``top`` best suffice (``StoredIndex.evidence``)."""
+        pages that can change the top suffice (``StoredIndex.evidence``)."""
         assert self._bm25 is not None
         tokens, mark_terms = self._bm25.analyzer(question), query_terms(question)
         held = index.nbytes
@@ -748,8 +752,10 @@ class ServiceRanker:
     ) -> tuple[RankOutcome, dict[str, StoredPage]]:
         start = time.perf_counter()
         n = top_k if self.proxy is None else max(top_k, self.max_candidates)
-        # The top n but excluded pages are among the first n + len(exclude).
-        found = self._evidence(store, index, question, n + len(exclude))
+        # What ``_fused_top`` ranks: the first n, or with bookmark hits each ranking's head
+        # (``depth``); once the excluded pages are out, they lie among so many more.
+        depth = int(np.ceil(self.rrf_k)) + 2 * n
+        found = self._evidence(store, index, question, (n + len(exclude), depth + len(exclude)))
         where, coarse, marks = found.positions, found.coarse, found.marks
         excluded = np.zeros(0, dtype=np.int64)
         if exclude:

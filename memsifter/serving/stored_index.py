@@ -39,6 +39,7 @@ _SLICE = 1 << 16
 # can make a recall's top (``StoredIndex._pruned``).
 COMMON_SHARE = 8
 PRUNE_MARGIN = 1e-9
+PRUNE_GAIN = 8
 
 
 class _Column:
@@ -159,6 +160,16 @@ def _lookup(order_pks: np.ndarray, order_pos: np.ndarray | None, pks: np.ndarray
     return np.where(order_pks[at] == pks, at if order_pos is None else order_pos[at], -1)
 
 
+def _counts(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Counts (BM25 lengths, tfs: whole numbers, read as floats from rows) in the narrowest
+    unsigned type, as a pack holds them: appending them to a pack's counts widens the column
+    only as far as they need (``_Column.extend``)."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu" or not len(values):
+        return values
+    return values.astype(np.min_scalar_type(int(values.max())))
+
+
 def _at_least_one(lengths: np.ndarray) -> np.ndarray:
     """BM25 lengths as ``IncrementalBM25`` counts them (a page without terms counts 1),
     copied only when one is below 1."""
@@ -269,7 +280,7 @@ class StoredIndex:
         """Hold every page of ``state`` (``index_state`` without ``since``)."""
         with self._lock:
             pks = np.asarray(state.pks, dtype=np.int64)
-            lengths = _at_least_one(np.asarray(state.lengths))
+            lengths = _at_least_one(_counts(state.lengths))
             order: np.ndarray | None = None
             order_pks = pks  # pages added in pk order (the common case) need no sort
             if len(pks) > 1 and not bool(np.all(pks[1:] > pks[:-1])):
@@ -311,7 +322,7 @@ class StoredIndex:
                 return
             start = len(self.pks)
             new_pks = np.asarray(state.pks, dtype=np.int64)
-            lengths = _at_least_one(np.asarray(state.lengths))
+            lengths = _at_least_one(_counts(state.lengths))
             self._pks.extend(new_pks)
             self._lengths.extend(lengths)
             order = np.argsort(new_pks, kind="stable")
@@ -339,6 +350,8 @@ class StoredIndex:
                     self._cached_bytes -= entry.nbytes
                     # Appended pages leave every held position where it was: only the new
                     # postings are looked up.
+                    if cache is self._terms:
+                        values = _counts(values)
                     if entry.pks is None:
                         entry.extend(values, self._positions(pks))
                     else:
@@ -489,43 +502,57 @@ class StoredIndex:
         terms: Sequence[str],
         mark_terms: Sequence[str],
         extra: tuple[TermArrays, TermArrays] = ({}, {}),
-        top: int | None = None,
+        top: tuple[int, int] | None = None,
     ) -> Evidence:
         """BM25 of the query tokens ``terms`` (repeats count) and the summed bookmark weights
-        of ``mark_terms``, over the pages with any of either. With ``top`` and no bookmark
-        hit, over the pages that can be among the ``top`` best only (``_pruned``; the
-        evidence is then not ``complete``)."""
+        of ``mark_terms``, over the pages with any of either. With ``top`` (how many pages
+        the caller ranks without a bookmark hit, and with one), over the pages that can
+        change that ranking only (``_pruned``; the evidence is then not ``complete``)."""
         with self._lock:
             n = len(self.pks)
-            marks: np.ndarray | None = None  # allocated by the first bookmark hit
-            for term in dict.fromkeys(mark_terms) if n else ():
-                rows = self._rows(self._marks, extra[1], term)
-                if rows is not None and len(rows[0]):
-                    if marks is None:
-                        marks = np.zeros(n, dtype=np.float64)
-                    np.add.at(marks, rows[0], rows[1])
-            if marks is None and top is not None and n:
-                pruned = self._pruned(terms, extra[0], n, top)
+            marks = self._mark_sums(mark_terms, extra[1]) if n else None
+            if top is not None and n:
+                pruned = self._pruned(
+                    terms, extra[0], n, top[marks is not None], None if marks is None else marks[0]
+                )
                 if pruned is not None:
-                    return self._found(pruned[0], pruned[1], None, complete=False)
+                    return self._found(pruned[0], pruned[1], marks, complete=False)
             coarse = np.zeros(n, dtype=np.float64)
             if n:
                 self._accumulate(coarse, terms, extra[0], n)
-            if marks is None:
-                positions = np.flatnonzero(coarse > 0)  # faster than on the floats
-            else:
-                positions = np.flatnonzero((coarse > 0) | (marks > 0))
+            hit = coarse > 0  # faster than on the floats
+            if marks is not None:
+                hit[marks[0]] = True
+            positions = np.flatnonzero(hit)
             return self._found(positions, coarse[positions], marks)
+
+    def _mark_sums(
+        self, mark_terms: Sequence[str], extra: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The pages with bookmark hits (ascending positions) and their summed weights, added
+        in the terms' order; None for no hit."""
+        found = [self._rows(self._marks, extra, t) for t in dict.fromkeys(mark_terms)]
+        rows = [r for r in found if r is not None and len(r[0])]
+        if not rows:
+            return None
+        marked, at = np.unique(np.concatenate([r[0] for r in rows]), return_inverse=True)
+        sums = np.zeros(len(marked), dtype=np.float64)
+        np.add.at(sums, at, np.concatenate([r[1] for r in rows]))
+        hit = sums > 0
+        return (marked[hit], sums[hit]) if hit.any() else None
 
     def _found(
         self,
         positions: np.ndarray,
         coarse: np.ndarray,
-        marks: np.ndarray | None,
+        marks: tuple[np.ndarray, np.ndarray] | None,
         complete: bool = True,
     ) -> Evidence:
         # No bookmark hit: zeros that take no memory (read-only, as ``Evidence`` is).
-        held = np.broadcast_to(0.0, len(positions)) if marks is None else marks[positions]
+        if marks is None:
+            held = np.broadcast_to(0.0, len(positions))
+        else:
+            held = values_at(marks[0], marks[1], positions)
         return Evidence(
             positions,
             coarse,
@@ -567,15 +594,20 @@ class StoredIndex:
         extra: Mapping[str, tuple[np.ndarray, np.ndarray]],
         n: int,
         top: int,
+        marks: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The pages that can be among the ``top`` best for ``terms`` (ascending positions)
-        and their exact scores, without scoring every posting of the common terms (on more
-        than 1/``COMMON_SHARE`` of the pages): MaxScore (Turtle and Flood, 1995). The other
-        terms' sums make ``top`` pages score at least ``floor``; a common term adds at most
-        its ``lucene_weights`` at its largest tf and the shortest page, so a page whose sum
-        plus those bounds stays below ``floor`` is out, whatever its ties. The rest are scored
-        with every term, in the query's order. None when nothing would be saved: no common
-        term, no other term, too few pages, or bounds that rule nothing out."""
+        """The pages (ascending positions) whose exact scores decide the ``top`` best for
+        ``terms`` and their ranks among every page, with those scores, without scoring every
+        posting of the common terms (on more than 1/``COMMON_SHARE`` of the pages): MaxScore
+        (Turtle and Flood, 1995). The other terms' sums make ``top`` pages score at least
+        ``floor``; a common term adds at most its ``lucene_weights`` at its largest tf and the
+        shortest page. With bookmark hits (``marks``: their positions), fusion ranks each
+        bookmarked page among every page by score, so the bar is the lowest of ``floor`` and
+        their scores. A page whose sum plus those bounds stays below the bar is below every
+        page that is ranked, ties included, and is left out; the rest and the bookmarked pages
+        are scored with every term, in the query's order. None when nothing would be saved:
+        no common term, no other term, too few pages, bounds that rule nothing out, or so many
+        pages left that scoring them costs more than scoring every posting (``PRUNE_GAIN``)."""
         keys = [term_key(t) for t in terms]
         tfs: dict[str, np.ndarray] = {}  # a term's tf over held pages (no positions needed)
         for key in dict.fromkeys(keys):
@@ -593,7 +625,7 @@ class StoredIndex:
         if len(hit) <= top:
             return None
         sums = partial[hit]
-        floor = float(np.partition(sums, len(hit) - top)[len(hit) - top])
+        bar = float(np.partition(sums, len(hit) - top)[len(hit) - top])
         avgdl = self._total / n
         shortest = np.array([self._min_length], dtype=np.float64)
         bound = 0.0
@@ -602,10 +634,35 @@ class StoredIndex:
                 most = np.array([tfs[key].max()], dtype=np.float64)
                 weight = lucene_weights(most, shortest, len(tfs[key]), n, avgdl, self.k1, self.b)
                 bound += float(weight[0])
+        marked = np.zeros(0, dtype=np.int64) if marks is None else marks
+        if len(marked):
+            scored = self._exact(keys, tfs, common, extra, n, marked)
+            if (scored > 0).any():
+                bar = min(bar, float(scored[scored > 0].min()))
         # Rounding in either sum moves it by far less than this margin.
-        if bound >= floor * (1 - PRUNE_MARGIN):
+        if bound >= bar * (1 - PRUNE_MARGIN):
             return None
-        chosen = hit[sums + bound >= floor * (1 - PRUNE_MARGIN)]
+        keep = sums + bound >= bar * (1 - PRUNE_MARGIN)
+        # Looking a page up costs a binary search per term, scoring a posting a few passes:
+        # past this share of the common postings, the full scoring is the cheaper.
+        if (np.count_nonzero(keep) + len(marked)) * PRUNE_GAIN > sum(len(tfs[k]) for k in common):
+            return None
+        chosen = np.union1d(hit[keep], marked) if len(marked) else hit[keep]
+        return chosen, self._exact(keys, tfs, common, extra, n, chosen)
+
+    def _exact(
+        self,
+        keys: Sequence[str],
+        tfs: Mapping[str, np.ndarray],
+        common: Container[str],
+        extra: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        n: int,
+        chosen: np.ndarray,
+    ) -> np.ndarray:
+        """BM25 of the query's term ``keys`` at positions ``chosen``, equal to the full
+        scoring's bit for bit: the same weights, added in the same order (0.0 where a term
+        has no posting: x + 0.0 is x)."""
+        avgdl = self._total / n
         at: dict[str, np.ndarray] = {}
         for key in dict.fromkeys(k for k in keys if k in tfs):
             if key in common:
@@ -629,8 +686,8 @@ class StoredIndex:
         scores = np.zeros(len(chosen), dtype=np.float64)
         for key in keys:
             if key in at:
-                scores += at[key]  # 0.0 where a term has no posting: x + 0.0 is x
-        return chosen, scores
+                scores += at[key]
+        return scores
 
     def _tf_at(
         self, key: str, extra: Mapping[str, tuple[np.ndarray, np.ndarray]], chosen: np.ndarray
