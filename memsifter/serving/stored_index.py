@@ -39,7 +39,7 @@ _SLICE = 1 << 16
 # can make a recall's top (``StoredIndex._pruned``).
 COMMON_SHARE = 8
 PRUNE_MARGIN = 1e-9
-PRUNE_GAIN = 8
+PRUNE_GAIN = 2
 
 
 class _Column:
@@ -206,6 +206,18 @@ def _slot_lookup(base: int, slots: np.ndarray, pks: np.ndarray) -> np.ndarray:
     out = np.full(len(pks), -1, dtype=np.intp)
     out[inside] = slots[at[inside]]
     return out
+
+
+def _merged(ascending: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """The union of ``ascending`` (unique) and ``more`` (unique), ascending: ``more`` (a few
+    pages) placed by binary search, not the whole sorted again as ``np.union1d`` would."""
+    if not len(more) or not len(ascending):
+        return np.sort(more) if len(more) else ascending
+    at = np.searchsorted(ascending, more)
+    new = np.sort(
+        more[(at == len(ascending)) | (ascending[at.clip(max=len(ascending) - 1)] != more)]
+    )
+    return np.insert(ascending, np.searchsorted(ascending, new), new)
 
 
 def _is_ascending(values: np.ndarray) -> bool:
@@ -512,9 +524,7 @@ class StoredIndex:
             n = len(self.pks)
             marks = self._mark_sums(mark_terms, extra[1]) if n else None
             if top is not None and n:
-                pruned = self._pruned(
-                    terms, extra[0], n, top[marks is not None], None if marks is None else marks[0]
-                )
+                pruned = self._pruned(terms, extra[0], n, top[marks is not None], marks)
                 if pruned is not None:
                     return self._found(pruned[0], pruned[1], marks, complete=False)
             coarse = np.zeros(n, dtype=np.float64)
@@ -594,18 +604,21 @@ class StoredIndex:
         extra: Mapping[str, tuple[np.ndarray, np.ndarray]],
         n: int,
         top: int,
-        marks: np.ndarray | None,
+        marks: tuple[np.ndarray, np.ndarray] | None,
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """The pages (ascending positions) whose exact scores decide the ``top`` best for
         ``terms`` and their ranks among every page, with those scores, without scoring every
         posting of the common terms (on more than 1/``COMMON_SHARE`` of the pages): MaxScore
         (Turtle and Flood, 1995). The other terms' sums make ``top`` pages score at least
         ``floor``; a common term adds at most its ``lucene_weights`` at its largest tf and the
-        shortest page. With bookmark hits (``marks``: their positions), fusion ranks each
-        bookmarked page among every page by score, so the bar is the lowest of ``floor`` and
-        their scores. A page whose sum plus those bounds stays below the bar is below every
-        page that is ranked, ties included, and is left out; the rest and the bookmarked pages
-        are scored with every term, in the query's order. None when nothing would be saved:
+        shortest page. With bookmark hits (``marks``: positions and summed weights), fusion
+        ranks the first ``top`` bookmarked pages among every page by score, so the bar is the
+        lowest of ``floor`` and their scores. A page whose sum plus those bounds stays below
+        the bar is below every page that is ranked, ties included, and is left out; the rest
+        are scored with every term, in the query's order. The other bookmarked pages are held
+        as scoring 0: below every page ranked by score, and outside the head of theirs, no
+        fused score of theirs can reach the top (``ranking._fused_top``). None when nothing
+        would be saved:
         no common term, no other term, too few pages, bounds that rule nothing out, or so many
         pages left that scoring them costs more than scoring every posting (``PRUNE_GAIN``)."""
         keys = [term_key(t) for t in terms]
@@ -634,21 +647,30 @@ class StoredIndex:
                 most = np.array([tfs[key].max()], dtype=np.float64)
                 weight = lucene_weights(most, shortest, len(tfs[key]), n, avgdl, self.k1, self.b)
                 bound += float(weight[0])
-        marked = np.zeros(0, dtype=np.int64) if marks is None else marks
-        if len(marked):
-            scored = self._exact(keys, tfs, common, extra, n, marked)
-            if (scored > 0).any():
+        head = np.zeros(0, dtype=np.int64)  # the bookmarked pages fusion ranks by score
+        if marks is not None:
+            head = marks[0][np.lexsort((marks[0], -marks[1]))[:top]]
+            scored = self._exact(keys, tfs, common, extra, n, head)
+            head = head[scored > 0]
+            if len(head):
                 bar = min(bar, float(scored[scored > 0].min()))
         # Rounding in either sum moves it by far less than this margin.
         if bound >= bar * (1 - PRUNE_MARGIN):
             return None
         keep = sums + bound >= bar * (1 - PRUNE_MARGIN)
-        # Looking a page up costs a binary search per term, scoring a posting a few passes:
-        # past this share of the common postings, the full scoring is the cheaper.
-        if (np.count_nonzero(keep) + len(marked)) * PRUNE_GAIN > sum(len(tfs[k]) for k in common):
+        # A page looked up costs a binary search per term, a posting scored a few passes (and
+        # fusion then ranks every page): past half the common postings (measured on the scale
+        # benchmark's million pages), the full scoring is the cheaper.
+        if (np.count_nonzero(keep) + len(head)) * PRUNE_GAIN > sum(len(tfs[k]) for k in common):
             return None
-        chosen = np.union1d(hit[keep], marked) if len(marked) else hit[keep]
-        return chosen, self._exact(keys, tfs, common, extra, n, chosen)
+        chosen = _merged(hit[keep], head)
+        scores = self._exact(keys, tfs, common, extra, n, chosen)
+        if marks is None:
+            return chosen, scores
+        # Every bookmarked page takes part in their ranking; below the bar, as no coarse match
+        # (it is below every page ranked by score, and outside the bookmarks' head).
+        positions = _merged(chosen, marks[0])
+        return positions, values_at(chosen, scores, positions)
 
     def _exact(
         self,
