@@ -9,6 +9,7 @@ Read from the source with ``ast``, so every import counts: top-level, inside a f
 from __future__ import annotations
 
 import ast
+from collections.abc import Container
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,66 @@ def _imports(path: Path) -> list[tuple[str, int]]:
     return out
 
 
+def _module_imports(path: Path, modules: Container[str]) -> set[str]:
+    """The library modules ``path`` imports: ``from a.b import c`` is ``a.b.c`` when that is
+    a module, else ``a.b`` (the package's ``__init__``)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            out |= {
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            }
+    return {m for m in out if m in modules and m != module}
+
+
+def _circles() -> list[list[str]]:
+    """Groups of library modules that import each other, directly or round a loop (Tarjan's
+    strongly connected components over every import, those inside functions included)."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {m: sorted(_module_imports(p, paths)) for m, p in paths.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+    for root in sorted(graph):
+        if root in order:
+            continue
+        work = [(root, iter(graph[root]))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        while work:
+            node, rest = work[-1]
+            child = next(rest, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == order[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        circles.append(sorted(group))
+            elif child not in order:
+                order[child] = low[child] = len(order)
+                stack.append(child)
+                work.append((child, iter(graph[child])))
+            elif child in stack:
+                low[node] = min(low[node], order[child])
+    return circles
+
+
 def _edges() -> list[tuple[str, str, str]]:
     """(importing unit, imported unit, where) for every import between two units."""
     edges = []
@@ -119,3 +180,10 @@ def test_ignored_imports_still_exist() -> None:
     present = {(src, dst) for src, dst, _ in _edges()}
     stale = sorted(set(IGNORED) - present)
     assert not stale, f"remove from IGNORED: {stale}"
+
+
+def test_no_import_circles() -> None:
+    """No module imports itself round a loop, not even from inside a function (how
+    ``serving.app`` and ``serving.mcp`` once hid theirs): what both sides of a loop need lives
+    in a module below them."""
+    assert not _circles(), "import circles:\n" + "\n".join(" -> ".join(c) for c in _circles())

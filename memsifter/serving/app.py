@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import threading
 import time
@@ -35,18 +34,17 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memsifter.llm.openai_http import OpenAIBackend
-from memsifter.serving.bookmarks import KeywordExtractor, LLMExtractor, YakeExtractor
+from memsifter.serving.bookmarks import KeywordExtractor
 from memsifter.serving.config import ServeConfig
-from memsifter.serving.deps import Services
 from memsifter.serving.errors import ServeError, error_body, field_path, summary
 from memsifter.serving.logs import request_id_var, tenant_var
-from memsifter.serving.memory import MemoryService
+from memsifter.serving.mcp import McpEndpoint
 from memsifter.serving.metrics import Metrics
 from memsifter.serving.ranking import ServiceRanker
 from memsifter.serving.ratelimit import RateLimitedError, RateLimiter
 from memsifter.serving.routes import admin, facts, ops, rank, recall, rerank, sessions
-from memsifter.serving.store import PrincipalCache, Store, hash_key
+from memsifter.serving.services import build_services, close_services
+from memsifter.serving.store import Store
 
 logger = logging.getLogger("memsifter.serving")
 
@@ -328,36 +326,6 @@ def _add_api_docs(app: FastAPI) -> None:
     app.add_api_route("/redoc", redoc, include_in_schema=False)
 
 
-def build_extractor(config: ServeConfig, ranker: ServiceRanker) -> KeywordExtractor:
-    b = config.bookmarks
-    if b.extractor == "llm" and ranker.backend is not None:
-        return LLMExtractor(ranker.backend, max_keywords=b.max_keywords)
-    return YakeExtractor(max_keywords=b.max_keywords, max_ngram=b.max_ngram, language=b.language)
-
-
-def bootstrap_keys(config: ServeConfig, store: Store) -> None:
-    """Add the configured keys that are missing, except revoked ones: an admin's revocation
-    outlives every restart (the store records it)."""
-    for i, k in enumerate(config.api_keys):
-        key = os.environ.get(k.key_env) if k.key_env else None
-        if k.key_env and not key:
-            logger.warning(
-                "api_keys[%d]: environment variable %s is not set; key skipped", i, k.key_env
-            )
-            continue
-        if store.key_revoked(k.key_sha256 or hash_key(key or "")):
-            logger.warning(
-                "api_keys[%d] (tenant %s) was revoked through the admin API; not added again. "
-                "Configure a new key to restore access",
-                i,
-                k.tenant,
-            )
-            continue
-        store.add_api_key(
-            k.tenant, key=key, key_sha256=k.key_sha256, agent=k.agent, fact_types=k.fact_types
-        )
-
-
 def _sweeper(config: ServeConfig, store: Store, metrics: Metrics, stop: threading.Event) -> None:
     interval = config.facts.sweep_interval_s
     while not stop.wait(interval):
@@ -370,44 +338,12 @@ def _sweeper(config: ServeConfig, store: Store, metrics: Metrics, stop: threadin
             logger.exception("fact sweep failed")
 
 
-def build_services(
-    config: ServeConfig,
-    ranker: ServiceRanker | None = None,
-    *,
-    extractor: KeywordExtractor | None = None,
-) -> Services:
-    """The store (migrated, bootstrap keys added), ranker and memory layer of a config: what
-    the app serves, and what ``memsifter mcp`` serves over stdio. ``close_services`` ends them."""
-    store = Store(config.db_url)
-    store.migrate()
-    bootstrap_keys(config, store)
-    ranker = ranker or ServiceRanker.from_config(config)
-    metrics = Metrics(ranker.name)
-    ranker.on_proxy = metrics.observe_proxy
-    ranker.on_index_load = metrics.observe_index_load
-    ranker.on_index_cache = metrics.observe_index_cache
-    memory = MemoryService(config, store, ranker, extractor or build_extractor(config, ranker))
-    limits = config.limits
-    limiter = RateLimiter(limits.rate_per_s, limits.burst) if limits.rate_per_s else None
-    return Services(
-        config, store, ranker, memory, metrics, limiter, PrincipalCache(config.auth_cache_s)
-    )
-
-
-def close_services(services: Services) -> None:
-    services.store.close()
-    if isinstance(services.ranker.backend, OpenAIBackend):
-        services.ranker.backend.close()  # the proxy's kept-alive connections
-
-
 def create_app(
     config: ServeConfig,
     ranker: ServiceRanker | None = None,
     *,
     extractor: KeywordExtractor | None = None,
 ) -> FastAPI:
-    from memsifter.serving.mcp import McpEndpoint  # here: that module builds on this one
-
     services = build_services(config, ranker, extractor=extractor)
     store, ranker, metrics = services.store, services.ranker, services.metrics
     mcp_endpoint = McpEndpoint(services)

@@ -26,9 +26,12 @@ from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from memsifter.serving.config import DEFAULT_CONFIG, load_serve_config
 from memsifter.serving.deps import Services
 from memsifter.serving.errors import ServeError
+from memsifter.serving.logs import configure_logging
 from memsifter.serving.mcp.tools import Caller, CallerResolver, Context, build_server, check_user
+from memsifter.serving.services import build_services, close_services
 from memsifter.serving.store import Store, hash_key
 from memsifter.serving.store.records import Principal
 
@@ -250,11 +253,6 @@ def run_stdio(
     overrides ``db_url``). It must already hold a memory unless ``create_db``: a relative SQLite
     path resolves against the working directory, which an assistant picks, so the default
     config would otherwise start an empty memory wherever the client happened to launch it."""
-    # Imported here: the app module imports this one to mount /mcp.
-    from memsifter.serving.app import build_services, close_services
-    from memsifter.serving.config import DEFAULT_CONFIG, load_serve_config
-    from memsifter.serving.logs import configure_logging
-
     # All refused before any database or model is opened.
     check_user(user, "--user")
     key = require_key(os.environ.get(key_env), key_env)
