@@ -54,6 +54,9 @@ def _queries(dataset: str, path: str, limit: int | None) -> list[Query]:
     return queries[:limit] if limit else queries
 
 
+TOP = 5
+
+
 def compare(dataset: str, path: str, limit: int | None) -> dict[str, Any]:
     asked = _queries(dataset, path, limit)
     # A haystack that repeats a session id cannot be one user's history (the service refuses
@@ -74,6 +77,7 @@ def compare(dataset: str, path: str, limit: int | None) -> dict[str, Any]:
         reference: dict[str, tuple[str, ...]] = {}
         turnless = 0  # questions whose haystack holds sessions without turns
         same_paged = 0  # rankings equal to bm25s over the sessions that have turns
+        same_top = 0  # top-5 recalls equal to the whole ranking's first 5, scores included
         start = time.perf_counter()
         for q in queries:
             key = tuple(s.fingerprint for s in q.haystack)
@@ -83,6 +87,12 @@ def compare(dataset: str, path: str, limit: int | None) -> dict[str, Any]:
                 memory.ingest_sessions(who, user, list(q.haystack))
             hits = memory.recall(who, user, q.question, top_k=len(q.haystack)).hits
             service[q.qid] = tuple(h.page.session_id for h in hits)
+            # A recall of the top 5 scores only the pages that can reach it (pruning): the
+            # same pages and scores as the whole ranking's first 5.
+            top = memory.recall(who, user, q.question, top_k=TOP).hits
+            same_top += [(h.page.session_id, h.coarse_score) for h in top] == [
+                (h.page.session_id, h.coarse_score) for h in hits[:TOP]
+            ]
             # The service breaks ties chronologically: the reference gets the sessions in
             # the order the service stores them (undated last, then by date).
             ordered = sorted(
@@ -117,6 +127,7 @@ def compare(dataset: str, path: str, limit: int | None) -> dict[str, Any]:
         "difference": {m: ours[m] - theirs[m] for m in METRICS},
         "n_with_turnless_sessions": turnless,
         "identical_over_paged_sessions": same_paged,
+        "top5_recall_equals_first_5": same_top,
         "seconds": round(seconds, 1),
     }
 
@@ -136,13 +147,14 @@ def render(result: dict[str, Any]) -> str:
         "A session with no turns makes no page (LongMemEval's user-turn haystacks have some), "
         "so the service's BM25 counts fewer documents than bm25s over the haystack: *with "
         "turnless sessions* counts such questions, and *identical over paged sessions* the "
-        "service rankings equal to bm25s's over the sessions that have turns.",
+        "service rankings equal to bm25s's over the sessions that have turns. *Top 5 = first "
+        "5* counts questions whose recall of the top 5 (which scores only the pages that can "
+        "reach it) returns the whole ranking's first 5 with the same coarse scores.",
         "",
         "| dataset | questions (left out: repeated ids) | users | identical rankings | "
         "identical top 10 | with turnless sessions | identical over paged sessions | "
-        + " | ".join(f"{m} service / BM25 (diff)" for m in METRICS)
-        + " |",
-        "|---|---|---|---|---|---|---|" + "---|" * len(METRICS),
+        "top 5 = first 5 | " + " | ".join(f"{m} service / BM25 (diff)" for m in METRICS) + " |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(METRICS),
     ]
     for r in result["rows"]:
         cells = [
@@ -154,7 +166,8 @@ def render(result: dict[str, Any]) -> str:
             f"| {r['n_users']} | "
             f"{r['identical_rankings']} | {r['identical_top10']} | "
             f"{r.get('n_with_turnless_sessions', '')} | "
-            f"{r.get('identical_over_paged_sessions', '')} | " + " | ".join(cells) + " |"
+            f"{r.get('identical_over_paged_sessions', '')} | "
+            f"{r.get('top5_recall_equals_first_5', '')} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines) + "\n"
 

@@ -267,7 +267,8 @@ def test_service_coarse_parity_tiny(
     tmp_path: Path, locomo_mini_path: Path, longmemeval_mini_path: Path
 ) -> None:
     """The service's recall over an ingested haystack ranks as the benchmarks' BM25 does, on
-    the mini fixtures of both datasets: every ranking identical, every metric's difference 0."""
+    the mini fixtures of both datasets: every ranking identical, every metric's difference 0,
+    and every top-5 recall the ranking's first 5."""
     out = tmp_path / "parity.md"
     _run(
         "service_coarse_parity.py",
@@ -280,3 +281,4 @@ def test_service_coarse_parity_tiny(
         assert r["n_questions"] > 0 and r["identical_rankings"] == r["n_questions"], r
         assert all(d == 0 for d in r["difference"].values()), r
         assert r["identical_over_paged_sessions"] == r["n_questions"], r
+        assert r["top5_recall_equals_first_5"] == r["n_questions"], r
