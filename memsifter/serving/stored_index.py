@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memsifter.coarse.incremental import lucene_weights
+from memsifter.serving.store.packs import count_type
 from memsifter.serving.store.postings import term_key
 from memsifter.serving.store.records import IndexState, TermArrays
 
@@ -167,7 +168,7 @@ def _counts(values: Sequence[float] | np.ndarray) -> np.ndarray:
     values = np.asarray(values)
     if values.dtype.kind in "iu" or not len(values):
         return values
-    return values.astype(np.min_scalar_type(int(values.max())))
+    return values.astype(count_type(values))
 
 
 def _at_least_one(lengths: np.ndarray) -> np.ndarray:
@@ -295,7 +296,7 @@ class StoredIndex:
             lengths = _at_least_one(_counts(state.lengths))
             order: np.ndarray | None = None
             order_pks = pks  # pages added in pk order (the common case) need no sort
-            if len(pks) > 1 and not bool(np.all(pks[1:] > pks[:-1])):
+            if not _is_ascending(pks):
                 order = np.argsort(pks, kind="stable")
                 order_pks = pks[order]
             self._pks, self._lengths = _Column(pks), _Column(lengths)
@@ -618,9 +619,9 @@ class StoredIndex:
         are scored with every term, in the query's order. The other bookmarked pages are held
         as scoring 0: below every page ranked by score, and outside the head of theirs, no
         fused score of theirs can reach the top (``ranking._fused_top``). None when nothing
-        would be saved:
-        no common term, no other term, too few pages, bounds that rule nothing out, or so many
-        pages left that scoring them costs more than scoring every posting (``PRUNE_GAIN``)."""
+        would be saved: no common term, no other term, too few pages, bounds that rule nothing
+        out, or so many pages left that scoring them costs more than scoring every posting
+        (``PRUNE_GAIN``)."""
         keys = [term_key(t) for t in terms]
         tfs: dict[str, np.ndarray] = {}  # a term's tf over held pages (no positions needed)
         for key in dict.fromkeys(keys):

@@ -79,6 +79,11 @@ def first_new_pk(conn: Any, who: Mapping[str, str], since: int) -> int | None:
     return None if first is None else int(first)
 
 
+def count_type(counts: Any) -> np.dtype:
+    """The narrowest unsigned type that holds non-negative whole ``counts``."""
+    return _narrowest(np.asarray(counts, dtype=np.int64), _COUNTS)
+
+
 def _narrowest(values: np.ndarray, kinds: tuple[np.dtype, ...]) -> np.dtype:
     if not len(values):
         return kinds[0]
@@ -124,7 +129,7 @@ def decode_counts(blob: bytes, more: np.ndarray | None = None) -> np.ndarray:
     stored = np.frombuffer(blob, dtype=np.dtype(blob[:_CODE].decode()), offset=_CODE)
     if more is None or not len(more):
         return stored.copy()  # writable, and not a view of the row's bytes
-    kind = np.result_type(stored.dtype, _narrowest(np.asarray(more, dtype=np.int64), _COUNTS))
+    kind = np.result_type(stored.dtype, count_type(more))
     counts = np.empty(len(stored) + len(more), dtype=kind)
     counts[: len(stored)] = stored
     counts[len(stored) :] = more
