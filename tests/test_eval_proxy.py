@@ -130,6 +130,9 @@ def _factory(answers_by_path: dict[str, dict[str, str]], made: list[FakeBackend]
 
 
 def _cfg(rl_folder: Path, tmp_path: Path, **kw) -> ProxyEvalConfig:
+    # These rows are prompts alone, with no candidates to permute: the order-invariance check
+    # has its own tests (test_eval_invariance.py).
+    kw.setdefault("invariance", False)
     return ProxyEvalConfig(data=str(rl_folder), out=str(tmp_path / "out"), **kw)
 
 
@@ -453,6 +456,7 @@ def test_cli_end_to_end(
         "3",
         "--threads",
         "1",
+        "--no-invariance",
         "--out",
         str(out),
         "--out-json",

@@ -216,6 +216,15 @@ class ProxyEvalConfig:
     n_bootstrap: int = setting(N_BOOTSTRAP, help="bootstrap resamples")
     batch_size: int = setting(4, help="prompts per generate call")
     threads: int | None = setting(None, help="torch threads")
+    invariance: bool = setting(
+        True,
+        help="the order-invariance check: every model re-ranks each prompt under seeded "
+        "permutations of the shown order (costs PERMUTATIONS more answers a question)",
+    )
+    permutations: int = setting(5, help="permutations a prompt in the invariance check (>= 2)")
+    invariance_questions: int | None = setting(
+        None, help="a seeded sample of N scored questions for the invariance check; default all"
+    )
     out: str = setting(PROXY_EVAL_OUT, help="output folder (runs/ and default reports)")
     out_md: str | None = setting(None, help="markdown report; default OUT/report.md")
     out_json: str | None = setting(None, help="json metrics; default OUT/metrics.json")

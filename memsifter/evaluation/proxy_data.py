@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from memsifter.data.types import Session
 from memsifter.errors import DataError
 from memsifter.ranker.checkpoint import read_spec
 from memsifter.ranker.spec import PromptSpec
+from memsifter.rewards.columns import sessions_from_column
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,30 @@ class Question:
     gold_positions: tuple[int, ...]
     conversation: str = ""
     category: str = ""
+    # What the prompt was built from (the reward columns), so it can be rendered again in
+    # another order (memsifter.evaluation.invariance); "" in a folder without them.
+    question: str = ""
+    question_date: str | None = None
+    candidates: str = ""
+    truncated: bool = False
+
+    def sessions(self) -> tuple[Session, ...]:
+        """The prompt's candidates in prompt order (``[Session i]`` is ``sessions()[i]``)."""
+        if not self.candidates:
+            raise DataError(
+                "this RL data folder has no candidates column (an older `memsifter data rl`): "
+                "rebuild it, or pass --no-invariance",
+                record=self.qid,
+                field="candidates",
+            )
+        sessions = sessions_from_column(self.candidates)
+        if len(sessions) != self.n_candidates:
+            raise DataError(
+                f"{len(sessions)} candidates for a prompt of {self.n_candidates}",
+                record=self.qid,
+                field="candidates",
+            )
+        return sessions
 
 
 @dataclass
@@ -82,6 +108,10 @@ def _question(row: Mapping[str, Any], file: str) -> Question:
         gold_positions=tuple(int(p) for p in row["gold_positions"]),
         conversation=str(row.get("conversation") or ""),
         category=str(row.get("category") or ""),
+        question=str(row.get("question") or ""),
+        question_date=row.get("question_date"),
+        candidates=str(row.get("candidates") or ""),
+        truncated=bool(row.get("truncated") or False),
     )
 
 

@@ -41,6 +41,7 @@ from ir_measures import RR, R, nDCG
 from memsifter.errors import MemSifterError
 from memsifter.evaluation.bootstrap import paired_bootstrap
 from memsifter.evaluation.config import N_BOOTSTRAP, ProxyEvalConfig, parse_model_option
+from memsifter.evaluation.invariance import check_permutations, invariance
 from memsifter.evaluation.proxy_data import EvalData, Question, load_eval_data, read_split_lists
 from memsifter.evaluation.proxy_rankers import (
     RRF_K,
@@ -51,6 +52,7 @@ from memsifter.evaluation.proxy_rankers import (
     default_backend_factory,
     fuse_order,
     fused_run,
+    invariance_orders,
     model_run,
     saved_run,
 )
@@ -94,12 +96,25 @@ def ranker_values(run: RankerRun, data: EvalData) -> dict[str, np.ndarray]:
     return values
 
 
-def summarize(run: RankerRun, values: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def summarize(
+    run: RankerRun, values: Mapping[str, np.ndarray], order: str | None = None
+) -> dict[str, Any]:
+    """One ranker's row: metric means, and with ``order`` (the data's shown order) its
+    order-invariance (None where the check did not run: a saved run without it)."""
     n = len(run.rankings)
     row: dict[str, Any] = {"n": n}
     for name in METRIC_NAMES:
         row[name] = float(values[name].mean()) if n else 0.0
     row["parse_rate"] = run.parse_rate
+    if order is not None:
+        row["order"] = order
+        row["invariance"] = (
+            None
+            if run.permuted is None
+            else invariance(
+                run.permuted_base if run.permuted_base is not None else run.rankings, run.permuted
+            )
+        )
     if run.kind == "model":
         row["latency_ms_p50"] = float(np.percentile(run.latency_ms, 50)) if run.latency_ms else None
         row["parse_errors"] = dict(Counter(e for e in run.errors or () if e))
@@ -168,6 +183,13 @@ class ProxyEvalResult:
             "data": str(data.folder),
             "prompt_spec": data.spec.to_dict(),
             "bootstrap": {"resamples": cfg.n_bootstrap, "seed": cfg.seed},
+            "invariance": {
+                "permutations": cfg.permutations,
+                "max_questions": cfg.invariance_questions,
+                "seed": cfg.seed,
+            }
+            if cfg.invariance
+            else None,
             "machine": self.machine,
             "command": self.command,
         }
@@ -198,6 +220,12 @@ def command_line(cfg: ProxyEvalConfig) -> str:
     if cfg.max_questions is not None:
         args += ["--max-questions", str(cfg.max_questions)]
     args += ["--seed", str(cfg.seed), "--batch-size", str(cfg.batch_size)]
+    if not cfg.invariance:
+        args.append("--no-invariance")
+    else:
+        args += ["--permutations", str(cfg.permutations)]
+        if cfg.invariance_questions is not None:
+            args += ["--invariance-questions", str(cfg.invariance_questions)]
     if cfg.n_bootstrap != N_BOOTSTRAP:
         args += ["--n-bootstrap", str(cfg.n_bootstrap)]
     if cfg.threads is not None:
@@ -216,6 +244,13 @@ def command_line(cfg: ProxyEvalConfig) -> str:
 
 def validate(cfg: ProxyEvalConfig, coarse_name: str) -> list[str]:
     """Ranker names in run order; every name the flags mention must exist."""
+    if cfg.invariance:
+        check_permutations(cfg.permutations)
+        if cfg.invariance_questions is not None and cfg.invariance_questions < 1:
+            raise MemSifterError(
+                f"--invariance-questions {cfg.invariance_questions}: sample at least 1 question "
+                "(--no-invariance skips the check)"
+            )
     model_names = [n for n, _ in cfg.models] + [n for n, _ in cfg.runs]
     dup = sorted({n for n in model_names if model_names.count(n) > 1})
     if dup:
@@ -250,6 +285,8 @@ def write_runs(runs: Sequence[RankerRun], data: EvalData, folder: Path) -> list[
                     "completion": run.completions[i] if run.completions is not None else None,
                     "latency_ms": run.latency_ms[i] if run.latency_ms is not None else None,
                 }
+                if run.kind == "model" and run.permuted is not None:
+                    rec["permuted"] = [a.to_record() for a in run.permuted[i]]
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         files.append(path)
     return files
@@ -277,13 +314,19 @@ def run_proxy_eval(
         name: check_model_spec(name, path, data.spec, data.folder, name in explicit)
         for name, path in cfg.models
     }
-    runs = [coarse_run(data)]
+    orders = None
+    if cfg.invariance:
+        orders = invariance_orders(data, cfg.permutations, cfg.seed, cfg.invariance_questions)
+        for q, q_orders in zip(data.questions, orders, strict=True):
+            if q_orders:
+                q.sessions()  # refuses a folder without candidates before any model loads
+    runs = [coarse_run(data, orders)]
     with make_progress(console) as progress:
         for name, path in cfg.models:
             t0 = time.perf_counter()
             backend = factory(path, cfg.batch_size, cfg.threads)
             load_s = time.perf_counter() - t0
-            run = model_run(name, path, backend, data, cfg.batch_size, progress)
+            run = model_run(name, path, backend, data, cfg.batch_size, progress, orders)
             run.path, run.spec_check, run.load_seconds = path, checks[name], load_s
             runs.append(run)
             del backend
@@ -294,7 +337,7 @@ def run_proxy_eval(
         runs.append(fused_run(by_name[f], data, coarse_name))
     assert [r.name for r in runs] == names
     values = {r.name: ranker_values(r, data) for r in runs}
-    rows = {r.name: summarize(r, values[r.name]) for r in runs}
+    rows = {r.name: summarize(r, values[r.name], data.spec.order) for r in runs}
     pairs = {}
     # Questions of one conversation share its history: resample conversations, not questions.
     convs = [q.conversation for q in data.questions]
@@ -325,10 +368,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def render_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     head = ["ranker", "n", *METRIC_NAMES, "parse rate", "p50 ms/question"]
+    head += ["top-1 agreement", "constant label"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, m in rows.items():
         cells = [name, str(m["n"]), *(_fmt(m[k]) for k in METRIC_NAMES)]
         cells += [_fmt(m["parse_rate"]), _fmt(m.get("latency_ms_p50"), 0)]
+        inv = m.get("invariance")
+        cells += [_fmt(inv["top1_agreement"]), _fmt(inv["constant_share"])] if inv else ["–", "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -358,6 +404,24 @@ def _conversations_text(lists: Mapping[str, Any], split: str) -> str:
         if isinstance(v, Mapping)
     ]
     return "; ".join(parts) or "none"
+
+
+def _invariance_text(result: ProxyEvalResult) -> str:
+    cfg, order = result.config, result.data.spec.order
+    shown = f"The candidates are shown in `{order}` order."
+    if not cfg.invariance:
+        return f"{shown} The order-invariance check was skipped (`--no-invariance`)."
+    checked = {r["invariance"]["n"] for r in result.rows.values() if r.get("invariance")}
+    n = f"n = {max(checked)} questions" if checked else "no question"
+    return (
+        f"{shown} Order invariance ({cfg.permutations} seeded permutations of the shown order a "
+        f"question, {n}; memsifter.evaluation.invariance): *top-1 agreement* is the share of "
+        "permuted answers that put the same session first as on the original order (a ranker "
+        "answering one fixed permutation: about 1/n); *constant label* is the share of questions "
+        "whose first label is the same on every order (that ranker: 1). The coarse row re-ranks "
+        "the same candidates in each order; fused rows fuse the permuted answers with the same "
+        "coarse order; a saved run without permuted answers shows –."
+    )
 
 
 def render_report(result: ProxyEvalResult) -> str:
@@ -399,6 +463,8 @@ def render_report(result: ProxyEvalResult) -> str:
         f"`{spec.coarse}` order by reciprocal-rank fusion (k = {RRF_K:g}) over all candidates. "
         "Latency: greedy generation, wall time per call shared by its "
         f"{cfg.batch_size} prompts.",
+        "",
+        _invariance_text(result),
         "",
     ]
     models = [r for r in result.runs if r.kind == "model"]

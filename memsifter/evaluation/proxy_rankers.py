@@ -14,7 +14,8 @@ import numpy as np
 
 from memsifter.coarse.hybrid import rrf
 from memsifter.errors import DataError, MemSifterError
-from memsifter.evaluation.proxy_data import EvalData
+from memsifter.evaluation.invariance import Order, PermutedAnswer, permutations_for, to_original
+from memsifter.evaluation.proxy_data import EvalData, Question
 from memsifter.ranker.checkpoint import SPEC_FILE, read_spec, spec_differences, spec_file
 from memsifter.ranker.parse import parse_ranking
 from memsifter.ranker.spec import PromptSpec
@@ -69,6 +70,11 @@ class RankerRun:
     path: str | None = None
     spec_check: str | None = None  # match | explicit
     load_seconds: float | None = None
+    # The order-invariance check (memsifter.evaluation.invariance): per question, the answers
+    # under its permutations (empty where none was asked), and the answers on the original
+    # order they are compared with (None: ``rankings``).
+    permuted: list[list[PermutedAnswer]] | None = None
+    permuted_base: list[list[int]] | None = None
 
     @property
     def parse_rate(self) -> float | None:
@@ -77,8 +83,49 @@ class RankerRun:
         return sum(self.parsed_ok) / len(self.parsed_ok) if self.parsed_ok else 0.0
 
 
-def coarse_run(data: EvalData) -> RankerRun:
-    return RankerRun(data.spec.coarse, "coarse", [list(q.coarse_order) for q in data.questions])
+def invariance_orders(
+    data: EvalData, k: int, seed: int, max_questions: int | None = None
+) -> list[list[Order]]:
+    """Per scored question, the orders the invariance check shows it in (:func:`~memsifter.
+    evaluation.invariance.permutations_for`); none for a question outside the seeded sample of
+    ``max_questions``, or whose prompt cut a session short (its candidates column holds the
+    whole session, so a new rendering would not show what the prompt did)."""
+    qs = data.questions
+    chosen = range(len(qs))
+    if max_questions is not None and max_questions < len(qs):
+        rng = np.random.default_rng(seed)
+        chosen = sorted(rng.choice(len(qs), size=max_questions, replace=False).tolist())
+    orders: list[list[Order]] = [[] for _ in qs]
+    for i in chosen:
+        q = qs[i]
+        if not q.truncated:
+            orders[i] = permutations_for(q.qid, q.n_candidates, k, seed)
+    return orders
+
+
+def coarse_run(data: EvalData, orders: Sequence[Sequence[Order]] | None = None) -> RankerRun:
+    """The coarse order of each question. With ``orders``, the coarse filter also ranks each
+    question's candidates again in each order: the data's coarse order was made over the whole
+    haystack (its IDF included), so the check compares the re-ranks with the re-rank of the
+    original order, the same candidates."""
+    run = RankerRun(data.spec.coarse, "coarse", [list(q.coarse_order) for q in data.questions])
+    if orders is None or not any(orders):
+        return run
+    from memsifter.coarse import build_filter
+
+    coarse = build_filter(data.spec.coarse)
+
+    def ranked(q: Question, sessions: Sequence[Any], order: Order) -> tuple[int, ...]:
+        shown = [sessions[i] for i in order]
+        position = {s.id: j for j, s in enumerate(shown)}
+        return to_original(order, [position[sid] for sid in coarse.score(q.question, shown).ids])
+
+    run.permuted, run.permuted_base = [], []
+    for q, q_orders in zip(data.questions, orders, strict=True):
+        sessions = q.sessions() if q_orders else ()
+        run.permuted_base.append(list(ranked(q, sessions, tuple(range(q.n_candidates)))) if q_orders else [])
+        run.permuted.append([PermutedAnswer(o, ranked(q, sessions, o)) for o in q_orders])
+    return run
 
 
 def default_backend_factory(path: str, batch_size: int, threads: int | None) -> Any:
@@ -95,11 +142,13 @@ def model_run(
     data: EvalData,
     batch_size: int = 4,
     progress: Any = None,
+    orders: Sequence[Sequence[Order]] | None = None,
 ) -> RankerRun:
     """Greedy answers (generated, or the first-token head's) on every scored prompt,
     ``batch_size`` prompts a call, through the proxy opened on ``path`` (its spec checked
     against the data's: :func:`check_model_spec`); latency per question is the call's wall time
-    shared by its prompts."""
+    shared by its prompts. With ``orders``, also its answers under the invariance check's
+    permutations (:func:`permuted_answers`)."""
     from memsifter.ranker.proxy import Proxy, ProxyParams, RenderedPrompt
 
     qs = data.questions
@@ -119,7 +168,7 @@ def model_run(
     )
     answers = proxy.answer([RenderedPrompt(q.prompt, q.n_candidates) for q in qs], heard)
     parsed = [a.parsed for a in answers]
-    return RankerRun(
+    run = RankerRun(
         name,
         "model",
         [list(p.ids) for p in parsed],  # never completed: a failure ranks nothing
@@ -128,6 +177,51 @@ def model_run(
         errors=[p.error.value if p.error else None for p in parsed],
         latency_ms=latency,
     )
+    if orders is not None:
+        run.permuted = permuted_answers(name, proxy, data, orders, progress)
+    return run
+
+
+def permuted_answers(
+    name: str, proxy: Any, data: EvalData, orders: Sequence[Sequence[Order]], progress: Any = None
+) -> list[list[PermutedAnswer]]:
+    """The proxy's answers to each question shown in each of its ``orders``, rendered by the
+    proxy's own builder from the row's candidates. The original order must render the row's
+    prompt byte for byte first, so a permuted prompt differs from it in the order alone."""
+    from memsifter.ranker.proxy import RenderedPrompt
+
+    builder = proxy.builder
+    prompts: list[RenderedPrompt] = []
+    for q, q_orders in zip(data.questions, orders, strict=True):
+        if not q_orders:
+            continue
+        sessions = q.sessions()
+        again = builder.build_shown(q.question, sessions, q.question_date).text
+        if again != q.prompt:
+            raise MemSifterError(
+                f"model {name!r}: question {q.qid} renders differently from its row's prompt "
+                "with this model's tokenizer and the data's spec, so a permuted prompt would "
+                "differ in more than its order; the invariance check needs the data's renderer "
+                "(--no-invariance skips it)"
+            )
+        for order in q_orders:
+            shown = [sessions[i] for i in order]
+            built = builder.build_shown(q.question, shown, q.question_date)
+            prompts.append(RenderedPrompt(built.text, q.n_candidates))
+    task = None
+    if progress is not None:
+        task = progress.add_task(f"{name} permuted", total=len(prompts))
+    answers = iter(
+        proxy.answer(prompts, (lambda n, _s: progress.advance(task, n)) if task is not None else None)
+    )
+    out: list[list[PermutedAnswer]] = []
+    for q_orders in orders:
+        row = []
+        for order in q_orders:
+            a = next(answers)
+            row.append(PermutedAnswer(order, to_original(order, a.parsed.ids), a.generation.text))
+        out.append(row)
+    return out
 
 
 def saved_run(name: str, path: str | Path, data: EvalData) -> RankerRun:
@@ -159,8 +253,18 @@ def saved_run(name: str, path: str | Path, data: EvalData) -> RankerRun:
             file=str(file),
         )
     rankings, ok, texts, errors, latency = [], [], [], [], []
+    with_permuted = sum("permuted" in records[q.qid] for q in data.questions)
+    if with_permuted not in (0, len(data.questions)):
+        raise DataError(
+            f"{with_permuted} of the {len(data.questions)} scored questions carry invariance "
+            "answers ('permuted') and the others none: the run mixes two evals",
+            file=str(file),
+        )
+    permuted: list[list[PermutedAnswer]] | None = [] if with_permuted else None
     for q in data.questions:
         rec = records[q.qid]
+        if permuted is not None:
+            permuted.append(_saved_permuted(rec["permuted"], q, file))
         parsed = parse_ranking(rec["completion"], q.n_candidates)
         if "ranking" in rec and list(rec["ranking"]) != list(parsed.ids):
             raise DataError(
@@ -184,7 +288,29 @@ def saved_run(name: str, path: str | Path, data: EvalData) -> RankerRun:
         latency_ms=None if any(x is None for x in latency) else [float(x) for x in latency],
         path=str(file),
         spec_check="saved run",
+        permuted=permuted,
     )
+
+
+def _saved_permuted(records: Any, q: Question, file: Path) -> list[PermutedAnswer]:
+    """A saved run's invariance answers to one question, parsed again like its completion."""
+    out = []
+    try:
+        for rec in records:
+            order = tuple(int(i) for i in rec["order"])
+            if sorted(order) != list(range(q.n_candidates)):
+                raise ValueError(f"order {list(order)} is not a permutation of its candidates")
+            parsed = parse_ranking(rec["completion"], q.n_candidates)
+            ranking = to_original(order, parsed.ids)
+            if "ranking" in rec and list(rec["ranking"]) != list(ranking):
+                raise ValueError(
+                    f"the recorded ranking {rec['ranking']} is not what its completion parses "
+                    f"to under its order {list(ranking)}"
+                )
+            out.append(PermutedAnswer(order, ranking, rec["completion"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{q.qid}: a malformed invariance answer: {e}", file=str(file)) from e
+    return out
 
 
 def fuse_order(
@@ -198,14 +324,25 @@ def fuse_order(
 
 
 def fused_run(model: RankerRun, data: EvalData, coarse_name: str) -> RankerRun:
+    """The model's ranking fused with the data's coarse order; under the invariance check, the
+    model's permuted answers fused with the same coarse order (a ranking of the candidates,
+    whatever order they are shown in)."""
+    qs = data.questions
+    permuted = None
+    if model.permuted is not None:
+        permuted = [
+            [
+                PermutedAnswer(a.order, tuple(fuse_order(a.ranking, q.coarse_order)))
+                for a in answers
+            ]
+            for answers, q in zip(model.permuted, qs, strict=True)
+        ]
     return RankerRun(
         f"{model.name}+{coarse_name}",
         "fused",
-        [
-            fuse_order(ids, q.coarse_order)
-            for ids, q in zip(model.rankings, data.questions, strict=True)
-        ],
+        [fuse_order(ids, q.coarse_order) for ids, q in zip(model.rankings, qs, strict=True)],
         parsed_ok=model.parsed_ok,
+        permuted=permuted,
     )
 
 
@@ -218,6 +355,8 @@ __all__ = [
     "default_backend_factory",
     "fuse_order",
     "fused_run",
+    "invariance_orders",
     "model_run",
+    "permuted_answers",
     "saved_run",
 ]

@@ -275,6 +275,21 @@ class PromptBuilder(PromptIdAssembly):
         label_token_ids(self.tokenizer, built.num_candidates, self.labels)  # refuses a split label
         return built
 
+    def build_shown(
+        self, question: str, sessions: Sequence[Session], question_date: str | None = None
+    ) -> BuiltPrompt:
+        """``sessions`` shown in exactly this order, none cut or reordered: a prompt that was
+        built earlier (its candidates, as an RL row keeps them) rendered again under another
+        order, for the order-invariance check (:mod:`memsifter.evaluation.invariance`). The
+        blocks are the ones :meth:`build` writes, so the identity order renders the original
+        prompt and any order holds the same blocks under other labels."""
+        if not sessions:
+            raise ValueError("no candidate sessions to show")
+        sessions = [self._defang_session(s) for s in sessions]
+        question = self.defang(question)
+        frame = self._try_frame(question, len(sessions), question_date)
+        return self._assemble(question, sessions, question_date, frame=frame)
+
     @property
     def max_candidates(self) -> int | None:
         """At most this many candidates a prompt: the first-token head's single-token labels
