@@ -54,11 +54,20 @@ def engine_url(engine: str, threads: int) -> Iterator[str | None]:
         yield None
 
 
-def first_curls(engine: str, threads: int, repeats: int, tmp: Path) -> dict[str, Any]:
+def first_curls(
+    engine: str, threads: int, repeats: int, tmp: Path, dtype: str | None = None
+) -> dict[str, Any]:
+    """``dtype``: the in-process proxy's weights (``proxy.dtype``), set in the config's proxy
+    block; None keeps the config's."""
     with engine_url(engine, threads) as url:
         text = CONFIGS[engine].read_text()
         if url is not None:
             text = text.replace(LLAMACPP_URL, url)
+        if dtype is not None:
+            line = "  backend: transformers"
+            if line not in text or "  dtype:" in text:
+                raise RuntimeError(f"{CONFIGS[engine].name}: no plain transformers proxy block")
+            text = text.replace(line, f"{line}\n  dtype: {dtype}", 1)
         config = tmp / f"{engine}.yaml"
         config.write_text(text)
         port = free_port()

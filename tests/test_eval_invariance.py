@@ -136,7 +136,9 @@ def reads(prompt: str) -> str:
     n = len(set(_BLOCK.findall(prompt))) - 2  # the instructions name the first and last label
     parts = _BLOCK.split(prompt.split("Question")[0])
     key = next(int(parts[i]) for i in range(1, len(parts), 2) if "gold key" in parts[i + 1])
-    return "<ranking>" + ", ".join(map(str, [key, *(i for i in range(n) if i != key)])) + "</ranking>"
+    return (
+        "<ranking>" + ", ".join(map(str, [key, *(i for i in range(n) if i != key)])) + "</ranking>"
+    )
 
 
 def fixed(prompt: str) -> str:

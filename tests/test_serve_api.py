@@ -396,6 +396,36 @@ def test_shipped_serve_configs_load() -> None:
     assert llamacpp.proxy.base_url == "http://127.0.0.1:8012/v1"
 
 
+def test_proxy_dtype_reaches_the_in_process_backend_and_is_refused_elsewhere(
+    tmp_path: Path,
+) -> None:
+    from memsifter.serving.config import load_serve_config
+
+    # a proxy with its own prompt spec, and the pages it is shown
+    MODEL = "  model: memsifter-smollm2-135m-locomo\n"
+    PAGES = "paging:\n  turns_per_page: 2\n"
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        PAGES + "ranker: proxy\nproxy:\n" + MODEL + "  backend: transformers\n  dtype: bfloat16\n"
+    )
+    spec = load_serve_config(good).proxy.backend_spec()
+    assert spec.kwargs()["dtype"] == "bfloat16"
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(PAGES + "ranker: proxy\nproxy:\n" + MODEL + "  backend: transformers\n")
+    assert "dtype" not in load_serve_config(plain).proxy.backend_spec().kwargs()
+    for body, why in (
+        ("  backend: transformers\n  dtype: int8\n", "proxy.dtype must be one of"),
+        (
+            "  backend: openai\n  base_url: http://127.0.0.1:1/v1\n  dtype: bfloat16\n",
+            "the server chooses its own dtype",
+        ),
+    ):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(PAGES + "ranker: proxy\nproxy:\n" + MODEL + body)
+        with pytest.raises(MemSifterError, match=why):
+            load_serve_config(bad)
+
+
 def test_ranker_names_the_service_without_a_model(tmp_path: Path, caplog) -> None:
     from memsifter.serving.config import load_serve_config
 

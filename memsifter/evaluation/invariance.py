@@ -45,7 +45,11 @@ class PermutedAnswer:
         return self.order.index(self.ranking[0]) if self.ranking else None
 
     def to_record(self) -> dict[str, Any]:
-        return {"order": list(self.order), "ranking": list(self.ranking), "completion": self.completion}
+        return {
+            "order": list(self.order),
+            "ranking": list(self.ranking),
+            "completion": self.completion,
+        }
 
 
 def check_permutations(k: int) -> None:

@@ -123,7 +123,8 @@ def coarse_run(data: EvalData, orders: Sequence[Sequence[Order]] | None = None) 
     run.permuted, run.permuted_base = [], []
     for q, q_orders in zip(data.questions, orders, strict=True):
         sessions = q.sessions() if q_orders else ()
-        run.permuted_base.append(list(ranked(q, sessions, tuple(range(q.n_candidates)))) if q_orders else [])
+        identity = tuple(range(q.n_candidates))
+        run.permuted_base.append(list(ranked(q, sessions, identity)) if q_orders else [])
         run.permuted.append([PermutedAnswer(o, ranked(q, sessions, o)) for o in q_orders])
     return run
 
@@ -208,12 +209,14 @@ def permuted_answers(
             shown = [sessions[i] for i in order]
             built = builder.build_shown(q.question, shown, q.question_date)
             prompts.append(RenderedPrompt(built.text, q.n_candidates))
-    task = None
+    heard = None
     if progress is not None:
         task = progress.add_task(f"{name} permuted", total=len(prompts))
-    answers = iter(
-        proxy.answer(prompts, (lambda n, _s: progress.advance(task, n)) if task is not None else None)
-    )
+
+        def heard(n: int, _seconds: float) -> None:
+            progress.advance(task, n)
+
+    answers = iter(proxy.answer(prompts, heard))
     out: list[list[PermutedAnswer]] = []
     for q_orders in orders:
         row = []
@@ -331,10 +334,7 @@ def fused_run(model: RankerRun, data: EvalData, coarse_name: str) -> RankerRun:
     permuted = None
     if model.permuted is not None:
         permuted = [
-            [
-                PermutedAnswer(a.order, tuple(fuse_order(a.ranking, q.coarse_order)))
-                for a in answers
-            ]
+            [PermutedAnswer(a.order, tuple(fuse_order(a.ranking, q.coarse_order))) for a in answers]
             for answers, q in zip(model.permuted, qs, strict=True)
         ]
     return RankerRun(
