@@ -404,6 +404,39 @@ def test_json_shape_and_report(rl_folder: Path, models, tmp_path: Path) -> None:
     assert "| trained-bm25 | ndcg@1 |" in md
     assert "| trained+bm25 | 3 |" in md
     assert res.files and all(p.is_file() for p in res.files)
+    # The slices: one category ("1", not a LoCoMo qid), one candidate bin.
+    assert out["slices"]["metric"] == "ndcg@1"
+    cat = out["slices"]["category"]["1"]
+    assert cat["n"] == 3 and cat["means"]["trained"] == pytest.approx(2 / 3)
+    assert cat["vs_coarse"]["trained"]["mean"] == pytest.approx(1 / 3)
+    assert list(out["slices"]["candidates"]) == ["1-4"]
+    assert "## Where it wins and loses" in md
+
+
+def test_slices_pair_each_group_against_the_coarse_row() -> None:
+    from memsifter.evaluation.breakdown import breakdown, render_breakdown
+    from memsifter.evaluation.proxy_data import Question
+
+    def q(i: int, cat: str, n: int, conv: str) -> Question:
+        return Question(f"locomo/q{i}", "P", n, tuple(range(n)), (0,), conv, cat)
+
+    qs = [q(0, "4", 3, "c8"), q(1, "4", 9, "c9"), q(2, "2", 40, "c8"), q(3, "4", 9, "c8")]
+    values = {
+        "bm25": {"ndcg@1": np.array([1.0, 0.0, 0.0, 1.0])},
+        "m": {"ndcg@1": np.array([0.0, 1.0, 1.0, 1.0])},
+    }
+    got = breakdown(qs, values, "bm25", n_bootstrap=200)
+    single = got["category"]["single-hop"]
+    assert single["n"] == 3
+    assert single["means"] == {"bm25": pytest.approx(2 / 3), "m": pytest.approx(2 / 3)}
+    assert single["vs_coarse"]["m"]["mean"] == pytest.approx(0.0)
+    assert single["vs_coarse"]["m"]["n_clusters"] == 2  # conversations are resampled
+    temporal = got["category"]["temporal"]
+    assert temporal["n"] == 1 and temporal["vs_coarse"]["m"]["ci95"] == [1.0, 1.0]
+    assert list(got["candidates"]) == ["1-4", "9-16", "33-64"]
+    assert got["candidates"]["9-16"]["means"]["m"] == 1.0
+    text = render_breakdown(got, "bm25", "ndcg@1")
+    assert "| temporal | 1 | 0.000 | 1.000 (+1.000 [+1.000, +1.000]) |" in text
 
 
 def test_split_lists_with_several_sources(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from ir_measures import RR, R, nDCG
 
 from memsifter.errors import MemSifterError
 from memsifter.evaluation.bootstrap import paired_bootstrap
+from memsifter.evaluation.breakdown import breakdown, render_breakdown
 from memsifter.evaluation.config import N_BOOTSTRAP, ProxyEvalConfig, parse_model_option
 from memsifter.evaluation.invariance import check_permutations, invariance
 from memsifter.evaluation.proxy_data import EvalData, Question, load_eval_data, read_split_lists
@@ -68,6 +69,7 @@ METRICS: dict[str, Any] = {
     "mrr": RR,
 }
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
+SLICE_METRIC = "ndcg@1"  # the metric the per-category and per-count slices report
 
 
 # --------------------------------------------------------------------------- metrics
@@ -159,6 +161,8 @@ class ProxyEvalResult:
     machine: str
     command: str
     files: list[Path] = field(default_factory=list)
+    # SLICE_METRIC by category and by candidate count, paired against the coarse row
+    slices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         cfg, data = self.config, self.data
@@ -175,6 +179,7 @@ class ProxyEvalResult:
             "paired_mean_diff": {
                 p: {m: v["mean"] for m, v in ms.items()} for p, ms in self.pairs.items()
             },
+            "slices": {"metric": SLICE_METRIC, **self.slices},
             "eval_split": data.split,
             "n_scored": len(data.questions),
             "sample": {"max_questions": cfg.max_questions, "seed": cfg.seed}
@@ -348,6 +353,9 @@ def run_proxy_eval(
             values[a], values[b], cfg.n_bootstrap, cfg.seed, clusters=clusters
         )
     result = ProxyEvalResult(cfg, data, runs, rows, pairs, machine_line(), command_line(cfg))
+    result.slices = breakdown(
+        data.questions, values, coarse_name, SLICE_METRIC, cfg.n_bootstrap, cfg.seed
+    )
     result.files = write_runs(runs, data, Path(cfg.out) / "runs")
     for path, text in (
         (cfg.md_path, render_report(result)),
@@ -477,6 +485,15 @@ def render_report(result: ProxyEvalResult) -> str:
                 f"| {r.name} | `{r.path}` | {r.spec_check} | {_fmt(r.load_seconds, 1)} | {errs} |"
             )
         lines.append("")
+    if len(result.runs) > 1:
+        lines += [
+            "## Where it wins and loses",
+            "",
+            f"Each slice's questions paired against `{spec.coarse}` on the same candidates "
+            f"({cfg.n_bootstrap:,} resamples of the slice's conversations; seed {cfg.seed}).",
+            "",
+            render_breakdown(result.slices, spec.coarse, SLICE_METRIC),
+        ]
     if result.pairs:
         lines += [
             "## Paired bootstrap",
