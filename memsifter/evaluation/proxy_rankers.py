@@ -167,7 +167,9 @@ def model_run(
         params=ProxyParams(batch_size=max(batch_size, 1)),
         prompt=data.spec,
     )
-    answers = proxy.answer([RenderedPrompt(q.prompt, q.n_candidates) for q in qs], heard)
+    answers = proxy.answer(
+        [RenderedPrompt(q.prompt, q.n_candidates, q.coarse_order) for q in qs], heard
+    )
     parsed = [a.parsed for a in answers]
     run = RankerRun(
         name,
@@ -208,7 +210,10 @@ def permuted_answers(
         for order in q_orders:
             shown = [sessions[i] for i in order]
             built = builder.build_shown(q.question, shown, q.question_date)
-            prompts.append(RenderedPrompt(built.text, q.n_candidates))
+            # The same coarse opinion, in the shown positions (a fused head reads it there).
+            where = {p: j for j, p in enumerate(order)}
+            coarse = tuple(where[p] for p in q.coarse_order)
+            prompts.append(RenderedPrompt(built.text, q.n_candidates, coarse))
     heard = None
     if progress is not None:
         task = progress.add_task(f"{name} permuted", total=len(prompts))

@@ -403,6 +403,36 @@ class HeadTrunk:
             return _forward_scores(self.model, self.batch, inputs_embeds=self.hidden)
 
 
+def prompt_scores(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    n_candidates: Sequence[int],
+    batch_size: int = 8,
+    *,
+    labels: str = "digits",
+    read: str = "label",
+) -> list[list[float]]:
+    """The head's scores of rendered prompts, one list a prompt (its candidates only), from
+    forward passes of ``batch_size`` prompts without gradients."""
+    import torch
+
+    out: list[list[float]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for i in range(0, len(prompts), batch_size):
+                ns = list(n_candidates[i : i + batch_size])
+                scores = head_scores(
+                    model, tokenizer, prompts[i : i + batch_size], ns, labels=labels, read=read
+                )
+                out += [row[:n] for row, n in zip(scores.float().tolist(), ns, strict=True)]
+    finally:
+        model.train(was_training)
+    return out
+
+
 def rank_prompts(
     model: Any,
     tokenizer: Any,
@@ -414,23 +444,10 @@ def rank_prompts(
     read: str = "label",
 ) -> list[list[int]]:
     """Greedy rankings (scores sorted, best first) of rendered prompts: one forward pass each."""
-    import torch
-
-    orders: list[list[int]] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for i in range(0, len(prompts), batch_size):
-                ns = list(n_candidates[i : i + batch_size])
-                scores = head_scores(
-                    model, tokenizer, prompts[i : i + batch_size], ns, labels=labels, read=read
-                )
-                for row, n in zip(scores.tolist(), ns, strict=True):
-                    orders.append(order_scores(row[:n]))
-    finally:
-        model.train(was_training)
-    return orders
+    scores = prompt_scores(
+        model, tokenizer, prompts, n_candidates, batch_size, labels=labels, read=read
+    )
+    return [order_scores(s) for s in scores]
 
 
 def check_backend(backend: Any, read: str = "label") -> Any:
@@ -540,6 +557,35 @@ def engine_marker_scores(
     return [[float(x) for x in got] for got in scores]
 
 
+def backend_scores(
+    backend: Any,
+    prompts: Sequence[str],
+    n_candidates: Sequence[int],
+    batch_size: int = 8,
+    payloads: Sequence[Any] | None = None,
+    top: int = 20,
+    *,
+    labels: str = "digits",
+    read: str = "label",
+) -> list[list[float]]:
+    """Each rendered prompt's head scores, one a candidate, read by a backend: its in-process
+    model, or its server's top-``top`` logprobs (``payloads``: what is sent, the prompts' token
+    ids by default; 20 is vLLM's default --max-logprobs, and SmolLM2-135M-Instruct puts every
+    label of 60 LoCoMo test prompts within its top 10), or under ``read: marker`` its server's
+    logits at the markers (:func:`engine_marker_scores`)."""
+    reader = check_backend(backend, read)
+    if reader is not backend:
+        return prompt_scores(
+            reader, backend.tokenizer, prompts, n_candidates, batch_size, labels=labels, read=read
+        )
+    if read == "marker":
+        return engine_marker_scores(backend, prompts, n_candidates, payloads, labels=labels)
+    if payloads is None:
+        tok = backend.tokenizer
+        payloads = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    return engine_scores(backend, payloads, n_candidates, top, labels=labels)
+
+
 def backend_rankings(
     backend: Any,
     prompts: Sequence[str],
@@ -551,23 +597,11 @@ def backend_rankings(
     labels: str = "digits",
     read: str = "label",
 ) -> list[list[int]]:
-    """Greedy head rankings of rendered prompts by a backend: its in-process model, or its
-    server's top-``top`` logprobs (``payloads``: what is sent, the prompts' token ids by
-    default; 20 is vLLM's default --max-logprobs, and SmolLM2-135M-Instruct puts every label of
-    60 LoCoMo test prompts within its top 10), or under ``read: marker`` its server's logits at
-    the markers (:func:`engine_marker_scores`)."""
-    reader = check_backend(backend, read)
-    if reader is not backend:
-        return rank_prompts(
-            reader, backend.tokenizer, prompts, n_candidates, batch_size, labels=labels, read=read
-        )
-    if read == "marker":
-        marked = engine_marker_scores(backend, prompts, n_candidates, payloads, labels=labels)
-        return [order_scores(s) for s in marked]
-    if payloads is None:
-        tok = backend.tokenizer
-        payloads = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    scores = engine_scores(backend, payloads, n_candidates, top, labels=labels)
+    """Greedy head rankings of rendered prompts by a backend: :func:`backend_scores`, best
+    first."""
+    scores = backend_scores(
+        backend, prompts, n_candidates, batch_size, payloads, top, labels=labels, read=read
+    )
     return [order_scores(s) for s in scores]
 
 

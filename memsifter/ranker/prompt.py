@@ -142,7 +142,11 @@ class PromptBuilder(PromptIdAssembly):
         labels: Labelling = "digits",
         layout: Layout = "paper",
         head_read: str = "label",
+        rank_all: bool = False,
     ) -> None:
+        """``rank_all``: the coarse filter ranks the candidates of every prompt, also when all
+        fit and they are shown by date, so each prompt carries its ``coarse_order`` (what a spec
+        with ``coarse_weight`` fuses with the head's scores)."""
         _text(language)
         check_labelling(labels)
         check_layout(layout)
@@ -162,6 +166,8 @@ class PromptBuilder(PromptIdAssembly):
             raise ValueError(f"order must be chronological or coarse, got {order!r}")
         if order == "coarse" and coarse is None:
             raise ValueError("order='coarse' needs a coarse filter to order the candidates")
+        if rank_all and coarse is None:
+            raise ValueError("rank_all needs a coarse filter to rank the candidates")
         if completion_tokens < 0 or window_tokens <= completion_tokens:
             raise PromptBudgetError(
                 f"window_tokens ({window_tokens}) must exceed completion_tokens "
@@ -180,6 +186,7 @@ class PromptBuilder(PromptIdAssembly):
         self.labels = labels
         self.layout = layout
         self.head_read = head_read
+        self.rank_all = rank_all
         self._labels: int | None = None  # single-token labels (first_token), probed once
         if ranking_head == "first_token" and head_read == "label" and not self.max_candidates:
             from memsifter.ranker.first_token import check_label_capacity
@@ -353,8 +360,17 @@ class PromptBuilder(PromptIdAssembly):
                     question, ordered, question_date, ranking=ranked, frame=frame
                 )
             else:
+                ranked = (
+                    self.coarse.score(question, sessions)  # type: ignore[union-attr]
+                    if self.rank_all and len(sessions) > 1
+                    else None
+                )
                 built = self._assemble(
-                    question, _chronological(sessions, ids), question_date, frame=frame
+                    question,
+                    _chronological(sessions, ids),
+                    question_date,
+                    ranking=ranked,
+                    frame=frame,
                 )
             if built.n_tokens <= budget:
                 return built

@@ -71,6 +71,9 @@ class RenderedPrompt:
 
     text: str
     num_candidates: int
+    # The coarse filter's order of the candidates (positions, best first; the RL row's
+    # coarse_order): what a spec with coarse_weight fuses with the head's scores.
+    coarse_order: tuple[int, ...] | None = None
 
 
 Prompt = BuiltPrompt | RenderedPrompt
@@ -215,18 +218,25 @@ class Proxy:
         return prompt.text
 
     def answer(
-        self, prompts: Sequence[Prompt], progress: Callable[[int, float], None] | None = None
+        self,
+        prompts: Sequence[Prompt],
+        progress: Callable[[int, float], None] | None = None,
+        coarse_orders: Sequence[Sequence[int] | None] | None = None,
     ) -> list[ProxyAnswer]:
         """The one generate -> parse path: the model's answer to each prompt, read by the
         parser, ``batch_size`` prompts a backend call. ``progress(n, seconds)`` hears of each
-        call: how many prompts it answered and its wall time."""
+        call: how many prompts it answered and its wall time. ``coarse_orders`` (one a prompt)
+        replace the prompts' own for a spec with ``coarse_weight``
+        (:mod:`memsifter.ranker.coarse_prior`)."""
         size = self.config.batch_size or max(len(prompts), 1)
+        if coarse_orders is None:
+            coarse_orders = [p.coarse_order for p in prompts]
         out: list[ProxyAnswer] = []
         for start in range(0, len(prompts), size):
             chunk = prompts[start : start + size]
             t0 = time.perf_counter()
             if self.spec.ranking_head == "first_token":
-                gens = self._head(chunk)
+                gens = self._head(chunk, coarse_orders[start : start + size])
             else:
                 gens = self._generate(chunk)
             out += [
@@ -246,13 +256,17 @@ class Proxy:
         gens = self.backend.generate([self._payload(p) for p in prompts], sampling)
         return [g[0] for g in gens]
 
-    def _head(self, prompts: Sequence[Prompt]) -> list[Generation]:
+    def _head(
+        self, prompts: Sequence[Prompt], coarse_orders: Sequence[Sequence[int] | None]
+    ) -> list[Generation]:
         """One forward pass a prompt; the ranking is written as the completion ``generate``
-        would produce, so it is read (and completed, and mapped to ids) the same way."""
-        from memsifter.ranker.first_token import backend_rankings, ranking_text
+        would produce, so it is read (and completed, and mapped to ids) the same way. The
+        scores are fused with the coarse prior first when the spec says so."""
+        from memsifter.ranker.coarse_prior import fuse
+        from memsifter.ranker.first_token import backend_scores, order_scores, ranking_text
 
         t0 = time.perf_counter()
-        orders = backend_rankings(
+        scores = backend_scores(
             self.backend,
             [p.text for p in prompts],
             [p.num_candidates for p in prompts],
@@ -265,6 +279,10 @@ class Proxy:
             labels=self.spec.labels,
             read=self.spec.head_read,
         )
+        weight = self.spec.coarse_weight
+        orders = [
+            order_scores(fuse(s, c, weight)) for s, c in zip(scores, coarse_orders, strict=True)
+        ]
         latency = time.perf_counter() - t0
         return [
             Generation(
@@ -279,7 +297,13 @@ class Proxy:
 
     def rank_many(self, requests: Sequence[RankRequest]) -> list[ProxyRanking]:
         prompts = [self.builder.build(r.question, r.sessions, r.question_date) for r in requests]
-        answers = self.answer(prompts)
+        # The caller's ranking, where it gives one, is the coarse opinion a fused head reads
+        # (the service's coarse + bookmark order); else the builder's coarse ranking.
+        orders = [
+            _prior_positions(r.prior, p.candidate_ids) if r.prior is not None else p.coarse_order
+            for r, p in zip(requests, prompts, strict=True)
+        ]
+        answers = self.answer(prompts, coarse_orders=orders)
         return [self._rank(r, p, a) for r, p, a in zip(requests, prompts, answers, strict=True)]
 
     def rank(

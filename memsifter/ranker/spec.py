@@ -48,6 +48,13 @@ The reading gym found that SmolLM2 learns the marker read where it never learned
 **Layout.** ``paper`` (the default, left out of ``to_dict`` like ``digits``): the sessions, then
 the question. ``marked``: the question first and every session closed by its id, so the label
 token the head scores sits after the question and its session (:mod:`memsifter.ranker.messages`).
+
+**Coarse weight.** ``coarse_weight: λ`` (first-token head only; 0, the default, is left out of
+``to_dict``): every score becomes the head's own plus λ times the coarse prior ``−ln(1 + rank)``
+(:mod:`memsifter.ranker.coarse_prior`), so the coarse opinion is a feature of each candidate
+rather than its position, an untrained head with a large λ ranks as the coarse filter does, and
+training learns the residual. The builder then always ranks the candidates with the coarse
+filter, whatever order shows them.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
 DEFAULT_LABELS = "digits"
 DEFAULT_LAYOUT = "paper"
 DEFAULT_HEAD_READ = "label"
+DEFAULT_COARSE_WEIGHT = 0.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,9 @@ class PromptSpec:
     labels: str = DEFAULT_LABELS  # digits | letters: how candidate ids are written (module doc)
     layout: str = DEFAULT_LAYOUT  # paper | marked: question first, sessions closed by their id
     head_read: str = DEFAULT_HEAD_READ  # label | marker: where the head reads a score (module doc)
+    # λ of the head's score + λ · the coarse prior (memsifter.ranker.coarse_prior); 0: the head
+    # alone, left out of to_dict like the other defaults
+    coarse_weight: float = DEFAULT_COARSE_WEIGHT
     # Extra chat-template arguments; Qwen3's enable_thinking is derived from ask_think.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -140,6 +151,16 @@ class PromptSpec:
                 f"{self.ranking_head} has the model write its ranking, and the parser reads "
                 "numeric ids"
             )
+        if not (self.coarse_weight >= 0 and self.coarse_weight < float("inf")):
+            raise ValueError(
+                f"coarse_weight must be a finite number >= 0, got {self.coarse_weight}"
+            )
+        if self.coarse_weight and self.ranking_head != "first_token":
+            raise ValueError(
+                f"coarse_weight: {self.coarse_weight} adds the coarse prior to the head's scores, "
+                f"so it needs ranking_head: first_token (got {self.ranking_head}: the model "
+                "writes its ranking, with no score to fuse)"
+            )
         if "enable_thinking" in self.chat_template_kwargs:
             raise ValueError(
                 "chat_template_kwargs.enable_thinking is derived from ask_think; set ask_think"
@@ -170,6 +191,7 @@ class PromptSpec:
             labels=self.labels,
             layout=self.layout,  # type: ignore[arg-type]
             head_read=self.head_read,
+            rank_all=bool(self.coarse_weight),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,6 +205,8 @@ class PromptSpec:
             del data["layout"]
         if data["head_read"] == DEFAULT_HEAD_READ:
             del data["head_read"]
+        if data["coarse_weight"] == DEFAULT_COARSE_WEIGHT:
+            del data["coarse_weight"]
         return data
 
     def fields(self) -> dict[str, Any]:

@@ -85,6 +85,7 @@ from typing import Any
 
 from memsifter.errors import DataError, MemSifterError
 from memsifter.ranker.checkpoint import read_spec
+from memsifter.ranker.coarse_prior import fuse_tensor
 from memsifter.ranker.first_token import (
     HeadTrunk,
     frozen_trunk,
@@ -329,6 +330,7 @@ class PLGRPOTrainer:
         spec = read_spec(cfg.data)
         self.labels = spec.labels  # the data prompts' labels
         self.read = spec.head_read  # and where the head reads each score
+        self.coarse_weight = spec.coarse_weight  # the policy: head + λ · coarse prior
         self.lora = peft_config is not None
         if self.lora:
             from peft import get_peft_model
@@ -424,6 +426,14 @@ class PLGRPOTrainer:
                     labels=self.labels, read=self.read,
                 )  # fmt: skip
             scores = policy_scores()
+        coarse = None  # fuse_tensor refuses a fused spec without them, by name
+        if self.coarse_weight and all(r.get("coarse_order") is not None for r in rows):
+            coarse = [[int(p) for p in r["coarse_order"]] for r in rows]
+
+        def fused(s: Any) -> Any:
+            return fuse_tensor(s, coarse, ns, self.coarse_weight)
+
+        scores = fused(scores)
         # The batch's deepest prefix is drawn; each row keeps its own depth. Depths never pass
         # a row's candidate count, so padding (-inf, drawn last) never enters a prefix.
         drawn = gumbel_topk(
@@ -453,7 +463,7 @@ class PLGRPOTrainer:
         ref = None
         if g.beta > 0:
             with torch.no_grad(), self.autocast():
-                ref = (
+                ref = fused(
                     trunk.scores(adapter=False)
                     if self.trunk
                     else head_scores(
@@ -464,7 +474,7 @@ class PLGRPOTrainer:
         for it in range(g.num_iterations):
             if it:
                 with self.autocast():
-                    scores = policy_scores()
+                    scores = fused(policy_scores())
             logp = pl_place_log_probs(scores, drawn, g.temperature)
             loss = pl_grpo_loss(logp, old, adv, mask, g.epsilon, g.epsilon_high)
             with torch.no_grad():

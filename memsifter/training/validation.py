@@ -182,7 +182,14 @@ def answer_rows(
                 "RL data rows must carry the rendered prompt text in `prompt`; rebuild the data "
                 "with `memsifter data rl`"
             )
-        prompts.append(RenderedPrompt(r["prompt"], int(r["n_candidates"])))
+        coarse = r.get("coarse_order") if hasattr(r, "get") else None
+        prompts.append(
+            RenderedPrompt(
+                r["prompt"],
+                int(r["n_candidates"]),
+                tuple(int(p) for p in coarse) if coarse is not None else None,
+            )
+        )
     proxy = (engine or ValidationEngine()).proxy(model_path, max_new_tokens)
     try:
         return proxy.answer(prompts)
