@@ -179,7 +179,7 @@ def test_a_digits_spec_is_byte_identical(smollm2_tok: Any, tmp_path: Path) -> No
     assert json.loads(saved.read_text()) == {
         k: v
         for k, v in spec.fields().items()
-        if k not in ("labels", "layout", "head_read", "coarse_weight")
+        if k not in ("labels", "layout", "head_read", "coarse_weight", "template")
     }
     assert save_spec(read_spec(saved.parent), tmp_path / "b").read_bytes() == saved.read_bytes()
     assert spec.layout == "paper" and "layout" not in spec.to_dict()

@@ -17,7 +17,6 @@ from memsifter.errors import DataError, MemSifterError
 from memsifter.evaluation.invariance import Order, PermutedAnswer, permutations_for, to_original
 from memsifter.evaluation.proxy_data import EvalData, Question
 from memsifter.ranker.checkpoint import SPEC_FILE, read_spec, spec_differences, spec_file
-from memsifter.ranker.parse import parse_ranking
 from memsifter.ranker.spec import PromptSpec
 
 RRF_K = 60.0
@@ -272,8 +271,8 @@ def saved_run(name: str, path: str | Path, data: EvalData) -> RankerRun:
     for q in data.questions:
         rec = records[q.qid]
         if permuted is not None:
-            permuted.append(_saved_permuted(rec["permuted"], q, file))
-        parsed = parse_ranking(rec["completion"], q.n_candidates)
+            permuted.append(_saved_permuted(rec["permuted"], q, file, data.spec))
+        parsed = data.spec.parse(rec["completion"], q.n_candidates)
         if "ranking" in rec and list(rec["ranking"]) != list(parsed.ids):
             raise DataError(
                 f"{q.qid}: the recorded ranking {rec['ranking']} is not what its completion "
@@ -300,7 +299,9 @@ def saved_run(name: str, path: str | Path, data: EvalData) -> RankerRun:
     )
 
 
-def _saved_permuted(records: Any, q: Question, file: Path) -> list[PermutedAnswer]:
+def _saved_permuted(
+    records: Any, q: Question, file: Path, spec: PromptSpec
+) -> list[PermutedAnswer]:
     """A saved run's invariance answers to one question, parsed again like its completion."""
     out = []
     try:
@@ -308,7 +309,7 @@ def _saved_permuted(records: Any, q: Question, file: Path) -> list[PermutedAnswe
             order = tuple(int(i) for i in rec["order"])
             if sorted(order) != list(range(q.n_candidates)):
                 raise ValueError(f"order {list(order)} is not a permutation of its candidates")
-            parsed = parse_ranking(rec["completion"], q.n_candidates)
+            parsed = spec.parse(rec["completion"], q.n_candidates)
             ranking = to_original(order, parsed.ids)
             if "ranking" in rec and list(rec["ranking"]) != list(ranking):
                 raise ValueError(

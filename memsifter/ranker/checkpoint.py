@@ -19,12 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from memsifter.errors import DataError, MemSifterError
-from memsifter.ranker.spec import DEFAULT_LABELS, PromptSpec
+from memsifter.ranker.official import PRESET as OFFICIAL_PRESET
+from memsifter.ranker.official import SETTINGS as OFFICIAL_SETTINGS
+from memsifter.ranker.official import looks_released
+from memsifter.ranker.spec import DEFAULT_LABELS, DEFAULT_TEMPLATE, PromptSpec
+
+logger = logging.getLogger(__name__)
 
 SPEC_FILE = "prompt_spec.json"
 # Settable besides the spec's own fields: the prompt budget, window - completion (the
@@ -118,6 +124,8 @@ def _as_settings(given: PromptSettings, where: str) -> dict[str, Any]:
         return {}
     if isinstance(given, PromptSpec):
         return given.fields()
+    if isinstance(given, str) and given == OFFICIAL_PRESET and not Path(given).exists():
+        return dict(OFFICIAL_SETTINGS)  # the released model's prompt (memsifter.ranker.official)
     if isinstance(given, str | Path):
         path = Path(given).expanduser()
         if path.is_dir():
@@ -193,6 +201,14 @@ def resolve_spec(
         )
     fields = {k: v for k, v in settings.items() if k != "budget_tokens"}
     fields.setdefault("model", model)
+    if looks_released(model) and fields.get("template", DEFAULT_TEMPLATE) != "official":
+        logger.warning(
+            "model %r is named like the released MemSifter proxy, which was trained on its "
+            "authors' prompt: give it prompt 'official' (template: official); it is being shown "
+            "template %r",
+            model,
+            fields.get("template", DEFAULT_TEMPLATE),
+        )
     if "budget_tokens" in settings:
         completion = fields.get("completion_tokens", PromptSpec.completion_tokens)
         window = settings["budget_tokens"] + completion

@@ -38,6 +38,9 @@ Labelling = Literal["digits", "letters"]
 LABELLINGS: tuple[str, ...] = ("digits", "letters")
 Layout = Literal["paper", "marked"]
 LAYOUTS: tuple[str, ...] = ("paper", "marked")
+# Whose prompt the candidates are shown in: ours (this module), or the released MemSifter proxy's
+# training prompt (memsifter.ranker.official), rendered exactly as its authors trained it.
+TEMPLATES: tuple[str, ...] = ("memsifter", "official")
 _LETTERS = string.ascii_uppercase + string.ascii_lowercase
 _EXAMPLE = "<ranking>2, 0, 5</ranking>"
 

@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from memsifter.data.tokens import HFCounter, SessionTokenCache
 from memsifter.data.types import Query, Session
-from memsifter.errors import PromptBudgetError
+from memsifter.errors import DataError, PromptBudgetError
 from memsifter.ranker.messages import (
     CLOSER_OPEN,
     LANGUAGES,
+    TEMPLATES,
     Labelling,
     Language,
     Layout,
@@ -143,6 +144,7 @@ class PromptBuilder(PromptIdAssembly):
         layout: Layout = "paper",
         head_read: str = "label",
         rank_all: bool = False,
+        template: str = "memsifter",
     ) -> None:
         """``rank_all``: the coarse filter ranks the candidates of every prompt, also when all
         fit and they are shown by date, so each prompt carries its ``coarse_order`` (what a spec
@@ -166,6 +168,8 @@ class PromptBuilder(PromptIdAssembly):
             raise ValueError(f"order must be chronological or coarse, got {order!r}")
         if order == "coarse" and coarse is None:
             raise ValueError("order='coarse' needs a coarse filter to order the candidates")
+        if template not in TEMPLATES:
+            raise ValueError(f"template must be one of {TEMPLATES}, got {template!r}")
         if rank_all and coarse is None:
             raise ValueError("rank_all needs a coarse filter to rank the candidates")
         if completion_tokens < 0 or window_tokens <= completion_tokens:
@@ -187,12 +191,21 @@ class PromptBuilder(PromptIdAssembly):
         self.layout = layout
         self.head_read = head_read
         self.rank_all = rank_all
+        self.template = template
         self._labels: int | None = None  # single-token labels (first_token), probed once
         if ranking_head == "first_token" and head_read == "label" and not self.max_candidates:
             from memsifter.ranker.first_token import check_label_capacity
 
             check_label_capacity(tokenizer, 1, labels)  # refused now, naming why, not per build
         template = getattr(tokenizer, "chat_template", None) or ""
+        if self.template == "official" and not template:
+            where = getattr(tokenizer, "name_or_path", None) or "the model's folder"
+            raise DataError(
+                "template: official renders the released model's prompt with the model's own "
+                f"chat template, and the tokenizer of {where} has none (tokenizer_config.json's "
+                "chat_template, or chat_template.jinja)",
+                file=str(where),
+            )
         self.native_thinking = "enable_thinking" in template if thinking is None else thinking
         self.counter = HFCounter.from_tokenizer(tokenizer)
         # The widest label any realistic prompt uses, plus the blank line between blocks. Too
@@ -228,7 +241,12 @@ class PromptBuilder(PromptIdAssembly):
         self.cut: Literal["after", "before"] = "after"
         self.page_ids = PageIds(self._encode, self._page_piece)
         self.token_ids_off: str | None = None  # why prompts are not built as ids, if they are not
-        self.token_ids_off = self._check_token_ids()
+        self.token_ids_off = (
+            # The released model's prompt is rendered as text: its blocks are not ours.
+            "template: official renders the released model's prompt as text"
+            if self.template == "official"
+            else self._check_token_ids()
+        )
 
     def warm(self, session: Session) -> None:
         """Tokenize a page now (at ingest) so a query finds its count and ids cached."""
@@ -260,7 +278,7 @@ class PromptBuilder(PromptIdAssembly):
 
     def render(self, messages: list[dict[str, str]]) -> str:
         kwargs = dict(self.chat_template_kwargs)
-        if self.native_thinking:
+        if self.native_thinking and self.template != "official":  # it was trained without one
             kwargs["enable_thinking"] = self.ask_think
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **kwargs
@@ -419,7 +437,30 @@ class PromptBuilder(PromptIdAssembly):
     def _count_blocks(
         self, question: str, blocks: Sequence[str], n: int, question_date: str | None
     ) -> int:
-        messages = _messages(
+        return self.counter.count(
+            self.render(self._messages_of(question, blocks, n, question_date))
+        )
+
+    def _blocks_of(self, ordered: Sequence[Session]) -> list[str]:
+        """The candidates' prompt blocks, in the spec's template."""
+        if self.template == "official":
+            from memsifter.ranker.official import session_blocks
+
+            return session_blocks(ordered)
+        return [
+            _block(i, s, self.language, self.labels, self.layout) for i, s in enumerate(ordered)
+        ]
+
+    def _messages_of(
+        self, question: str, blocks: Sequence[str], n: int, question_date: str | None
+    ) -> list[dict[str, str]]:
+        """The chat messages around the blocks, in the spec's template (the released model's
+        reads no question date)."""
+        if self.template == "official":
+            from memsifter.ranker.official import messages_from_blocks
+
+            return messages_from_blocks(question, blocks)
+        return _messages(
             question,
             blocks,
             n,
@@ -429,7 +470,6 @@ class PromptBuilder(PromptIdAssembly):
             self.labels,
             self.layout,
         )
-        return self.counter.count(self.render(messages))
 
     def _assemble(
         self,
@@ -452,19 +492,8 @@ class PromptBuilder(PromptIdAssembly):
             except _NotSplittable:  # the question holds the placeholder: tokenize the whole
                 pass
         if blocks is None:
-            blocks = [
-                _block(i, s, self.language, self.labels, self.layout) for i, s in enumerate(ordered)
-            ]
-        messages = _messages(
-            question,
-            blocks,
-            len(ordered),
-            question_date,
-            self.language,
-            self.ask_think,
-            self.labels,
-            self.layout,
-        )
+            blocks = self._blocks_of(ordered)
+        messages = self._messages_of(question, blocks, len(ordered), question_date)
         if token_ids is None:
             text = self.render(messages)
             if self.token_ids_off is None:
@@ -515,6 +544,11 @@ class PromptBuilder(PromptIdAssembly):
     ) -> BuiltPrompt:
         """The prompt with ``session`` alone, its turns cut at a token boundary to fit."""
         budget = self.budget_tokens
+        if self.template == "official":
+            raise PromptBudgetError(
+                f"session {session.id!r} alone exceeds the prompt budget of {budget} tokens, and "
+                "the released model's prompt (template: official) shows whole sessions only"
+            )
         tok = self.tokenizer
         header = _header(0, session, self.language, self.labels)
         marker = _text(self.language)["truncated"]

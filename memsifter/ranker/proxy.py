@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from memsifter.data.types import Ranking, Session
 from memsifter.llm import Backend, BackendSpec, Generation, SamplingParams
 from memsifter.ranker.checkpoint import PromptSettings, merge_settings, resolve_spec
-from memsifter.ranker.parse import ParsedRanking, parse_ranking
+from memsifter.ranker.parse import ParsedRanking
 from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
 from memsifter.ranker.spec import PromptSpec
 
@@ -153,6 +153,7 @@ class Proxy:
         coarse: CoarseFilter | None = None,
         params: ProxyParams = ProxyParams(),
         prompt: PromptSettings = None,
+        spec: str | None = None,
         hint: str = "prompt settings, or keyword arguments of Proxy.from_pretrained",
         **spec_overrides: Any,
     ) -> Proxy:
@@ -165,8 +166,11 @@ class Proxy:
         :func:`~memsifter.ranker.checkpoint.resolve_spec`). It is settled before the model
         loads, so a refusal costs nothing. ``backend``: a kind (``transformers``, ``vllm``) run
         on ``name_or_path``, a :class:`~memsifter.llm.BackendSpec`, or a backend already built.
+        ``spec="official"`` (or ``prompt="official"``): the released MemSifter proxy's own prompt
+        and parse rules (:mod:`memsifter.ranker.official`), e.g.
+        ``Proxy.from_pretrained("zstanjj/MemSifter-4B-Thinking", spec="official")``.
         """
-        given = merge_settings(("prompt", prompt), ("arguments", spec_overrides))
+        given = merge_settings(("prompt", prompt), ("spec", spec), ("arguments", spec_overrides))
         spec = resolve_spec(name_or_path, given, hint=hint)
         if not isinstance(backend, str | BackendSpec):
             return cls(backend, spec, coarse, params)
@@ -240,7 +244,7 @@ class Proxy:
             else:
                 gens = self._generate(chunk)
             out += [
-                ProxyAnswer(g, parse_ranking(g.text, p.num_candidates))
+                ProxyAnswer(g, self.spec.parse(g.text, p.num_candidates))
                 for p, g in zip(chunk, gens, strict=True)
             ]
             if progress is not None:

@@ -49,6 +49,12 @@ The reading gym found that SmolLM2 learns the marker read where it never learned
 the question. ``marked``: the question first and every session closed by its id, so the label
 token the head scores sits after the question and its session (:mod:`memsifter.ranker.messages`).
 
+**Template.** ``memsifter`` (ours, the default, left out of ``to_dict``) or ``official``: the
+released MemSifter proxy's training prompt and parse rules, byte for byte
+(:mod:`memsifter.ranker.official`; docs/official_proxy.md), so the authors' checkpoint is shown
+the prompt it was trained on. It fixes what that prompt is: sessions, English, thinking, a
+written ranking; the window, the coarse filter and the order stay the spec's.
+
 **Coarse weight.** ``coarse_weight: λ`` (first-token head only; 0, the default, is left out of
 ``to_dict``): every score becomes the head's own plus λ times the coarse prior ``−ln(1 + rank)``
 (:mod:`memsifter.ranker.coarse_prior`), so the coarse opinion is a feature of each candidate
@@ -67,6 +73,7 @@ from memsifter.errors import DataError
 
 if TYPE_CHECKING:
     from memsifter.coarse.base import CoarseFilter
+    from memsifter.ranker.parse import ParsedRanking
     from memsifter.ranker.prompt import PromptBuilder
 
 CandidateOrder = Literal["chronological", "coarse"]
@@ -76,6 +83,7 @@ DEFAULT_LABELS = "digits"
 DEFAULT_LAYOUT = "paper"
 DEFAULT_HEAD_READ = "label"
 DEFAULT_COARSE_WEIGHT = 0.0
+DEFAULT_TEMPLATE = "memsifter"
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,9 @@ class PromptSpec:
     # λ of the head's score + λ · the coarse prior (memsifter.ranker.coarse_prior); 0: the head
     # alone, left out of to_dict like the other defaults
     coarse_weight: float = DEFAULT_COARSE_WEIGHT
+    # memsifter | official: whose prompt and parse rules (the released model's: memsifter.ranker.
+    # official); the default is left out of to_dict
+    template: str = DEFAULT_TEMPLATE
     # Extra chat-template arguments; Qwen3's enable_thinking is derived from ask_think.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -161,6 +172,27 @@ class PromptSpec:
                 f"so it needs ranking_head: first_token (got {self.ranking_head}: the model "
                 "writes its ranking, with no score to fuse)"
             )
+        from memsifter.ranker.messages import TEMPLATES
+
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template must be one of {TEMPLATES}, got {self.template!r}")
+        if self.template == "official":
+            ours = {
+                "ranking_head": (self.ranking_head, "generate"),
+                "ask_think": (self.ask_think, True),
+                "labels": (self.labels, DEFAULT_LABELS),
+                "layout": (self.layout, DEFAULT_LAYOUT),
+                "language": (self.language, "en"),
+                "unit": (self.unit, "session"),
+                "coarse_weight": (self.coarse_weight, DEFAULT_COARSE_WEIGHT),
+            }
+            wrong = {k: v for k, (v, want) in ours.items() if v != want}
+            if wrong:
+                raise ValueError(
+                    "template: official is the released model's own prompt (English sessions, "
+                    "thinking, then a written ranking of 0-based ids); it cannot take "
+                    + ", ".join(f"{k}: {v!r}" for k, v in wrong.items())
+                )
         if "enable_thinking" in self.chat_template_kwargs:
             raise ValueError(
                 "chat_template_kwargs.enable_thinking is derived from ask_think; set ask_think"
@@ -192,7 +224,20 @@ class PromptSpec:
             layout=self.layout,  # type: ignore[arg-type]
             head_read=self.head_read,
             rank_all=bool(self.coarse_weight),
+            template=self.template,
         )
+
+    def parse(self, text: str, num_candidates: int) -> ParsedRanking:
+        """The model's completion read by this spec's rules: ours
+        (:func:`~memsifter.ranker.parse.parse_ranking`) or, with ``template: official``, the
+        released model's (:func:`~memsifter.ranker.official.parse_official`)."""
+        if self.template == "official":
+            from memsifter.ranker.official import parse_official
+
+            return parse_official(text, num_candidates)
+        from memsifter.ranker.parse import parse_ranking
+
+        return parse_ranking(text, num_candidates)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as written to ``prompt_spec.json``; the default labelling and layout are left
@@ -207,6 +252,8 @@ class PromptSpec:
             del data["head_read"]
         if data["coarse_weight"] == DEFAULT_COARSE_WEIGHT:
             del data["coarse_weight"]
+        if data["template"] == DEFAULT_TEMPLATE:
+            del data["template"]
         return data
 
     def fields(self) -> dict[str, Any]:

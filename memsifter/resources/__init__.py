@@ -20,5 +20,13 @@ SERVE_DEFAULT = RESOURCES / "serve_default.yaml"
 VLLM_CPU_SERVER = RESOURCES / "vllm_cpu_server.sh"
 # The llama.cpp server launcher and builder (memsifter.llm.llamacpp).
 LLAMACPP_SERVER = RESOURCES / "llamacpp_server.sh"
+# The released MemSifter proxy's user prompt, verbatim (memsifter.ranker.official).
+OFFICIAL_USER_PROMPT = RESOURCES / "official_user_prompt.txt"
 
-__all__ = ["LLAMACPP_SERVER", "RESOURCES", "SERVE_DEFAULT", "VLLM_CPU_SERVER"]
+__all__ = [
+    "LLAMACPP_SERVER",
+    "OFFICIAL_USER_PROMPT",
+    "RESOURCES",
+    "SERVE_DEFAULT",
+    "VLLM_CPU_SERVER",
+]
