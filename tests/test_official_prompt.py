@@ -191,3 +191,15 @@ def test_a_released_folder_without_a_chat_template_is_refused_naming_it() -> Non
 
     with pytest.raises(DataError, match="MemSifter-4B-Thinking has none"):
         _official_spec().builder(NoTemplate(), build_filter("bm25"))
+
+
+def test_the_released_proxy_config_serves_it_on_its_own_contract() -> None:
+    from memsifter.serving.config import load_serve_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_serve_config(root / "configs/serve/released_proxy.yaml")
+    spec = cfg.proxy.prompt_spec()
+    assert spec.template == "official" and spec.model == "zstanjj/MemSifter-4B-Thinking"
+    assert (cfg.coarse, cfg.proxy.max_candidates, cfg.proxy.temperature) == ("bge-m3", 20, 0.6)
+    # Whole sessions, the unit it was trained on: a page holds every turn a session may have.
+    assert cfg.paging.turns_per_page >= cfg.limits.max_turns_per_session

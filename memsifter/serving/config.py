@@ -321,10 +321,12 @@ class ServeConfig:
                 f"{self.proxy.model!r} is shown pages of {spec.turns_per_page} turns (its prompt "
                 f"spec); set paging.turns_per_page: {spec.turns_per_page}"
             )
-        if spec.unit != "page":
+        whole = self.paging.turns_per_page >= self.limits.max_turns_per_session
+        if spec.unit != "page" and not whole:
             logger.warning(
                 "the proxy %r's prompt spec has unit %s (whole sessions as candidates); the "
-                "service shows it pages of %d turns",
+                "service shows it pages of %d turns (set paging.turns_per_page to "
+                "limits.max_turns_per_session for whole sessions)",
                 self.proxy.model,
                 spec.unit,
                 self.paging.turns_per_page,
