@@ -434,20 +434,11 @@ def prompt_scores(
 
 
 def rank_prompts(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    n_candidates: Sequence[int],
-    batch_size: int = 8,
-    *,
-    labels: str = "digits",
-    read: str = "label",
+    model: Any, tokenizer: Any, prompts: Sequence[str], *args: Any, **kwargs: Any
 ) -> list[list[int]]:
-    """Greedy rankings (scores sorted, best first) of rendered prompts: one forward pass each."""
-    scores = prompt_scores(
-        model, tokenizer, prompts, n_candidates, batch_size, labels=labels, read=read
-    )
-    return [order_scores(s) for s in scores]
+    """Greedy rankings of rendered prompts, one forward pass each: :func:`prompt_scores` (same
+    arguments), best first."""
+    return [order_scores(s) for s in prompt_scores(model, tokenizer, prompts, *args, **kwargs)]
 
 
 def check_backend(backend: Any, read: str = "label") -> Any:
@@ -587,21 +578,11 @@ def backend_scores(
 
 
 def backend_rankings(
-    backend: Any,
-    prompts: Sequence[str],
-    n_candidates: Sequence[int],
-    batch_size: int = 8,
-    payloads: Sequence[Any] | None = None,
-    top: int = 20,
-    *,
-    labels: str = "digits",
-    read: str = "label",
+    backend: Any, prompts: Sequence[str], n_candidates: Sequence[int], *args: Any, **kwargs: Any
 ) -> list[list[int]]:
-    """Greedy head rankings of rendered prompts by a backend: :func:`backend_scores`, best
+    """Greedy head rankings of rendered prompts: :func:`backend_scores` (same arguments), best
     first."""
-    scores = backend_scores(
-        backend, prompts, n_candidates, batch_size, payloads, top, labels=labels, read=read
-    )
+    scores = backend_scores(backend, prompts, n_candidates, *args, **kwargs)
     return [order_scores(s) for s in scores]
 
 

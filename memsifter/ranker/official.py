@@ -39,6 +39,7 @@ from memsifter.ranker.parse import (
     THINK_CLOSE,
     ParsedRanking,
     ParseErrorKind,
+    first_in_range,
 )
 from memsifter.resources import OFFICIAL_USER_PROMPT
 
@@ -125,15 +126,7 @@ def parse_official(text: str, num_sessions: int) -> ParsedRanking:
     except ValueError:
         kind = ParseErrorKind.EMPTY_RANKING if not body.strip() else ParseErrorKind.NO_VALID_IDS
         return ParsedRanking((), num_sessions, think=think, error=kind)
-    ids: list[int] = []
-    dropped = duplicates = 0
-    for i in raw:
-        if not 0 <= i < num_sessions:
-            dropped += 1
-        elif i in ids:
-            duplicates += 1
-        else:
-            ids.append(i)
+    ids, dropped, duplicates = first_in_range(raw, num_sessions)
     if not ids:
         return ParsedRanking(
             (), num_sessions, think=think, error=ParseErrorKind.NO_VALID_IDS, dropped=dropped

@@ -109,6 +109,23 @@ class ParsedRanking:
         return replace(self, ids=self.ids + tuple(extra), completed_from=source)
 
 
+def first_in_range(ids: Sequence[int], num_sessions: int) -> tuple[list[int], int, int]:
+    """The ids within ``0 … num_sessions-1``, each at its first place, with how many were out
+    of range (dropped) and how many repeated (duplicates)."""
+    kept: list[int] = []
+    seen: set[int] = set()
+    dropped = duplicates = 0
+    for pos in ids:
+        if not 0 <= pos < num_sessions:
+            dropped += 1
+        elif pos in seen:
+            duplicates += 1
+        else:
+            seen.add(pos)
+            kept.append(pos)
+    return kept, dropped, duplicates
+
+
 def parse_ranking(text: str, num_sessions: int) -> ParsedRanking:
     """Read the model's completion ``text`` (never the prompt) for a prompt of ``num_sessions``
     candidates. Never raises on any ``text``."""
@@ -130,20 +147,11 @@ def parse_ranking(text: str, num_sessions: int) -> ParsedRanking:
     if unclosed:
         think = tail[: block.start()].strip()
 
-    ids: list[int] = []
-    seen: set[int] = set()
-    dropped = duplicates = 0
     tokens = _TOKEN.findall(block.group(1))
-    for token in tokens:
-        match = _ID.fullmatch(token)
-        pos = int(match.group(1)) if match else -1
-        if not 0 <= pos < num_sessions:
-            dropped += 1
-        elif pos in seen:
-            duplicates += 1
-        else:
-            seen.add(pos)
-            ids.append(pos)
+    matches = (_ID.fullmatch(token) for token in tokens)
+    ids, dropped, duplicates = first_in_range(
+        [int(m.group(1)) if m else -1 for m in matches], num_sessions
+    )
 
     error = None
     if not tokens:

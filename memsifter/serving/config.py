@@ -55,9 +55,11 @@ class ProxySettings:
     # Needed only for a model without its own spec; with one it may only repeat it.
     prompt: dict[str, Any] | str | None = None
     temperature: float = 0.0
-    # transformers: the weights' dtype (float32 | bfloat16 | float16); null keeps float32. On a
-    # CPU with AMX or AVX512-BF16, bfloat16 runs a forward pass ~2.5x faster and moves the
-    # scores a little (eval/bench_head_latency.md measures how the rankings agree with float32).
+    # transformers: the weights' dtype (float32 | bfloat16 | float16); null keeps float32.
+    # bfloat16 pays only on a CPU with AMX or AVX512-BF16 (bf16 autocast: a 2.5x faster forward
+    # on such a Xeon, eval/results/bench_cpu_autocast.md); elsewhere it is emulated and slower.
+    # It moves the scores a little: `python eval/bench_head_latency.py` times both dtypes and
+    # measures how the rankings agree with float32 on the machine at hand.
     dtype: str | None = None
     max_candidates: int = 40  # fused coarse+bookmark top-N shown to the proxy
     # A local transformers model is not thread-safe and saturates the CPU alone; an HTTP server
