@@ -203,3 +203,26 @@ def test_the_released_proxy_config_serves_it_on_its_own_contract() -> None:
     assert (cfg.coarse, cfg.proxy.max_candidates, cfg.proxy.temperature) == ("bge-m3", 20, 0.6)
     # Whole sessions, the unit it was trained on: a page holds every turn a session may have.
     assert cfg.paging.turns_per_page >= cfg.limits.max_turns_per_session
+
+
+def test_a_released_folder_whose_tokenizer_outgrows_its_config_is_refused(
+    tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from memsifter.coarse import build_filter
+    from memsifter.errors import DataError
+
+    released = tmp_path / "MemSifter-4B-Thinking"
+    shutil.copytree(tiny_qwen3, released)
+    spec = _official_spec()
+    tok = AutoTokenizer.from_pretrained(released)
+    spec.builder(tok, build_filter("bm25"))  # the folder as built: its tokenizer fits
+    config = json.loads((released / "config.json").read_text())
+    config["vocab_size"] = len(tok) - 1
+    (released / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DataError, match="vocab_size.*not the same model's") as e:
+        spec.builder(AutoTokenizer.from_pretrained(released), build_filter("bm25"))
+    assert "config.json" in str(e.value)

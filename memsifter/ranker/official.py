@@ -28,11 +28,14 @@ the rendering byte for byte and the parse case by case.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from memsifter.data.types import Session
+from memsifter.errors import DataError
 from memsifter.ranker.parse import (
     RANKING_CLOSE,
     RANKING_OPEN,
@@ -70,6 +73,29 @@ RELEASED_NAME = re.compile(r"memsifter-\d+(\.\d+)?b", re.IGNORECASE)
 def looks_released(model: str) -> bool:
     """Whether ``model`` is named like the authors' released proxy (``…/MemSifter-4B-…``)."""
     return RELEASED_NAME.search(str(model).rstrip("/").rsplit("/", 1)[-1]) is not None
+
+
+def check_released_folder(tokenizer: Any) -> None:
+    """A local folder in the released layout must hold a tokenizer that fits its model: every
+    token id below ``config.json``'s ``vocab_size``, or the model would read ids it has no
+    embedding for. Refused naming both files; a hub id (no local folder) is checked by the
+    server that loads it."""
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    config = folder / "config.json"
+    if not folder.is_dir() or not config.is_file():
+        return
+    try:
+        vocab = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read the model's config: {e}", file=str(config)) from e
+    size = len(tokenizer)
+    if isinstance(vocab, int) and size > vocab:
+        raise DataError(
+            f"the tokenizer in {folder} has {size} tokens but config.json's vocab_size is "
+            f"{vocab}: they are not the same model's (tokenizer.json / tokenizer_config.json "
+            "against config.json)",
+            file=str(config),
+        )
 
 
 def session_text(session: Session) -> str:
@@ -143,6 +169,7 @@ def parse_official(text: str, num_sessions: int) -> ParsedRanking:
 
 __all__ = [
     "PRESET",
+    "check_released_folder",
     "SETTINGS",
     "SOURCE",
     "USER_PROMPT",

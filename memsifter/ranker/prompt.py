@@ -206,6 +206,10 @@ class PromptBuilder(PromptIdAssembly):
                 "chat_template, or chat_template.jinja)",
                 file=str(where),
             )
+        if self.template == "official":
+            from memsifter.ranker.official import check_released_folder
+
+            check_released_folder(tokenizer)
         self.native_thinking = "enable_thinking" in template if thinking is None else thinking
         self.counter = HFCounter.from_tokenizer(tokenizer)
         # The widest label any realistic prompt uses, plus the blank line between blocks. Too
