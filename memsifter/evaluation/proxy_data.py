@@ -115,6 +115,14 @@ def _question(row: Mapping[str, Any], file: str) -> Question:
     )
 
 
+def seeded_sample(n: int, k: int | None, seed: int) -> list[int]:
+    """``k`` of ``range(n)`` drawn with ``seed``, in order (all of them when ``k`` is None or not
+    below ``n``): the question sample and the invariance check's, so both draw alike."""
+    if k is None or k >= n:
+        return list(range(n))
+    return sorted(np.random.default_rng(seed).choice(n, size=k, replace=False).tolist())
+
+
 def load_eval_data(
     folder: str | Path, split: str = "test", max_questions: int | None = None, seed: int = 0
 ) -> EvalData:
@@ -134,9 +142,7 @@ def load_eval_data(
     n_gold = len(scoreable)
     sampled = max_questions is not None and max_questions < n_gold
     if sampled:
-        rng = np.random.default_rng(seed)
-        keep = sorted(rng.choice(n_gold, size=max_questions, replace=False).tolist())
-        scoreable = [scoreable[i] for i in keep]
+        scoreable = [scoreable[i] for i in seeded_sample(n_gold, max_questions, seed)]
     return EvalData(
         folder=folder,
         split=split,
@@ -149,4 +155,4 @@ def load_eval_data(
     )
 
 
-__all__ = ["EvalData", "Question", "load_eval_data", "read_split_lists"]
+__all__ = ["EvalData", "Question", "load_eval_data", "read_split_lists", "seeded_sample"]

@@ -15,7 +15,7 @@ import numpy as np
 from memsifter.coarse.hybrid import rrf
 from memsifter.errors import DataError, MemSifterError
 from memsifter.evaluation.invariance import Order, PermutedAnswer, permutations_for, to_original
-from memsifter.evaluation.proxy_data import EvalData, Question
+from memsifter.evaluation.proxy_data import EvalData, Question, seeded_sample
 from memsifter.ranker.checkpoint import SPEC_FILE, read_spec, spec_differences, spec_file
 from memsifter.ranker.spec import PromptSpec
 
@@ -90,12 +90,8 @@ def invariance_orders(
     ``max_questions``, or whose prompt cut a session short (its candidates column holds the
     whole session, so a new rendering would not show what the prompt did)."""
     qs = data.questions
-    chosen = range(len(qs))
-    if max_questions is not None and max_questions < len(qs):
-        rng = np.random.default_rng(seed)
-        chosen = sorted(rng.choice(len(qs), size=max_questions, replace=False).tolist())
     orders: list[list[Order]] = [[] for _ in qs]
-    for i in chosen:
+    for i in seeded_sample(len(qs), max_questions, seed):
         q = qs[i]
         if not q.truncated:
             orders[i] = permutations_for(q.qid, q.n_candidates, k, seed)

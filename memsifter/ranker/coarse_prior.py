@@ -35,12 +35,12 @@ from memsifter.ranker.first_token import RankingHeadError
 def prior(coarse_order: Sequence[int], n: int) -> list[float]:
     """``c_i = −ln(1 + r_i)`` for each of ``n`` candidates; a candidate the order leaves out
     ranks after every one it lists."""
-    rank = {p: r for r, p in enumerate(coarse_order) if 0 <= p < n}
-    if len(rank) != len(set(coarse_order)) or len(coarse_order) != len(set(coarse_order)):
+    if len(set(coarse_order)) != len(coarse_order) or any(not 0 <= p < n for p in coarse_order):
         raise RankingHeadError(
             f"coarse order {list(coarse_order)} is not a ranking of {n} candidates "
             "(positions repeat or fall outside 0..n-1)"
         )
+    rank = {p: r for r, p in enumerate(coarse_order)}
     last = len(rank)
     return [-math.log1p(rank.get(i, last)) for i in range(n)]
 
@@ -74,6 +74,14 @@ def prior_tensor(
     return torch.tensor(rows, dtype=like.dtype, device=like.device)
 
 
+def row_orders(rows: Sequence[Any], weight: float) -> list[list[int]] | None:
+    """A batch's coarse orders (each row's ``coarse_order``) when ``weight`` fuses them; None
+    without a weight, or when a row lacks one (:func:`fuse_tensor` then refuses by name)."""
+    if not weight or any(r.get("coarse_order") is None for r in rows):
+        return None
+    return [[int(p) for p in r["coarse_order"]] for r in rows]
+
+
 def fuse_tensor(
     scores: Any,
     coarse_orders: Sequence[Sequence[int]] | None,
@@ -91,4 +99,4 @@ def fuse_tensor(
     return scores + weight * prior_tensor(coarse_orders, n_candidates, scores)
 
 
-__all__ = ["fuse", "fuse_tensor", "prior", "prior_tensor"]
+__all__ = ["fuse", "fuse_tensor", "prior", "prior_tensor", "row_orders"]

@@ -197,8 +197,8 @@ class PromptBuilder(PromptIdAssembly):
             from memsifter.ranker.first_token import check_label_capacity
 
             check_label_capacity(tokenizer, 1, labels)  # refused now, naming why, not per build
-        template = getattr(tokenizer, "chat_template", None) or ""
-        if self.template == "official" and not template:
+        chat_template = getattr(tokenizer, "chat_template", None) or ""
+        if self.template == "official" and not chat_template:
             where = getattr(tokenizer, "name_or_path", None) or "the model's folder"
             raise DataError(
                 "template: official renders the released model's prompt with the model's own "
@@ -210,7 +210,7 @@ class PromptBuilder(PromptIdAssembly):
             from memsifter.ranker.official import check_released_folder
 
             check_released_folder(tokenizer)
-        self.native_thinking = "enable_thinking" in template if thinking is None else thinking
+        self.native_thinking = "enable_thinking" in chat_template if thinking is None else thinking
         self.counter = HFCounter.from_tokenizer(tokenizer)
         # The widest label any realistic prompt uses, plus the blank line between blocks. Too
         # much only wastes a little room; too little is caught by the refit loop in build.

@@ -33,7 +33,7 @@ from typing import Any
 
 from memsifter.errors import DataError
 from memsifter.ranker.checkpoint import read_spec
-from memsifter.ranker.coarse_prior import fuse_tensor
+from memsifter.ranker.coarse_prior import fuse_tensor, row_orders
 from memsifter.ranker.first_token import head_scores
 
 Log = Callable[[str], None]
@@ -57,14 +57,6 @@ def check_listwise_settings(settings: Any) -> None:
         )
 
 
-def _coarse_orders(rows: list[dict[str, Any]], weight: float) -> list[list[int]] | None:
-    """The rows' coarse orders when the spec fuses them (None otherwise, or when a row lacks
-    one: :func:`~memsifter.ranker.coarse_prior.fuse_tensor` then refuses by name)."""
-    if not weight or any(r.get("coarse_order") is None for r in rows):
-        return None
-    return [list(r["coarse_order"]) for r in rows]
-
-
 def listwise_rows(rows: Any, target: str, *, seed: int = 0) -> list[dict[str, Any]]:
     """``{prompt, n, targets}`` for each training row with a target, seeded shuffle. ``gold``:
     the gold positions (rows without gold are skipped); ``coarse``: the coarse filter's first."""
@@ -76,13 +68,12 @@ def listwise_rows(rows: Any, target: str, *, seed: int = 0) -> list[dict[str, An
             targets = [int(row["coarse_order"][0])] if row["coarse_order"] else []
         if not targets:
             continue
-        coarse = row.get("coarse_order")
         picked.append(
             {
                 "prompt": row["prompt"],
                 "n": int(row["n_candidates"]),
                 "targets": targets,
-                "coarse_order": [int(p) for p in coarse] if coarse is not None else None,
+                "coarse_order": row.get("coarse_order"),
             }
         )
     random.Random(f"listwise-sft:{seed}").shuffle(picked)
@@ -162,7 +153,7 @@ def run_listwise_sft(
             prompts, ns = [r["prompt"] for r in take], [r["n"] for r in take]
             with policy_autocast(cfg, cuda):
                 scores = head_scores(model, tok, prompts, ns, labels=labels, read=read)
-            scores = fuse_tensor(scores, _coarse_orders(take, weight), ns, weight)
+            scores = fuse_tensor(scores, row_orders(take, weight), ns, weight)
             targets = [r["targets"] for r in take]
             loss = listwise_loss(scores, targets)
             (loss / accum).backward()

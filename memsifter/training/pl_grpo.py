@@ -85,7 +85,7 @@ from typing import Any
 
 from memsifter.errors import DataError, MemSifterError
 from memsifter.ranker.checkpoint import read_spec
-from memsifter.ranker.coarse_prior import fuse_tensor
+from memsifter.ranker.coarse_prior import fuse_tensor, row_orders
 from memsifter.ranker.first_token import (
     HeadTrunk,
     frozen_trunk,
@@ -426,9 +426,7 @@ class PLGRPOTrainer:
                     labels=self.labels, read=self.read,
                 )  # fmt: skip
             scores = policy_scores()
-        coarse = None  # fuse_tensor refuses a fused spec without them, by name
-        if self.coarse_weight and all(r.get("coarse_order") is not None for r in rows):
-            coarse = [[int(p) for p in r["coarse_order"]] for r in rows]
+        coarse = row_orders(rows, self.coarse_weight)
 
         def fused(s: Any) -> Any:
             return fuse_tensor(s, coarse, ns, self.coarse_weight)
