@@ -141,8 +141,10 @@ def eval_proxy(cfg: ProxyEvalConfig) -> None:
 
 @data_app.command("stats")
 def data_stats(
-    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl | gym")] = "locomo",
-    data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
+    dataset: Annotated[
+        str, typer.Option(help="locomo | longmemeval | memsifter | jsonl | gym")
+    ] = "locomo",
+    data: Annotated[str, typer.Option(help="dataset file (or folder: memsifter)")] = DEFAULT_LOCOMO,
 ) -> None:
     """Load a dataset and print what the loader saw (and repaired)."""
     from memsifter.data import load_dataset
@@ -158,8 +160,10 @@ def data_stats(
 @data_app.command("to-jsonl")
 def data_to_jsonl(
     out: Annotated[Path, typer.Argument(help="output .jsonl")],
-    dataset: Annotated[str, typer.Option(help="locomo | longmemeval | jsonl | gym")] = "locomo",
-    data: Annotated[str, typer.Option(help="dataset file")] = DEFAULT_LOCOMO,
+    dataset: Annotated[
+        str, typer.Option(help="locomo | longmemeval | memsifter | jsonl | gym")
+    ] = "locomo",
+    data: Annotated[str, typer.Option(help="dataset file (or folder: memsifter)")] = DEFAULT_LOCOMO,
 ) -> None:
     """Convert any supported dataset into MemSifter's own JSONL format."""
     from memsifter.data import dump_jsonl, load_dataset

@@ -9,6 +9,7 @@ from memsifter.data.gym import load_gym
 from memsifter.data.jsonl import dump_jsonl, load_jsonl
 from memsifter.data.locomo import load_locomo
 from memsifter.data.longmemeval import load_longmemeval
+from memsifter.data.memsifter_release import load_memsifter_datasets
 from memsifter.data.types import Page, Query, Ranking, Session, Turn
 from memsifter.errors import UnknownNameError
 
@@ -16,6 +17,7 @@ LOADERS = {
     "locomo": load_locomo,
     "longmemeval": load_longmemeval,
     "jsonl": load_jsonl,
+    "memsifter": load_memsifter_datasets,  # the MemSifter authors' released data (local copy)
     "gym": load_gym,  # the memory gym: a generated world.json, its folder, or a GymConfig YAML
 }
 
@@ -45,4 +47,5 @@ __all__ = [
     "load_jsonl",
     "load_locomo",
     "load_longmemeval",
+    "load_memsifter_datasets",
 ]

@@ -18,6 +18,7 @@ class LoadReport:
     no_evidence_qids: list[str] = field(default_factory=list)
     repaired_evidence: Counter[str] = field(default_factory=Counter)
     unusable_evidence: Counter[str] = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)  # anything else the loader had to decide
 
     @property
     def n_no_evidence(self) -> int:
@@ -33,6 +34,7 @@ class LoadReport:
             parts.append(f"repaired evidence strings: {dict(self.repaired_evidence)}")
         if self.unusable_evidence:
             parts.append(f"unusable evidence strings: {dict(self.unusable_evidence)}")
+        parts.extend(self.notes)
         return "; ".join(parts)
 
 

@@ -26,7 +26,7 @@ PROXY_EVAL_OUT = "outputs/proxy_eval"
 class RetrievalEvalConfig:
     """Everything the retrieval benchmark needs; the CLI flags override these fields."""
 
-    dataset: str = setting("locomo", help="locomo | longmemeval | jsonl")
+    dataset: str = setting("locomo", help="locomo | longmemeval | memsifter | jsonl | gym")
     data: str = setting(DEFAULT_LOCOMO, help="dataset file")
     retrievers: list[str] = setting(
         default_factory=lambda: ["bm25"],
@@ -67,6 +67,10 @@ class RetrievalEvalConfig:
     backend: str = setting("transformers", help="proxy backend: transformers | openai | vllm")
     base_url: str | None = setting(None, help="openai backend server URL (http://host:port/v1)")
     proxy_batch_size: int = setting(4, help="proxy prompts per generate call")
+    proxy_temperature: float = setting(
+        0.0,
+        help="proxy sampling temperature: 0 is greedy; the released proxy's authors sample at 0.6",
+    )
     # The proxy's prompt is its PromptSpec: the prompt_spec.json in the model's folder, or for a
     # model without one these explicit settings (PromptSpec fields, or a prompt_spec.json path).
     # A model with its own spec takes none that contradict it. The four below are the older
@@ -101,7 +105,7 @@ class RetrievalEvalConfig:
 class QAEvalConfig:
     """Everything the QA benchmark needs: the retriever, the answerer, the judge, the proxy."""
 
-    dataset: str = setting("locomo", help="locomo | longmemeval | jsonl")
+    dataset: str = setting("locomo", help="locomo | longmemeval | memsifter | jsonl | gym")
     data: str = setting(DEFAULT_LOCOMO, help="dataset file")
     retriever: str = setting(
         "bm25", help="coarse filter spec, memsifter (the proxy), full, or none"

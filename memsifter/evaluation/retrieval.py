@@ -184,7 +184,7 @@ def build_proxy(cfg: RetrievalEvalConfig, spec: PromptSpec | None = None):
     return Proxy.from_pretrained(
         cfg.model,
         backend=cfg.backend_spec(),
-        params=ProxyParams(batch_size=cfg.proxy_batch_size),
+        params=ProxyParams(batch_size=cfg.proxy_batch_size, temperature=cfg.proxy_temperature),
         prompt=spec,
     )
 

@@ -9,7 +9,9 @@ rest), or gives ``validation_fraction`` / ``test_fraction`` for a seeded hash sp
 LongMemEval, where every question has its own haystack (its "conversation" is the question id).
 The hash depends only on the seed and the conversation id, so the same question lands in the same
 split in LongMemEval S and M, and adding data never moves an old conversation. LoCoMo with no
-lists defaults to conversations 0-6 train, 7 validation, 8-9 test.
+lists defaults to conversations 0-6 train, 7 validation, 8-9 test. A dataset that ships its own
+split (the gym; the MemSifter release's train and test files) keeps it; where that split has no
+validation (the release), ``validation_fraction`` alone carves one from its train.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class ConversationSplit:
     """Which conversations of one source went where."""
 
     source: str
-    method: str  # listed | hash | locomo-default | dataset
+    method: str  # listed | hash | locomo-default | dataset | dataset+hash
     train: tuple[str, ...]
     validation: tuple[str, ...]
     test: tuple[str, ...] = ()
@@ -90,6 +92,29 @@ def split_conversations(
 ) -> ConversationSplit:
     """Assign every conversation of ``dataset`` to train, validation or test (module doc)."""
     keys = _conversation_keys(dataset)
+    own = dataset.splits
+    if (
+        own
+        and source.validation_fraction is not None
+        and source.test_fraction is None
+        and "validation" not in own.values()
+    ):
+        # A dataset that ships train and test only (the MemSifter release): validation is a
+        # seeded hash share of its own train, and its test stays test.
+        v = source.validation_fraction
+        where = {
+            k: "validation"
+            if own.get(k) == "train" and hash_fraction(seed, k) < v
+            else own.get(k, "unused")
+            for k in keys
+        }
+        return ConversationSplit(
+            source=source.name,
+            method="dataset+hash",
+            **{s: tuple(k for k in keys if where[k] == s) for s in SPLITS},
+            unused=tuple(k for k in keys if where[k] == "unused"),
+            fractions={"validation": v},
+        )
     if source.validation_fraction is not None or source.test_fraction is not None:
         v, t = source.validation_fraction or 0.0, source.test_fraction or 0.0
         where = {}

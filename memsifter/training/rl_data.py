@@ -117,7 +117,7 @@ class SourcePlan:
 def plan_sources(cfg: RLDataConfig) -> list[SourcePlan]:
     """Load and split every source (no tokenizer, no prompts): the recipe's dry run."""
     for i, s in enumerate(cfg.sources):
-        if not Path(s.path).is_file():
+        if not Path(s.path).exists():  # a file, or a folder (the gym's, the MemSifter release)
             raise DataError(
                 f"dataset file of source {s.name!r} not found: {s.path} (fix the recipe or pass "
                 f"--data {s.name}=PATH)",

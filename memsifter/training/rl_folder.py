@@ -135,6 +135,8 @@ def render_card(result: RLDataResult) -> str:
             "locomo-default": "LoCoMo default: conversations 0-6 train, 7 validation, 8-9 test",
             "hash": f"seeded hash of the conversation id, held-out fractions {s.split.fractions}",
             "dataset": "the dataset's own split (the memory gym splits by user)",
+            "dataset+hash": "the dataset's own train and test; validation a seeded hash share "
+            f"of its train ({s.split.fractions})",
         }[s.split.method]
         lines += [
             f"- **{s.source}** (`{s.dataset}`, `{s.path}`): {how}.",

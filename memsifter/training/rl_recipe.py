@@ -23,7 +23,7 @@ from memsifter.training.curriculum import CurriculumSettings
 
 # Datasets that split themselves when the recipe lists nothing: LoCoMo by the project's default
 # (data/splits.py), the memory gym by the user split its world records.
-OWN_SPLITS = ("locomo", "gym")
+OWN_SPLITS = ("locomo", "gym", "memsifter")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class SourceSettings:
     """One dataset in the recipe. Conversations are ids or 0-based indexes in file order."""
 
     name: str  # the row's ``source`` and the key of --data overrides; unique in the recipe
-    dataset: str = "locomo"  # loader: locomo | longmemeval | jsonl
+    dataset: str = "locomo"  # loader: locomo | longmemeval | memsifter | jsonl | gym
     path: str = DEFAULT_LOCOMO
     count: int | None = None  # train rows kept by the curriculum; null keeps every train row
     train_conversations: list[int | str] | None = None
