@@ -12,6 +12,8 @@ naming its site-packages: a plain path line, so the editable install's finder th
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import re
 import shutil
@@ -184,3 +186,112 @@ def test_wheel_serves_outside_the_checkout(tmp_path: Path) -> None:
             proc.kill()
     # The default config's SQLite file lands in the working directory, not in the checkout.
     assert (work / "memsifter.db").is_file()
+
+
+_CLIENT_SCRIPT = r"""
+import json, sys
+from importlib.util import find_spec
+from memsifter.integrations.langchain import MemSifterRetriever as LCRetriever
+from memsifter.integrations.llama_index import MemSifterRetriever as LIRetriever
+url, key = sys.argv[1], sys.argv[2]
+docs = LCRetriever(base_url=url, api_key=key, user_id="alice", top_k=2).invoke("dog's name?")
+nodes = LIRetriever(base_url=url, api_key=key, user_id="alice", top_k=2).retrieve("dog's name?")
+heavy = [m for m in ("torch", "transformers", "sentence_transformers", "bm25s") if find_spec(m)]
+print(json.dumps({
+    "langchain": [d.page_content for d in docs],
+    "llama_index": [n.node.get_content() for n in nodes],
+    "heavy": heavy,
+}))
+"""
+
+
+@pytest.mark.slow
+def test_the_client_install_pulls_no_torch_and_recalls(tmp_path: Path) -> None:
+    """``pip install 'memsifter[client]'`` into a clean venv, resolved from the package index:
+    no torch (nor transformers, sentence-transformers, bm25s) is installed, and the LangChain
+    and LlamaIndex adapters recall from a live service."""
+    from memsifter.serving.config import ApiKeySettings, ServeConfig
+    from memsifter.serving.store import hash_key
+    from memsifter.testing.server import live_server
+
+    wheel = _build_wheel(tmp_path)
+    venv = tmp_path / "client-venv"
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
+    python = str(venv / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_NO_INDEX")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    _run(
+        [python, "-m", "pip", "install", "-q", f"memsifter[client] @ {wheel.as_uri()}"],
+        cwd=tmp_path,
+        timeout=1200,
+        env=env,
+    )
+    installed = _run([python, "-m", "pip", "list", "--format", "freeze"], cwd=tmp_path, env=env)
+    names = {line.split("==")[0].lower() for line in installed.splitlines()}
+    assert "memsifter" in names and "langchain-core" in names and "llama-index-core" in names
+    assert not names & {"torch", "transformers", "sentence-transformers", "flagembedding"}
+
+    key = "key-client-install-0123456789"
+    config = ServeConfig(
+        db_url=f"sqlite:///{tmp_path / 'client.db'}",
+        api_keys=[ApiKeySettings(tenant="acme", key_sha256=hash_key(key))],
+    )
+    with live_server(config) as url:
+        session = {
+            "id": "dog",
+            "date": "2024-05-01T10:00:00",
+            "turns": [{"speaker": "user", "text": "My dog is called Max."}],
+        }
+        other = {
+            "id": "run",
+            "date": "2024-05-02T10:00:00",
+            "turns": [{"speaker": "user", "text": "I run the Lisbon half marathon."}],
+        }
+        r = httpx.post(
+            f"{url}/v1/users/alice/sessions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"sessions": [session, other]},
+            timeout=60,
+        )
+        assert r.status_code == 201, r.text
+        out = _run([python, "-c", _CLIENT_SCRIPT, url, key], cwd=tmp_path, env=env, timeout=300)
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["heavy"] == []
+    for texts in (got["langchain"], got["llama_index"]):
+        assert len(texts) == 2 and "Max" in texts[0]
+
+
+ML_PACKAGES = {"torch", "transformers", "numpy", "sentence-transformers", "flagembedding", "bm25s"}
+
+
+def test_the_core_and_the_client_extra_name_no_ml_package() -> None:
+    import tomllib
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+
+    def names(reqs: list[str]) -> set[str]:
+        out = set()
+        for r in map(Requirement, reqs):
+            if r.name == "memsifter":  # a self-reference: that extra's own requirements
+                out |= {n for e in r.extras for n in names(extras[e])}
+            else:
+                out.add(r.name.lower())
+        return out
+
+    assert not names(project["dependencies"] + extras["client"]) & ML_PACKAGES
+    for extra in ("train", "serve", "gpu"):  # what ranks, trains or serves has the ML stack
+        assert ML_PACKAGES <= names(extras[extra]), extra
+
+
+def test_the_client_and_adapters_import_without_the_ml_stack() -> None:
+    code = (
+        "import sys, memsifter.serving.client, memsifter.integrations.langchain, "
+        "memsifter.integrations.llama_index; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'transformers', 'numpy', 'sentence_transformers', 'bm25s', 'sqlalchemy'}))"
+    )
+    out = _run([sys.executable, "-c", code], cwd=ROOT)
+    # llama-index-core itself imports numpy; ours must add none of the rest.
+    assert set(ast.literal_eval(out)) <= {"numpy", "sqlalchemy"}, out

@@ -1,5 +1,5 @@
 """Adapters that put the recall service behind the interfaces apps already use, installed with
-the ``integrations`` extra (``pip install memsifter[integrations]``):
+the ``client`` extra (``pip install memsifter[client]``: these, the HTTP client, and no torch):
 
 * :mod:`memsifter.integrations.langchain`: ``MemSifterRetriever`` (a LangChain ``BaseRetriever``
   over a user's recall) and ``MemSifterRerank`` (a ``BaseDocumentCompressor`` over
