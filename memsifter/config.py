@@ -134,16 +134,64 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], *, file: str
     return out
 
 
-def read_yaml(path: str | Path) -> Any:
-    """A config file's YAML (an empty file reads as ``{}``); a missing file or bad YAML is a
-    :class:`DataError` naming the file."""
-    p = Path(path)
+BASE_KEY = "base"
+
+
+def _read_one(p: Path) -> Any:
     if not p.exists():
         raise DataError("config file not found", file=str(p))
     try:
         return yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise DataError(f"invalid YAML: {e}", file=str(p)) from e
+
+
+def _merge_onto(base: dict[str, Any], child: dict[str, Any], *, file: str, at: str) -> dict:
+    """``child``'s values over ``base``'s: mappings merge key by key, anything else replaces. A
+    key the base lacks is refused: an inheriting recipe only states how it differs."""
+    out = dict(base)
+    for key, value in child.items():
+        where = f"{at}.{key}" if at else key
+        if key not in base:
+            raise DataError(
+                f"{where} is not in the base config: an inheriting config may only change what "
+                f"its base states (base keys here: {', '.join(map(str, base)) or 'none'})",
+                file=file,
+                field=where,
+            )
+        if isinstance(base[key], dict) and isinstance(value, dict):
+            out[key] = _merge_onto(base[key], value, file=file, at=where)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> Any:
+    """A config file's YAML (an empty file reads as ``{}``); a missing file or bad YAML is a
+    :class:`DataError` naming the file.
+
+    A mapping with ``base: OTHER.yaml`` (a path relative to this file's folder) inherits: it is
+    the base's values with this file's merged over them (:func:`_merge_onto`), so an ablation
+    states only what it changes. A missing or circular base, and a key the base lacks, are
+    errors naming the file and the key."""
+    p = Path(path)
+    data = _read_one(p)
+    if not isinstance(data, dict) or BASE_KEY not in data:
+        return data
+    raw = data.pop(BASE_KEY)
+    if not isinstance(raw, str) or not raw:
+        raise DataError("base must be a config file's path", file=str(p), field=BASE_KEY)
+    base_path = (p.parent / raw).resolve()
+    chain = (*_chain, p.resolve())
+    if base_path in chain:
+        loop = " -> ".join(str(c) for c in (*chain, base_path))
+        raise DataError(f"circular base: {loop}", file=str(p), field=BASE_KEY)
+    if not base_path.is_file():
+        raise DataError(f"base config {raw!r} not found ({base_path})", file=str(p), field=BASE_KEY)
+    base = read_yaml(base_path, chain)
+    if not isinstance(base, dict):
+        raise DataError(f"base config {raw!r} is not a mapping", file=str(p), field=BASE_KEY)
+    return _merge_onto(base, data, file=str(p), at="")
 
 
 def load_config(cls: type[T], path: str | Path, overrides: Sequence[str] = ()) -> T:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from memsifter.config import load_config
 from memsifter.errors import DataError
@@ -59,3 +60,66 @@ def test_prompt_spec_loads_with_named_errors(tmp_path: Path) -> None:
     p.write_text("order: newest\n")  # the dataclass's own check, named with the file
     with pytest.raises(DataError, match=r"order must be one of.*spec\.yaml|spec\.yaml.*order"):
         load_config(PromptSpec, p)
+
+
+def test_a_config_inherits_its_base_and_states_only_what_differs(tmp_path: Path) -> None:
+    from memsifter.config import read_yaml
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "base.yaml").write_text("a: 1\nnested:\n  x: 1\n  y: [1, 2]\nname: base\n")
+    (tmp_path / "recipes" / "mid.yaml").write_text("base: ../base.yaml\nnested:\n  x: 2\n")
+    (tmp_path / "recipes" / "leaf.yaml").write_text("base: mid.yaml\nnested:\n  y: [3]\na: 5\n")
+    assert read_yaml(tmp_path / "recipes" / "leaf.yaml") == {
+        "a": 5,
+        "nested": {"x": 2, "y": [3]},  # mappings merge key by key; lists are replaced
+        "name": "base",
+    }
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"c.yaml": "base: nope.yaml\na: 1\n"}, "base config 'nope.yaml' not found"),
+        ({"c.yaml": "base: d.yaml\n", "d.yaml": "base: c.yaml\n"}, "circular base"),
+        ({"c.yaml": "base: c.yaml\n"}, "circular base"),
+        ({"c.yaml": "base: b.yaml\nb: 2\n", "b.yaml": "a: 1\n"}, "b is not in the base config"),
+        (
+            {"c.yaml": "base: b.yaml\nm:\n  z: 1\n", "b.yaml": "m:\n  x: 1\n"},
+            "m.z is not in the base config",
+        ),
+        ({"c.yaml": "base: b.yaml\n", "b.yaml": "- 1\n"}, "is not a mapping"),
+        ({"c.yaml": "base: 3\n"}, "base must be a config file's path"),
+    ],
+)
+def test_a_bad_base_is_refused_naming_the_file_and_key(
+    tmp_path: Path, files: dict[str, str], message: str
+) -> None:
+    from memsifter.config import read_yaml
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(DataError, match=message) as e:
+        read_yaml(tmp_path / "c.yaml")
+    assert "c.yaml" in str(e.value)
+
+
+def test_the_shipped_ablations_inherit_and_load() -> None:
+    from memsifter.config import read_yaml
+    from memsifter.rewards.config import load_reward_config
+    from memsifter.training.config import load_train_config
+
+    root = Path(__file__).resolve().parents[1]
+    children = [
+        p for p in sorted((root / "configs").rglob("*.yaml")) if "\nbase:" in "\n" + p.read_text()
+    ]
+    assert len(children) >= 7
+    for child in children:
+        raw = yaml.safe_load(child.read_text())
+        base = read_yaml(child.parent / raw.pop("base"))
+        merged = read_yaml(child)
+        # Every key it states differs from its base's (nothing restated), the rest is the base's.
+        assert set(merged) == set(base), child
+        for key, value in raw.items():
+            assert value != base[key], f"{child.name} restates {key}"
+        load = load_reward_config if "rewards" in child.parts else load_train_config
+        load(child)
