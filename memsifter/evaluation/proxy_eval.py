@@ -179,6 +179,12 @@ class ProxyEvalResult:
             "paired_mean_diff": {
                 p: {m: v["mean"] for m, v in ms.items()} for p, ms in self.pairs.items()
             },
+            # What one bootstrap draw resampled: conversations (with all their questions) when
+            # the questions name theirs, else the questions themselves.
+            "paired_units": {
+                p: next((v.get("n_clusters") for v in ms.values()), None)
+                for p, ms in self.pairs.items()
+            },
             "slices": {"metric": SLICE_METRIC, **self.slices},
             "eval_split": data.split,
             "n_scored": len(data.questions),
@@ -387,6 +393,38 @@ def render_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Below this many resampled units a bootstrap interval is the spread of a handful of distinct
+# resamples (2 conversations: 3 of them), not a confidence statement.
+MIN_UNITS = 10
+
+
+def resampled_units(units: int, n: int) -> str:
+    """What one bootstrap draw resamples: questions, or whole conversations of them."""
+    return f"{n} questions" if units == n else f"{units} conversations ({n} questions)"
+
+
+def bootstrap_note(pairs: Mapping[str, Mapping[str, Mapping[str, Any]]], resamples: int) -> str:
+    """How the pairs were resampled, and a warning where too few units make the CI meaningless."""
+    units = [v["n_clusters"] for ms in pairs.values() for v in ms.values() if v.get("n_clusters")]
+    n = max((v["n"] for ms in pairs.values() for v in ms.values()), default=0)
+    if not units:
+        return f"{resamples:,} resamples."
+    fewest = min(units)
+    what = (
+        f"{resamples:,} resamples of the {n} questions"
+        if fewest == n
+        else f"{resamples:,} resamples of the conversations, each drawn with all its questions "
+        f"({fewest} conversations, {n} questions)"
+    )
+    if fewest < MIN_UNITS:
+        what += (
+            f". With {fewest} resampled units the interval is the spread of a few distinct "
+            "resamples, not a 95% confidence statement: read the mean differences, the invariance "
+            "and the slices"
+        )
+    return what + "."
+
+
 def render_pairs(pairs: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     head = "| pair (A − B) | metric | mean difference | 95% CI | resampled units |"
     lines = [head, "|---|---|---|---|---|"]
@@ -396,7 +434,7 @@ def render_pairs(pairs: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
             ci_text = "–" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
             mean = "–" if v["mean"] is None else f"{v['mean']:+.3f}"
             units = v.get("n_clusters")
-            unit_text = "–" if units is None else f"{units} of {v['n']} questions"
+            unit_text = "–" if units is None else resampled_units(units, v["n"])
             lines.append(f"| {pair} | {metric} | {mean} | {ci_text} | {unit_text} |")
     return "\n".join(lines) + "\n"
 
@@ -498,8 +536,8 @@ def render_report(result: ProxyEvalResult) -> str:
         lines += [
             "## Paired bootstrap",
             "",
-            f"95% CIs of the mean per-question difference A − B: {cfg.n_bootstrap:,} "
-            f"resamples of the {n} questions (seed {cfg.seed}), numpy percentiles 2.5 / 97.5.",
+            "95% CIs of the mean per-question difference A − B (numpy percentiles 2.5 / 97.5, "
+            f"seed {cfg.seed}): {bootstrap_note(result.pairs, cfg.n_bootstrap)}",
             "",
             render_pairs(result.pairs),
         ]
