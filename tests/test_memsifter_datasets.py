@@ -6,6 +6,7 @@ conversations by haystack, and every bad row refused by name."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,43 @@ def test_the_paper_table_renders_from_the_runs_with_a_conversation_bootstrap(
     (out / "memsifter").rename(out / "other")
     with pytest.raises(DataError, match="one coarse filter's folder and memsifter/"):
         dataset_row(out)
+
+
+def test_the_released_proxy_is_evaluated_on_the_release_with_its_own_prompt(
+    release: Path, tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """RL data from the release with ``template: official``, then ``eval proxy`` on a model in the
+    released layout: the rows hold the official prompt, the model is scored on it (and under
+    permuted orders), beside BM25 on the same candidates."""
+    from typer.testing import CliRunner
+
+    from memsifter.cli import app
+    from memsifter.ranker.official import USER_PROMPT
+
+    model = tmp_path / "MemSifter-4B-Thinking"
+    shutil.copytree(tiny_qwen3, model)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"prompt:\n  template: official\n  model: {model}\n  window_tokens: 4096\n"
+        "  completion_tokens: 16\n  coarse: bm25\n  order: chronological\n  ask_think: true\n"
+        f"  unit: session\nsources:\n  - name: release\n    dataset: memsifter\n"
+        f"    path: {release}\n    validation_fraction: 0.5\n"
+        "curriculum:\n  strategy: random\n"
+    )
+    runner = CliRunner()
+    data = tmp_path / "rl"
+    out = runner.invoke(app, ["data", "rl", "--recipe", str(recipe), "--out", str(data)])
+    assert out.exit_code == 0, out.output
+    import pyarrow.parquet as pq
+
+    row = pq.read_table(data / "test.parquet").to_pylist()[0]
+    assert USER_PROMPT.split("{history}")[0] in row["prompt"]
+    args = ["eval", "proxy", "--data", str(data), "--split", "test", "--model", f"rel={model}"]
+    args += ["--explicit-spec", "rel", "--permutations", "2", "--out", str(tmp_path / "eval")]
+    args += ["--out-json", str(tmp_path / "eval.json"), "--out-md", str(tmp_path / "eval.md")]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0, out.output
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert set(result["rankers"]) == {"bm25", "rel"}
+    assert result["prompt_spec"]["template"] == "official"
+    assert result["rankers"]["rel"]["invariance"]["permutations"] == 2
