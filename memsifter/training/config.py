@@ -374,6 +374,10 @@ def check_hardware(cfg: TrainConfig, cuda: bool | None = None) -> None:
             "(set grpo.use_vllm: false)",
             field="grpo.use_vllm",
         )
+    if cfg.grpo.use_vllm:
+        from memsifter.training.gpu_env import check_vllm, installed
+
+        check_vllm(installed("vllm"), installed("trl"))
     if cfg.model.dtype == "bfloat16" and not cuda:
         raise DataError(
             "model.dtype bfloat16 on CPU: the Trainer's bf16 fails there; use auto or float32 "
