@@ -111,19 +111,34 @@ def check_label_capacity(tokenizer: Any, n: int, labels: str = "digits") -> None
 
 
 def gumbel_topk(
-    scores: Any, samples: int, k: int | None = None, temperature: float = 1.0, generator: Any = None
+    scores: Any,
+    samples: int,
+    k: int | None = None,
+    temperature: float = 1.0,
+    generator: Any = None,
+    noise: Any = None,
 ) -> Any:
     """``samples`` rankings (of length ``k``, default all) per row of ``scores`` ``[B, n]``,
     drawn without replacement from the Plackett–Luce policy ``softmax(scores / temperature)``:
     the top-k of Gumbel-perturbed scores is an exact PL sample. Returns ``[B, samples, k]``
-    long. ``-inf`` scores (padding candidates) are never drawn before real ones."""
+    long. ``-inf`` scores (padding candidates) are never drawn before real ones. ``noise``
+    (uniform, ``[B, samples, >= n]``) replaces the draw from ``generator``: a trainer that
+    splits one batch over processes draws it once for the whole batch, so a row's rankings do
+    not depend on where it landed."""
     import torch
 
     if temperature <= 0:
         raise RankingHeadError(f"temperature must be > 0, got {temperature}")
     b, n = scores.shape
     k = n if k is None else min(k, n)
-    u = torch.rand((b, samples, n), generator=generator, dtype=torch.float32)
+    if noise is None:
+        u = torch.rand((b, samples, n), generator=generator, dtype=torch.float32)
+    else:
+        if tuple(noise.shape[:2]) != (b, samples) or noise.shape[2] < n:
+            raise RankingHeadError(
+                f"noise of shape {tuple(noise.shape)} for {b} rows x {samples} samples x {n}"
+            )
+        u = noise[:, :, :n]
     gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
     z = scores.detach().float().unsqueeze(1) / temperature + gumbel.to(scores.device)
     return z.topk(k, dim=-1).indices

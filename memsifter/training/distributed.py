@@ -68,6 +68,57 @@ class Processes:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather_rows(self, t: Any) -> Any:
+        """Every process's ``t`` (the same shape on each), concatenated along the first
+        dimension in rank order, on every process: the global batch's rows."""
+        if not self.distributed:
+            return t
+        import torch
+        import torch.distributed as dist
+
+        local = t.contiguous().to(self.device)
+        parts = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(parts, local)
+        return torch.cat(parts).to(t.device)
+
+    def mean(self, value: float) -> float:
+        """The mean of a number over the processes."""
+        if not self.distributed:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t) / self.world
+
+    def average_gradients(self, params: Any) -> None:
+        """Each parameter's gradient replaced by its mean over the processes (one flat
+        all-reduce): a step on the mean of the processes' micro-batch losses, as DDP takes it."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat /= self.world
+        for g, avg in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(avg)
+
+    @property
+    def device(self) -> Any:
+        """Where collectives' tensors live: the process's GPU under NCCL, else the CPU."""
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def run_on_main(self, fn: Callable[[], T], what: str) -> T:
         """``fn()`` on the main process only; every process returns its result. A failure on
         the main process raises there and, as :class:`MainProcessError`, on the others."""

@@ -300,10 +300,12 @@ def run_training(
         from memsifter.training.pl_grpo import check_settings
 
         check_settings(cfg)  # before any stage runs: SFT, LoRA, vLLM mean nothing here
-        if procs.distributed:
+        if procs.distributed and cfg.sft.enabled:
             raise DataError(
-                "ranking_head: first_token trains in one process (its trainer has no "
-                "distributed path yet); launch it without accelerate/torchrun"
+                "ranking_head: first_token's cold start (its listwise SFT) runs in one process: "
+                "run it alone first (memsifter train CONFIG --until sft, without accelerate), "
+                "then launch the GRPO epochs with accelerate",
+                field="sft.enabled",
             )
     if cfg.epochs.validation_max_questions is not None:
         # A seeded sample across the held-out conversations, not the first file's questions.
@@ -406,7 +408,7 @@ def run_training(
 
                 trainer = PLGRPOTrainer(
                     cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
-                    on_save=[partial(save_spec, spec)], log=log,
+                    on_save=[partial(save_spec, spec)], log=log, procs=procs,
                 )  # fmt: skip
             else:
                 callbacks = [spec_callback(spec)]

@@ -69,7 +69,21 @@ runs the head's own cold start instead, a listwise cross-entropy on the gold lab
 
 The trainer has the slice of ``transformers.Trainer``'s surface that the epoch loop uses
 (``train(resume_from_checkpoint)``, ``state``, ``save_model``) and saves ``checkpoint-N``
-folders the loop validates and averages like TRL's. One process only.
+folders the loop validates and averages like TRL's.
+
+**Scale-out.** A step takes ``per_device_train_batch_size / num_generations`` prompts a
+micro-batch, ``gradient_accumulation_steps`` micro-batches a process, and every process of an
+``accelerate launch`` (DDP: each process holds the model, gradients are averaged with one flat
+all-reduce after the step's backwards). The step's batch and its Gumbel noise are drawn once for
+the whole step on every process, each process takes its rows, and the rewards are gathered before
+the advantages, so ``scale_rewards: batch`` divides by the whole batch's std: two processes and
+one process accumulating two micro-batches make the same update (tests/test_pl_grpo_distributed.py).
+With one micro-batch a process, the rollout's forward is the one trained on; with more, the
+rollout scores each micro-batch without grad and the update forwards it again (one extra forward,
+so that a micro-batch's activations are never held for another's). ``model.gradient_checkpointing``,
+``lr_scheduler_type`` and ``warmup_steps`` apply as in TRL's trainer, and a model whose trainable
+weights are not float32 (bf16 on GPU) keeps float32 master copies that AdamW steps, so its
+optimizer states and updates are float32. ZeRO-3 and FSDP are not supported by this trainer.
 """
 
 from __future__ import annotations
@@ -98,6 +112,7 @@ from memsifter.ranker.first_token import (
 from memsifter.rewards.marginal_utility import marginal_utility_to_go
 from memsifter.rewards.tiers import fibonacci_tiers
 from memsifter.training.config import SCALE_REWARDS
+from memsifter.training.distributed import Processes
 from memsifter.training.mean_scale import mean_divisor
 from memsifter.training.time_budget import TimeBudget
 
@@ -138,13 +153,14 @@ def _spread(rewards: Any, scale: str) -> Any:
     return 1.0
 
 
-def place_advantages(to_go: Any, rewards: Any, scale: str) -> Any:
+def place_advantages(to_go: Any, rewards: Any, scale: str, spread: Any = None) -> Any:
     """``[B, G, k]`` per-place rewards (what each place can still change: :func:`tier_credit`)
     to advantages: each place minus its own group mean, divided by the spread
     :func:`group_advantages` divides by (the whole reward's). The first place's to-go is the
     reward itself, so its advantage is exactly GRPO's; a deeper place loses the tiers it cannot
-    move, and their noise with them."""
-    spread = _spread(rewards, scale)
+    move, and their noise with them. ``spread`` is that divisor when it was taken over more
+    than these rows (the whole step's batch, across micro-batches and processes)."""
+    spread = _spread(rewards, scale) if spread is None else spread
     if scale in ("group", "mean"):  # [B, 1]: one per group, broadcast over the places
         spread = spread[..., None]
     return (to_go - to_go.mean(1, keepdim=True)) / spread
@@ -287,14 +303,17 @@ class PLGRPOTrainer:
         cuda: bool = False,
         on_save: Sequence[Callable[[Path], None]] = (),
         log: Log = print,
+        procs: Processes | None = None,
     ) -> None:
         import torch
+        from transformers import get_scheduler
 
         from memsifter.training.grpo import load_policy, policy_autocast
 
         check_settings(cfg)
         self.cfg = cfg
         self.g = cfg.grpo
+        self.procs = procs or Processes()
         self.reward_fn = reward_fn
         self.reward_config = None
         if self.g.pl_depth == "auto":
@@ -337,8 +356,13 @@ class PLGRPOTrainer:
 
             # Checkpoints are then adapters; the loop merges them for validation and averaging.
             self.model = get_peft_model(self.model, peft_config)
-        if cuda:
-            self.model.to("cuda")
+        if cuda:  # the process's own GPU (accelerate sets it per local rank)
+            self.model.to(torch.device("cuda", torch.cuda.current_device()))
+        if cfg.model.gradient_checkpointing:
+            self.model.config.use_cache = False
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.model.train()
         # LoRA on the top layers leaves a frozen trunk below them: its output is computed once a
         # step, and the KL's reference is the top layers with the adapter off (the start model,
@@ -351,17 +375,41 @@ class PLGRPOTrainer:
             self.ref = copy.deepcopy(self.model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # bf16 (or fp16) trainable weights: AdamW steps float32 copies, written back after
+        # each step, so its moments and the updates are not rounded to the weights' dtype.
+        self.master = (
+            [p.detach().float().clone().requires_grad_(True) for p in self.params]
+            if any(p.dtype != torch.float32 for p in self.params)
+            else None
+        )
         self.opt = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=self.g.learning_rate,
-            weight_decay=self.g.weight_decay,
+            self.master or self.params, lr=self.g.learning_rate, weight_decay=self.g.weight_decay
         )
         self.state = _State()
-        self.prompts_per_step = self.g.per_device_train_batch_size // self.g.num_generations
+        self.micro = self.g.per_device_train_batch_size // self.g.num_generations
+        self.accum = self.g.gradient_accumulation_steps
+        self.prompts_per_step = self.micro * self.accum * self.procs.world
+        if (self.accum > 1 or self.procs.distributed) and len(self.rows) < self.prompts_per_step:
+            raise DataError(
+                f"a step takes {self.prompts_per_step} prompts ({self.micro} a micro-batch x "
+                f"{self.accum} accumulated x {self.procs.world} processes) but the training "
+                f"data has {len(self.rows)}: lower grpo.per_device_train_batch_size or "
+                "grpo.gradient_accumulation_steps",
+                field="grpo.gradient_accumulation_steps",
+            )
         steps = cfg.epochs.max_steps
         if steps <= 0:  # one pass: every prompt once
             steps = math.ceil(len(self.rows) / self.prompts_per_step)
         self.max_steps = steps
+        warmup = self.g.warmup_steps
+        updates = steps * self.g.num_iterations
+        self.sched = get_scheduler(
+            self.g.lr_scheduler_type,
+            self.opt,
+            num_warmup_steps=math.ceil(warmup * updates) if 0 < warmup < 1 else int(warmup),
+            num_training_steps=updates,
+        )
 
     # -- the schedule: seeded passes over the prompts, as TRL's sampler shuffles them ----------
     def _batch(self, step: int) -> list[dict[str, Any]]:
@@ -404,122 +452,199 @@ class PLGRPOTrainer:
             for r, n in zip(rows, ns, strict=True)
         ]
 
-    def _step(self, step: int) -> dict[str, Any]:
+    def _scorer(self, prompts: list[str], ns: list[int]) -> Callable[..., Any]:
+        """The policy's fused scores for these prompts (``adapter=False``: the start model's,
+        the KL's reference, read from the same frozen trunk when there is one)."""
+        if self.trunk:
+            trunk = HeadTrunk(
+                self.model, self.tok, prompts, ns,
+                labels=self.labels, read=self.read, cut=self.trunk,
+            )  # fmt: skip
+            return trunk.scores
+        return partial(head_scores, self.model, self.tok, prompts, ns, labels=self.labels,
+                       read=self.read)  # fmt: skip
+
+    def _rollout(
+        self, rows: list[dict[str, Any]], idx: list[int], depths: list[int], noise: Any, k: int,
+        keep: bool,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One micro-batch's rankings and rewards: its scores (with grad when ``keep``, so the
+        update trains on this forward), Gumbel top-``k`` draws from the step's noise, the
+        rewards, the old log-probabilities and the KL's reference."""
+        import contextlib
+
         import torch
 
         g = self.g
-        rows = self._batch(step)
-        prompts = [r["prompt"] for r in rows]
-        ns = [int(r["n_candidates"]) for r in rows]
-        depths = self._depths(rows, ns, step)
-        gen = torch.Generator().manual_seed(g.seed * 1_000_003 + step)
-        with self.autocast():
-            if self.trunk:
-                trunk = HeadTrunk(
-                    self.model, self.tok, prompts, ns,
-                    labels=self.labels, read=self.read, cut=self.trunk,
-                )  # fmt: skip
-                policy_scores = trunk.scores
-            else:
-                policy_scores = partial(
-                    head_scores, self.model, self.tok, prompts, ns,
-                    labels=self.labels, read=self.read,
-                )  # fmt: skip
-            scores = policy_scores()
-        coarse = row_orders(rows, self.coarse_weight)
+        mine = [rows[i] for i in idx]
+        prompts = [r["prompt"] for r in mine]
+        ns = [int(r["n_candidates"]) for r in mine]
+        coarse = row_orders(mine, self.coarse_weight)
 
-        def fused(s: Any) -> Any:
-            return fuse_tensor(s, coarse, ns, self.coarse_weight)
+        def fused(x: Any) -> Any:
+            return fuse_tensor(x, coarse, ns, self.coarse_weight)
 
-        scores = fused(scores)
-        # The batch's deepest prefix is drawn; each row keeps its own depth. Depths never pass
-        # a row's candidate count, so padding (-inf, drawn last) never enters a prefix.
-        drawn = gumbel_topk(
-            scores, g.num_generations, k=max(depths), temperature=g.temperature, generator=gen
-        )
-        rankings = [[o[:d] for o in group] for group, d in zip(drawn.tolist(), depths, strict=True)]
-        rewards = self._rewards(rows, rankings)
-        if g.pl_advantage == "best_of_group":
-            adv = best_of_group_advantages(rewards).to(scores.device)
-        elif g.pl_credit == "tiers":
+        scorer = self._scorer(prompts, ns)
+        with contextlib.nullcontext() if keep else torch.no_grad(), self.autocast():
+            scores = fused(scorer())
+        drawn = gumbel_topk(scores, g.num_generations, k=k, temperature=g.temperature,
+                            noise=noise[idx])  # fmt: skip
+        mine_depths = [depths[i] for i in idx]
+        rankings = [
+            [o[:d] for o in group] for group, d in zip(drawn.tolist(), mine_depths, strict=True)
+        ]
+        rewards = self._rewards(mine, rankings)
+        to_go = None
+        if g.pl_credit == "tiers" and g.pl_advantage != "best_of_group":
             service = self.reward_fn.service
-            to_go = tier_credit(
+            credit = tier_credit(
                 self.reward_fn.last_completions,
                 service.shaping,
                 self.reward_fn.last_batch.stats.step,
                 service.config,
                 drawn.shape[-1],
             )
-            to_go_t = torch.tensor(to_go, dtype=torch.float32).view(*rewards.shape, -1)
-            adv = place_advantages(to_go_t, rewards, g.scale_rewards).to(scores.device)
-        else:
-            adv = group_advantages(rewards, g.scale_rewards).to(scores.device)
+            to_go = torch.tensor(credit, dtype=torch.float32).view(*rewards.shape, -1)
         places = torch.arange(drawn.shape[-1], device=scores.device)
-        mask = (places[None, :] < torch.tensor(depths, device=scores.device)[:, None]).float()
-        mask = mask.unsqueeze(1)  # [B, 1, k]: every ranking of a row has the row's depth
-        old = pl_place_log_probs(scores, drawn, g.temperature).detach()
+        depth_t = torch.tensor(mine_depths, device=scores.device)
+        mask = (places[None, :] < depth_t[:, None]).float().unsqueeze(1)  # [B, 1, k]
         ref = None
         if g.beta > 0:
             with torch.no_grad(), self.autocast():
                 ref = fused(
-                    trunk.scores(adapter=False)
+                    scorer(adapter=False)
                     if self.trunk
                     else head_scores(
                         self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read
                     )
                 )
-        losses, kls, clipped_frac, skipped = [], [], [], 0
-        for it in range(g.num_iterations):
-            if it:
-                with self.autocast():
-                    scores = fused(policy_scores())
-            logp = pl_place_log_probs(scores, drawn, g.temperature)
-            loss = pl_grpo_loss(logp, old, adv, mask, g.epsilon, g.epsilon_high)
-            with torch.no_grad():
-                ratio = torch.exp(logp - old)
-                out = (ratio < 1 - g.epsilon) | (ratio > 1 + g.epsilon_high)
-                clipped_frac.append(
-                    float((out.float() * mask).sum() / (mask.sum() * len(drawn[0])))
-                )
-            if ref is not None:
-                kl = (pl_prefix_kl(scores, ref, drawn, g.temperature) * mask).sum(-1).mean()
-                loss = loss + g.beta * kl
-                kls.append(float(kl.detach()))
-            self.opt.zero_grad()
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.model.parameters() if p.requires_grad], g.max_grad_norm
-            )
-            # A non-finite gradient is not applied: clipping would spread it over every weight
-            # and the policy would be NaN from then on (as a scaler skips an overflowed step).
-            # Each skip is logged; a run that keeps skipping stops (train()).
-            if torch.isfinite(grad_norm):
-                self.opt.step()
+        return {
+            "idx": idx, "prompts": prompts, "ns": ns, "fused": fused, "drawn": drawn,
+            "rewards": rewards, "to_go": to_go, "mask": mask, "ref": ref,
+            "old": pl_place_log_probs(scores, drawn, g.temperature).detach(),
+            "scores": scores if keep else None, "scorer": scorer if keep else None,
+        }  # fmt: skip
+
+    def _advantages(self, rolls: list[dict[str, Any]], rewards: Any) -> list[Any]:
+        """Each micro-batch's advantages, from the whole step's rewards ``[P, G]`` (every
+        process's, gathered): a group's are its own, ``batch``'s spread is the step's."""
+        g = self.g
+        out = []
+        for roll in rolls:
+            rows = roll["idx"]  # the rows' places in the step's batch
+            if g.pl_advantage == "best_of_group":
+                adv = best_of_group_advantages(roll["rewards"])
+            elif roll["to_go"] is not None:
+                spread = _spread(rewards, g.scale_rewards)
+                if g.scale_rewards in ("group", "mean"):
+                    spread = spread[rows]
+                adv = place_advantages(roll["to_go"], roll["rewards"], g.scale_rewards, spread)
             else:
-                skipped += 1
-                self.opt.zero_grad()
-            losses.append(float(loss.detach()))
-        with torch.no_grad():
-            p = torch.softmax(scores.detach() / g.temperature, -1)
-            entropy = float(-(p * torch.log(p.clamp_min(1e-12))).sum(-1).mean())
+                adv = group_advantages(rewards, g.scale_rewards)[rows]
+            out.append(adv.to(roll["mask"].device))
+        return out
+
+    def _optimizer_step(self) -> tuple[Any, bool]:
+        """Average the gradients over the processes, clip, and step (on the float32 masters
+        when there are any); a non-finite gradient is not applied."""
+        import torch
+
+        self.procs.average_gradients(self.params)
+        target = self.params
+        if self.master is not None:
+            for m, p in zip(self.master, self.params, strict=True):
+                m.grad = None if p.grad is None else p.grad.detach().float()
+            target = self.master
+        grad_norm = torch.nn.utils.clip_grad_norm_(target, self.g.max_grad_norm)
+        # A non-finite gradient is not applied: clipping would spread it over every weight and
+        # the policy would be NaN from then on (as a scaler skips an overflowed step). Each
+        # skip is logged; a run that keeps skipping stops (train()).
+        ok = bool(torch.isfinite(grad_norm))
+        if ok:
+            self.opt.step()
+            if self.master is not None:
+                with torch.no_grad():
+                    for m, p in zip(self.master, self.params, strict=True):
+                        p.copy_(m)
+            self.sched.step()  # on the optimizer's clock, as the Trainer steps it
+        self.opt.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
+        return grad_norm, ok
+
+    def _step(self, step: int) -> dict[str, Any]:
+        import torch
+
+        g = self.g
+        rows = self._batch(step)
+        ns = [int(r["n_candidates"]) for r in rows]
+        depths = self._depths(rows, ns, step)
+        gen = torch.Generator().manual_seed(g.seed * 1_000_003 + step)
+        # One draw for the whole step's batch, so a row's rankings are the same wherever it is
+        # trained; its width is the widest row's (each row reads only its own candidates).
+        noise = torch.rand((len(rows), g.num_generations, max(ns)), generator=gen)
+        # The batch's deepest prefix is drawn; each row keeps its own depth. Depths never pass
+        # a row's candidate count, so padding (-inf, drawn last) never enters a prefix.
+        k = max(depths)
+        per_proc = len(rows) // self.procs.world
+        base = self.procs.rank * per_proc
+        size = per_proc // self.accum
+        micro = [list(range(base + a * size, base + (a + 1) * size)) for a in range(self.accum)]
+        keep = self.accum == 1  # one micro-batch: the update trains on the rollout's forward
+        rolls = [self._rollout(rows, idx, depths, noise, k, keep) for idx in micro]
+        rewards = self.procs.gather_rows(torch.cat([r["rewards"] for r in rolls]))
+        advs = self._advantages(rolls, rewards)
+        losses, kls, clipped_frac, entropies, skipped = [], [], [], [], 0
+        grad_norm: Any = 0.0
+        for it in range(g.num_iterations):
+            for roll, adv in zip(rolls, advs, strict=True):
+                if it == 0 and roll["scores"] is not None:
+                    scores = roll["scores"]
+                else:
+                    scorer = roll["scorer"] or self._scorer(roll["prompts"], roll["ns"])
+                    with self.autocast():
+                        scores = roll["fused"](scorer())
+                drawn, old, mask = roll["drawn"], roll["old"], roll["mask"]
+                logp = pl_place_log_probs(scores, drawn, g.temperature)
+                loss = pl_grpo_loss(logp, old, adv, mask, g.epsilon, g.epsilon_high)
+                with torch.no_grad():
+                    ratio = torch.exp(logp - old)
+                    out = (ratio < 1 - g.epsilon) | (ratio > 1 + g.epsilon_high)
+                    clipped_frac.append(
+                        float((out.float() * mask).sum() / (mask.sum() * len(drawn[0])))
+                    )
+                if roll["ref"] is not None:
+                    kl = pl_prefix_kl(scores, roll["ref"], drawn, g.temperature) * mask
+                    kl = kl.sum(-1).mean()
+                    loss = loss + g.beta * kl
+                    kls.append(float(kl.detach()))
+                (loss / self.accum).backward()
+                losses.append(float(loss.detach()))
+                if it == g.num_iterations - 1:
+                    with torch.no_grad():
+                        p = torch.softmax(scores.detach() / g.temperature, -1)
+                        entropies.append(float(-(p * torch.log(p.clamp_min(1e-12))).sum(-1).mean()))
+            grad_norm, ok = self._optimizer_step()
+            skipped += not ok
+        mean = self.procs.mean
         entry = {
             "step": self.state.global_step + 1,
-            "loss": sum(losses) / len(losses),
+            "loss": mean(sum(losses) / len(losses)),
             "reward": float(rewards.mean()),
             "reward_std": float(rewards.std(1).mean()),
             "frac_reward_zero_std": float((rewards.std(1) < 1e-6).float().mean()),
-            "entropy": entropy,
+            "entropy": mean(sum(entropies) / len(entropies)),
             "grad_norm": float(grad_norm),
             "pl_depth": sum(depths) / len(depths),
-            "clip_ratio": sum(clipped_frac) / len(clipped_frac),
+            "clip_ratio": mean(sum(clipped_frac) / len(clipped_frac)),
             **{f"rewards/{k}": v for k, v in (self.reward_fn.last_metrics or {}).items()},
         }
         if kls:
-            entry["kl"] = sum(kls) / len(kls)
+            entry["kl"] = mean(sum(kls) / len(kls))
         if skipped:
             entry["nonfinite_grad_skipped"] = skipped
         if g.pl_advantage == "best_of_group":  # how many rankings a group's weight is shared by
-            entry["best_share"] = float((adv > -1.0).float().mean())
+            entry["best_share"] = mean(float((torch.cat(advs) > -1.0).float().mean()))
         return entry
 
     # -- the loop's surface ------------------------------------------------------------------
@@ -538,14 +663,18 @@ class PLGRPOTrainer:
             entry["seconds"] = round(time.perf_counter() - t0, 1)
             self.state.log_history.append(entry)
             bad_run = self._count_nonfinite(entry, bad_run)
-            if self.state.global_step % max(1, self.g.logging_steps) == 0:
+            if self.procs.is_main and self.state.global_step % max(1, self.g.logging_steps) == 0:
                 self.log(
                     f"step {entry['step']}/{self.max_steps}: reward {entry['reward']:.3f}, "
                     f"entropy {entry['entropy']:.3f}, {entry['seconds']:.0f} s"
                 )
             # Out of time: this step is saved with its log and optimizer (a resume goes on from
             # it) and the epoch loop validates it as its last.
-            stop = budget.expired() and self.state.global_step < self.max_steps
+            # The main process's clock decides for all: one process stopping alone would leave
+            # the others waiting in the next step's collectives.
+            stop = self.procs.broadcast(
+                budget.expired() and self.state.global_step < self.max_steps
+            )
             if stop:
                 self.log(budget.note(self.state.global_step))
                 entry["stopped"] = "max_minutes"
@@ -574,6 +703,10 @@ class PLGRPOTrainer:
         return bad_run
 
     def save_model(self, path: str) -> None:
+        """The model (an adapter under LoRA) and tokenizer, written by the main process only:
+        every process holds the same weights."""
+        if not self.procs.is_main:
+            return
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(out))
@@ -585,9 +718,14 @@ class PLGRPOTrainer:
         import torch
 
         out = self.output_dir / f"checkpoint-{self.state.global_step}"
-        self.save_model(str(out))
-        torch.save(self.opt.state_dict(), out / "optimizer.pt")
-        self.state.save_to_json(out / "trainer_state.json")
+        if self.procs.is_main:
+            self.save_model(str(out))
+            torch.save(self.opt.state_dict(), out / "optimizer.pt")
+            torch.save(self.sched.state_dict(), out / "scheduler.pt")
+            if self.master is not None:  # the float32 weights the saved bf16 ones round
+                torch.save([m.detach() for m in self.master], out / "master_fp32.pt")
+            self.state.save_to_json(out / "trainer_state.json")
+        self.procs.barrier()  # on disk before any process reads it
         return out
 
     def _resume(self, ckpt: Path) -> None:
@@ -605,8 +743,17 @@ class PLGRPOTrainer:
         else:
             loaded = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=self.model.dtype)
             self.model.load_state_dict(loaded.state_dict())
+        masters = ckpt / "master_fp32.pt"
+        if self.master is not None:
+            saved = torch.load(masters, weights_only=True) if masters.is_file() else None
+            with torch.no_grad():
+                for i, (m, p) in enumerate(zip(self.master, self.params, strict=True)):
+                    m.copy_(saved[i] if saved is not None else p.float())
         opt = ckpt / "optimizer.pt"
         if opt.is_file():
             self.opt.load_state_dict(torch.load(opt, weights_only=True))
+        sched = ckpt / "scheduler.pt"
+        if sched.is_file():
+            self.sched.load_state_dict(torch.load(sched, weights_only=True))
         self.state = _State.load(state_file)
         self.log(f"resumed at step {self.state.global_step} from {ckpt}")
