@@ -145,6 +145,9 @@ def test_epochs_validate_average_and_chain(run) -> None:
     for epoch in (0, 1):
         edir = out / f"epoch-{epoch}"
         assert sorted(p.name for p in edir.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+        # Validated and averaged: the checkpoints keep their weights, not their optimizer states.
+        assert not list(edir.glob("checkpoint-*/optimizer*"))
+        assert all((c / "model.safetensors").is_file() for c in edir.glob("checkpoint-*"))
         results = json.loads((edir / "validation.json").read_text())
         # The average is validated too (keep_start_if_better compares it with the start).
         assert set(results) == {"start", "checkpoint-1", "checkpoint-2", "averaged"}
@@ -293,6 +296,21 @@ def test_completion_longer_than_the_spec_is_refused(
         run_training(cfg, log=lambda _: None)
     assert "completion budget (32)" in str(e.value)
     assert not (tmp_path / "out" / "sft").exists()
+
+
+def test_validation_shorter_than_training_is_refused(
+    tiny_qwen3: Path, rl_data: Path, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from memsifter.training.loop import run_training
+
+    cfg = _config(tiny_qwen3, rl_data, tmp_path / "out")
+    short = dataclasses.replace(cfg.epochs, validation_max_new_tokens=8)
+    with pytest.raises(DataError, match=r"validation_max_new_tokens \(8\) is below") as e:
+        run_training(dataclasses.replace(cfg, epochs=short), log=lambda _: None)
+    assert "max_completion_length (12)" in str(e.value)
+    assert not (tmp_path / "out" / "sft").exists()  # refused before any stage ran
 
 
 def test_trainer_chat_template_kwargs_are_refused(

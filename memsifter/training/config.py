@@ -267,6 +267,10 @@ class EpochSettings:
     # curriculum select that epoch's prompts from those rankings (the paper's re-scoring with
     # the current policy). Costs one greedy pass over the pool per epoch boundary.
     rescore_curriculum: bool = True
+    # Once an epoch is validated and averaged, nothing resumes from its checkpoints: their
+    # optimizer states (tens of GB a checkpoint for a 4B full fine-tune under ZeRO-3) are
+    # deleted, the weights kept. false keeps them.
+    prune_optimizer_states: bool = True
     # How the main process generates for validation and the re-score. transformers: greedy,
     # batched, in the training process (CPU runs, tests). vllm: an in-process vllm.LLM built per
     # model folder on the main process's GPU after the epoch's trainer is freed, and shut down

@@ -323,6 +323,17 @@ def run_training(
             field="grpo.extra.chat_template_kwargs",
         )
     val_tokens = cfg.epochs.validation_max_new_tokens or cfg.grpo.max_completion_length
+    if not head and val_tokens < cfg.grpo.max_completion_length:
+        # A thinking answer that training lets run to the cap fails to parse at validation's
+        # shorter cap and scores 0: checkpoint choice (and keep-start-if-better) would then
+        # favour whichever model thinks less, not whichever ranks better.
+        raise DataError(
+            f"epochs.validation_max_new_tokens ({val_tokens}) is below "
+            f"grpo.max_completion_length ({cfg.grpo.max_completion_length}): validation and "
+            "the curriculum's re-score would cut answers that training lets finish; leave it "
+            "unset (it follows the training length) or lower both",
+            field="epochs.validation_max_new_tokens",
+        )
 
     model_path = resolve_model(cfg.model.name).path
     if cfg.sft.enabled:
@@ -445,6 +456,11 @@ def run_training(
             ),
             f"epoch {epoch}'s validation and averaging",
         )  # fmt: skip
+        if cfg.epochs.prune_optimizer_states and procs.is_main:
+            freed = prune_optimizer_states(edir)
+            if freed:
+                log(f"epoch {epoch}: deleted its checkpoints' optimizer states ({freed:,} bytes)")
+        procs.barrier()
         entry.update(outcome)
         state.mark(key, entry)
         epochs_summary.append(entry)
@@ -463,6 +479,32 @@ def run_training(
     procs.barrier()  # no process leaves (and no launcher reports success) before the report
     log(f"done: {model_path} (report: {out / 'report.md'})")
     return summary
+
+
+# What a checkpoint holds only for resuming it: optimizer and scheduler states (TRL's, DeepSpeed's
+# global_step* shards, FSDP's optimizer folders, the head trainer's float32 masters) and RNG.
+RESUME_ONLY = (
+    "optimizer*", "scheduler.pt", "scaler.pt", "rng_state*.pth", "global_step*",
+    "master_fp32.pt",
+)  # fmt: skip
+
+
+def prune_optimizer_states(epoch_dir: Path) -> int:
+    """Delete the resume-only files of every ``checkpoint-*`` under ``epoch_dir`` (weights,
+    tokenizer, spec and trainer state stay); the bytes freed."""
+    import shutil
+
+    freed = 0
+    for ckpt in sorted(Path(epoch_dir).glob("checkpoint-*")):
+        for pattern in RESUME_ONLY:
+            for path in ckpt.glob(pattern):
+                if path.is_dir():
+                    freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                    shutil.rmtree(path)
+                else:
+                    freed += path.stat().st_size
+                    path.unlink()
+    return freed
 
 
 def _quiet(_: str) -> None:
