@@ -107,6 +107,7 @@ def test_the_shipped_ablations_inherit_and_load() -> None:
     from memsifter.config import read_yaml
     from memsifter.rewards.config import load_reward_config
     from memsifter.training.config import load_train_config
+    from memsifter.training.rl_recipe import load_rl_data_config
 
     root = Path(__file__).resolve().parents[1]
     children = [
@@ -121,5 +122,6 @@ def test_the_shipped_ablations_inherit_and_load() -> None:
         assert set(merged) == set(base), child
         for key, value in raw.items():
             assert value != base[key], f"{child.name} restates {key}"
-        load = load_reward_config if "rewards" in child.parts else load_train_config
-        load(child)
+        loaders = {"rewards": load_reward_config, "train": load_train_config,
+                   "data": load_rl_data_config}  # fmt: skip
+        loaders[child.parent.name](child)

@@ -268,3 +268,50 @@ def test_the_window_is_the_data_recipes() -> None:
     rope = load_train_config(QWEN3_4B, ORIGINAL).model.rope_scaling or {}
     assert rope["original_max_position_embeddings"] * rope["factor"] >= spec.window_tokens
     assert spec.window_tokens > (original.max_position_embeddings or 0)  # hence YaRN
+
+
+@pytest.mark.parametrize("name", ["qwen3_4b_one_node", "qwen3_4b_first_token"])
+def test_the_one_node_layouts_fit_80gb_for_both_heads(name: str) -> None:
+    cfg = load_train_config(ROOT / "configs/train" / f"{name}.yaml")
+    text, plan = plan_report(cfg, ROOT)
+    assert plan.fits and plan.budget_bytes == 80 * GB, text
+    assert "layout: one node of 8 GPUs" in text and "per card: 80 GB: fits, 141 GB: fits" in text
+    assert cfg.plan.role_gpus == cfg.plan.node_gpus == 8
+    if name == "qwen3_4b_first_token":
+        # One prompt a forward, no completion logits, no vLLM, float32 masters for LoRA's
+        # (float32 already: 8 B a parameter would do, the plan keeps 12 for bf16 weights).
+        assert plan.get("logits") == 0 and plan.get("vLLM") == 0
+        assert "trainer: first_token head" in text and "30 prompts x 16" in text
+        # Its full fine-tune does not fit 80 GB but fits an H200's 141.
+        full = load_train_config(ROOT / "configs/train" / f"{name}.yaml", ["model.lora=null"])
+        full_text, full_plan = plan_report(full, ROOT)
+        assert not full_plan.fits and "141 GB: fits" in full_text
+    else:
+        assert "180 completions = 30 prompts x 6" in text  # near the paper's 32 on 6 GPUs
+
+
+def test_the_head_is_planned_and_launched_ddp_only() -> None:
+    from memsifter.errors import DataError
+
+    cfg = load_train_config(
+        ROOT / "configs/train/qwen3_4b_first_token.yaml",
+        ["plan.accelerate_config=configs/accelerate/deepspeed_zero3.yaml"],
+    )
+    with pytest.raises(DataError, match="DDP-style.*configs/accelerate/ddp.yaml"):
+        plan_report(cfg, ROOT)
+
+
+def test_a_layout_that_does_not_fit_the_machine_is_refused_with_the_arithmetic() -> None:
+    from memsifter.errors import DataError
+    from memsifter.training.plan import check_layout
+
+    cfg = load_train_config(ROOT / "configs/train/qwen3_4b_one_node.yaml")
+    check_layout(cfg, processes=6, visible=8)
+    with pytest.raises(DataError, match=r"needs 8 GPUs \(6 training \+ 1 rollout \+ 1 answerer\)"):
+        check_layout(cfg, processes=6, visible=4)
+    with pytest.raises(DataError, match="plans 6 training processes .* 8 were launched"):
+        check_layout(cfg, processes=8, visible=8)
+    with pytest.raises(DataError, match="the roles need 9 GPUs"):
+        load_train_config(ROOT / "configs/train/qwen3_4b_one_node.yaml", ["plan.gpus=7"])
+    # Roles on separate machines: nothing to check here.
+    check_layout(load_train_config(QWEN3_4B), processes=8, visible=1)

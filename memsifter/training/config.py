@@ -319,12 +319,39 @@ class PlanSettings:
     model_config: str | None = None
     # CUDA context, NCCL buffers and allocator fragmentation, which the plan does not model.
     reserve_gb: float = 4.0
+    # Which trainer's memory: generate (TRL's GRPO) or first_token (the head's Plackett-Luce
+    # GRPO), as the data recipe's prompt.ranking_head says.
+    ranking_head: str = "generate"
+    # A one-node layout: every role on one machine of node_gpus GPUs: the training processes
+    # (gpus), the rollout server (rollout_gpus, vllm_mode server) and the reward's working LLM
+    # and judge (answerer_gpus). The run refuses to start where they do not add up to the GPUs
+    # it sees. null: roles on other machines (train_multinode.sh).
+    node_gpus: int | None = None
+    rollout_gpus: int = 0
+    answerer_gpus: int = 0
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError(f"plan.gpus must be >= 1, got {self.gpus}")
         if self.gpu_memory_gb <= 0:
             raise ValueError(f"plan.gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
+        if self.ranking_head not in ("generate", "first_token"):
+            raise ValueError(
+                f"plan.ranking_head must be generate or first_token, got {self.ranking_head!r}"
+            )
+        if min(self.rollout_gpus, self.answerer_gpus) < 0:
+            raise ValueError("plan.rollout_gpus and plan.answerer_gpus must be >= 0")
+        if self.node_gpus is not None and self.node_gpus < self.role_gpus:
+            raise ValueError(
+                f"plan: the roles need {self.role_gpus} GPUs ({self.gpus} training + "
+                f"{self.rollout_gpus} rollout + {self.answerer_gpus} answerer) but "
+                f"plan.node_gpus is {self.node_gpus}"
+            )
+
+    @property
+    def role_gpus(self) -> int:
+        """GPUs the roles take on a one-node layout."""
+        return self.gpus + self.rollout_gpus + self.answerer_gpus
 
 
 @dataclass

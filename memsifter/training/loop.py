@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -300,6 +301,15 @@ def run_training(
         from memsifter.training.pl_grpo import check_settings
 
         check_settings(cfg)  # before any stage runs: SFT, LoRA, vLLM mean nothing here
+        sharded = [v for v in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
+                   if os.environ.get(v, "").lower() in ("1", "true")]  # fmt: skip
+        if procs.distributed and sharded:
+            raise DataError(
+                f"ranking_head: first_token's trainer is DDP-style (every process holds the "
+                f"model), but this launch asks for {sharded[0].removeprefix('ACCELERATE_USE_')}: "
+                "launch it with --config_file configs/accelerate/ddp.yaml",
+                field="plan.accelerate_config",
+            )
         if procs.distributed and cfg.sft.enabled:
             raise DataError(
                 "ranking_head: first_token's cold start (its listwise SFT) runs in one process: "
@@ -315,6 +325,10 @@ def run_training(
     if procs.distributed:
         log(f"{procs.world} processes; validation, averaging and state writes on the main one")
 
+    if cuda:  # a one-node layout's roles against the GPUs this machine shows
+        from memsifter.training.plan import check_layout
+
+        check_layout(cfg, procs.world, torch.cuda.device_count())
     bf16, _ = precision(cfg, cuda)
     if "chat_template_kwargs" in cfg.grpo.extra:
         raise DataError(

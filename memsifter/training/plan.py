@@ -263,6 +263,14 @@ def memory_plan(cfg: TrainConfig, shape: ModelShape, strategy: Strategy) -> Memo
     half = dtype in ("auto", "bfloat16")  # auto is bf16 on a GPU
     w = 2 if half else 4
     deepspeed = strategy.name == "deepspeed"
+    head = cfg.plan.ranking_head == "first_token"
+    if head and strategy.stage > 0:
+        raise DataError(
+            f"plan.ranking_head first_token: the head's trainer is DDP-style (every process "
+            f"holds the model), not {strategy.name} stage {strategy.stage}; plan and launch it "
+            "with configs/accelerate/ddp.yaml",
+            field="plan.accelerate_config",
+        )
     total = shape.parameters
     trainable = total if cfg.model.lora is None else lora_parameters(cfg, shape)
 
@@ -281,13 +289,21 @@ def memory_plan(cfg: TrainConfig, shape: ModelShape, strategy: Strategy) -> Memo
     lines.append(
         PlanLine("gradients", shard(trainable * w, 2), f"{trainable / 1e9:.3f}B trainable")
     )
-    per_param = 12 if deepspeed else 2 * w
+    # DeepSpeed, and the head's trainer for 16-bit weights, keep a float32 master copy beside
+    # AdamW's two float32 moments; plain torch keeps the moments in the parameters' dtype.
+    per_param = 12 if deepspeed or (head and half) else 2 * w
     optim = 0.0 if strategy.offload_optimizer else shard(trainable * per_param, 1)
     lines.append(PlanLine("optimizer states", optim, f"AdamW, {per_param} B per trainable param"))
 
     b, s, c = g.per_device_train_batch_size, cfg.model.context_tokens, g.max_completion_length
+    if head:  # a forward reads prompts, one per group of rankings, and writes nothing
+        b, c = max(1, b // g.num_generations), 0
     a = w  # activations in the model's dtype
     h, n_layers = shape.hidden_size, shape.num_hidden_layers
+    if head and cfg.model.lora is not None and cfg.model.lora.top_layers is not None:
+        # The frozen trunk below the adapter runs without grad (HeadTrunk): only the adapted
+        # layers keep activations for the backward.
+        n_layers = cfg.model.lora.top_layers
     per_token = shape.activation_values_per_token
     if cfg.model.gradient_checkpointing:
         lines.append(
@@ -312,13 +328,16 @@ def memory_plan(cfg: TrainConfig, shape: ModelShape, strategy: Strategy) -> Memo
                 f"{b} x {s} tokens x {n_layers} layers, no checkpointing",
             )
         )
-    lines.append(
-        PlanLine(
-            "logits",
-            3 * b * c * shape.vocab_size * a,
-            f"{b} x {c} completion tokens x {shape.vocab_size} vocab x 3",
+    if head:
+        lines.append(PlanLine("logits", 0.0, "the head reads its labels at one position"))
+    else:
+        lines.append(
+            PlanLine(
+                "logits",
+                3 * b * c * shape.vocab_size * a,
+                f"{b} x {c} completion tokens x {shape.vocab_size} vocab x 3",
+            )
         )
-    )
     vllm = 0.0
     how = "not used"
     if g.use_vllm:
@@ -384,17 +403,63 @@ def base_line(cfg: TrainConfig, shape: ModelShape) -> str:
     )
 
 
+# The cards a plan is read against: an H100 / A100 80 GB and an H200 141 GB.
+CARDS_GB = (80.0, 141.0)
+
+
+def layout_lines(cfg: TrainConfig) -> list[str]:
+    """The roles on a one-node layout and the GPUs they take."""
+    p = cfg.plan
+    if p.node_gpus is None:
+        return ["layout: roles on separate machines (scripts/train_multinode.sh)"]
+    return [
+        f"layout: one node of {p.node_gpus} GPUs: {p.gpus} training + {p.rollout_gpus} rollout "
+        f"+ {p.answerer_gpus} answerer = {p.role_gpus}"
+    ]
+
+
+def check_layout(cfg: TrainConfig, processes: int, visible: int) -> None:
+    """A one-node layout's roles against what this run sees: as many training processes as
+    planned, and every role's GPUs on the node. Refused with the arithmetic, before any model
+    loads."""
+    p = cfg.plan
+    if p.node_gpus is None:
+        return
+    if processes != p.gpus:
+        raise DataError(
+            f"the one-node layout plans {p.gpus} training processes (plan.gpus) but "
+            f"{processes} were launched: launch accelerate with --num_processes {p.gpus}",
+            field="plan.gpus",
+        )
+    if visible < p.role_gpus:
+        raise DataError(
+            f"the one-node layout needs {p.role_gpus} GPUs ({p.gpus} training + "
+            f"{p.rollout_gpus} rollout + {p.answerer_gpus} answerer) but this machine shows "
+            f"{visible}",
+            field="plan.node_gpus",
+        )
+
+
 def plan_report(cfg: TrainConfig, root: Path = Path(".")) -> tuple[str, MemoryPlan]:
     """The text ``memsifter train --plan`` prints, and the plan."""
     shape = model_shape_for(cfg, root)
     accel = Path(cfg.plan.accelerate_config)
     strategy = Strategy.from_accelerate_config(accel if accel.is_absolute() else root / accel)
     plan = memory_plan(cfg, shape, strategy)
-    head = batch_lines(cfg) + [
-        f"model: {cfg.model.name}, {shape.parameters / 1e9:.3f}B parameters, "
-        f"{cfg.model.context_tokens} tokens per sequence"
-        + (f", rope {cfg.model.rope_scaling['rope_type']}" if cfg.model.rope_scaling else ""),
-        base_line(cfg, shape),
-        f"memory per GPU ({strategy.name}, stage {strategy.stage}):",
-    ]
-    return "\n".join(head) + "\n" + plan.render(), plan
+    cards = ", ".join(
+        f"{gb:g} GB: {'fits' if plan.total_bytes <= gb * GB else 'does NOT fit'}" for gb in CARDS_GB
+    )
+    head = (
+        batch_lines(cfg)
+        + layout_lines(cfg)
+        + [
+            f"trainer: {cfg.plan.ranking_head} head",
+            f"model: {cfg.model.name}, {shape.parameters / 1e9:.3f}B parameters, "
+            f"{cfg.model.context_tokens} tokens per sequence"
+            + (f", rope {cfg.model.rope_scaling['rope_type']}" if cfg.model.rope_scaling else ""),
+            base_line(cfg, shape),
+            f"memory per GPU ({strategy.name}, stage {strategy.stage}):",
+        ]
+    )
+    text = "\n".join(head) + "\n" + plan.render() + f"\nper card: {cards}"
+    return text, plan
