@@ -7,11 +7,7 @@ update as one micro-batch of both (fast)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,24 +87,10 @@ def test_accumulated_micro_batches_make_the_one_batch_update(
 
 
 def _launch(gym: dict[str, Path], out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    assert accelerate, "accelerate is not installed next to this Python"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": "",  # CPU and gloo, even on a GPU machine
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    cmd = [
-        accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
-        str(DRIVER), str(gym["data"]), str(gym["proxy"]), str(out), *overrides,
-    ]  # fmt: skip
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    from memsifter.testing.launch import accelerate_launch
+
+    args = [str(gym["data"]), str(gym["proxy"]), str(out), *overrides]
+    return accelerate_launch(DRIVER, args, processes=2, root=ROOT)
 
 
 @pytest.mark.slow

@@ -18,11 +18,7 @@ processes and accelerate picks gloo."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
 import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -31,6 +27,7 @@ import yaml
 
 pytest.importorskip("trl")
 
+from memsifter.testing.launch import accelerate_launch  # noqa: E402
 from memsifter.testing.rl import tiny_locomo_recipe  # noqa: E402
 from memsifter.training.config import (  # noqa: E402
     DynamicSamplingSettings,
@@ -48,29 +45,8 @@ DRIVER = ROOT / "tests" / "_train_driver.py"
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(config: Path, probes: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    assert accelerate, "accelerate is not installed next to this Python"
-    env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": "",  # CPU and gloo, even on a GPU machine
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    cmd = [
-        accelerate, "launch", "--multi_gpu", "--num_processes", str(WORLD), "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()),
-        str(DRIVER), str(config), str(probes), *extra,
-    ]  # fmt: skip
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return accelerate_launch(DRIVER, [str(config), str(probes), *extra], processes=WORLD, root=ROOT)
 
 
 def _probes(folder: Path) -> list[dict]:

@@ -41,7 +41,9 @@ def _answer_turns(sid: str, raw: object, *, file: str, record: str) -> list[str]
     return out
 
 
-def _session(sid: str, date_text: str | None, raw: object, *, file: str, record: str) -> Session:
+def session_of(sid: str, date_text: str | None, raw: object, *, file: str, record: str) -> Session:
+    """One haystack session from its ``{role, content}`` turns (LongMemEval's shape, which the
+    MemSifter release shares); turn ids are ``{sid}:{k}``."""
     if not isinstance(raw, list):
         raise DataError(
             f"expected a list of turns, got {type(raw).__name__}",
@@ -89,7 +91,7 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
         haystack = []
         for sid, date_text, raw in zip(ids, dates, raw_sessions, strict=True):
             key = (str(sid), date_text)
-            s = pool.get(key) or _session(
+            s = pool.get(key) or session_of(
                 str(sid), date_text, raw, file=file, record=f"{qid}/{sid}"
             )
             pool[key] = s

@@ -49,8 +49,8 @@ from typing import Any
 
 from memsifter.data._json import need, read_json
 from memsifter.data.dataset import LoadReport, MemoryDataset
-from memsifter.data.dates import parse_date_field
-from memsifter.data.types import Query, Session, Turn
+from memsifter.data.longmemeval import session_of
+from memsifter.data.types import Query, Session
 from memsifter.errors import DataError
 
 SOURCE = "memsifter-datasets"
@@ -140,38 +140,17 @@ class _Pool:
     def session(
         self, dataset: str, sid: str, date_text: str | None, raw: Any, *, file: str, record: str
     ) -> Session:
-        if not isinstance(raw, list):
-            raise DataError(
-                f"expected a list of turns, got {type(raw).__name__}",
-                file=file,
-                record=record,
-                field="haystack_sessions",
-            )
         base = f"{dataset}:{sid}"
-        turns = tuple(
-            Turn(
-                speaker=need(t, "role", str, file=file, record=f"{record}/turn_{k}"),
-                text=need(t, "content", str, file=file, record=f"{record}/turn_{k}"),
-            )
-            for k, t in enumerate(raw)
-        )
+        session = session_of(base, date_text, raw, file=file, record=record)
         seen = self.by_id.setdefault(base, [])
+        content = [(t.speaker, t.text) for t in session.turns]
         for s in seen:
-            if s.date_text == date_text and tuple((t.speaker, t.text) for t in s.turns) == tuple(
-                (t.speaker, t.text) for t in turns
-            ):
+            if s.date_text == date_text and [(t.speaker, t.text) for t in s.turns] == content:
                 return s
-        new_id = base if not seen else f"{base}#{len(seen) + 1}"
-        self.renamed += bool(seen)
-        date = parse_date_field(date_text, file=file, record=record, field="haystack_dates")
-        session = Session(
-            id=new_id,
-            turns=tuple(
-                Turn(t.speaker, t.text, turn_id=f"{new_id}:{k}") for k, t in enumerate(turns)
-            ),
-            date=date,
-            date_text=date_text,
-        )
+        if seen:  # another session under this id: its own, numbered in the order met
+            self.renamed += 1
+            session = session_of(f"{base}#{len(seen) + 1}", date_text, raw, file=file,
+                                 record=record)  # fmt: skip
         seen.append(session)
         return session
 

@@ -109,29 +109,31 @@ def render_file(text: str, root: Path, file: str = "") -> str:
     return MARKER.sub(table, text)
 
 
-def drift(root: Path) -> list[str]:
-    """``file: table`` for every marked table that differs from what its JSON renders."""
-    out = []
+def _stale(root: Path) -> Iterable[tuple[Path, str, str]]:
+    """Every doc whose marked tables render differently: its path, text and fresh text."""
     for path in _docs(root):
         text = path.read_text(encoding="utf-8")
         fresh = render_file(text, root, str(path))
         if fresh != text:
-            old = {m["name"]: m["body"] for m in MARKER.finditer(text)}
-            new = {m["name"]: m["body"] for m in MARKER.finditer(fresh)}
-            rel = path.relative_to(root)
-            out += [f"{rel}: {n}" for n in old if old[n] != new.get(n)]
+            yield path, text, fresh
+
+
+def drift(root: Path) -> list[str]:
+    """``file: table`` for every marked table that differs from what its JSON renders."""
+    out = []
+    for path, text, fresh in _stale(root):
+        old = {m["name"]: m["body"] for m in MARKER.finditer(text)}
+        new = {m["name"]: m["body"] for m in MARKER.finditer(fresh)}
+        out += [f"{path.relative_to(root)}: {n}" for n in old if old[n] != new.get(n)]
     return out
 
 
 def write(root: Path) -> list[str]:
     """Rewrite every marked table; the files changed."""
     changed = []
-    for path in _docs(root):
-        text = path.read_text(encoding="utf-8")
-        fresh = render_file(text, root, str(path))
-        if fresh != text:
-            path.write_text(fresh, encoding="utf-8")
-            changed.append(str(path.relative_to(root)))
+    for path, _, fresh in list(_stale(root)):
+        path.write_text(fresh, encoding="utf-8")
+        changed.append(str(path.relative_to(root)))
     return changed
 
 
