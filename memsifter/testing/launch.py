@@ -22,9 +22,16 @@ def free_port() -> int:
 
 
 def accelerate_launch(
-    script: Path, args: Sequence[str], *, processes: int, root: Path, timeout: float = 900
+    script: Path | str,
+    args: Sequence[str],
+    *,
+    processes: int,
+    root: Path,
+    timeout: float = 900,
+    module: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``script args`` on ``processes`` CPU processes from ``root`` (on ``PYTHONPATH``)."""
+    """Run ``script args`` on ``processes`` CPU processes from ``root`` (on ``PYTHONPATH``);
+    with ``module``, ``script`` is a module name run as ``python -m``."""
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     assert accelerate, "accelerate is not installed next to this Python"
     env = {
@@ -37,7 +44,8 @@ def accelerate_launch(
     cmd = [
         accelerate, "launch", "--multi_gpu", "--num_processes", str(processes),
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(free_port()), str(script), *args,
+        "--main_process_port", str(free_port()), *(["-m"] if module else []), str(script),
+        *args,
     ]  # fmt: skip
     return subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=timeout)
 

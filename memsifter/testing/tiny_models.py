@@ -243,13 +243,15 @@ def build_tiny_qwen3(
     layers: int = 2,
     heads: int = 2,
     kv_heads: int = 1,
+    extra_corpus: tuple[str, ...] = (),
 ) -> Path:
     """Write a tiny random Qwen3-shaped causal LM folder to ``out_dir`` and return it.
 
     Loadable by ``AutoModelForCausalLM``/``AutoTokenizer``; ``generate`` stops at ``<|im_end|>``.
     Its output is gibberish but deterministic for a given ``seed``. ``corpus`` trains the
     tokenizer instead of the built-in sentences (the memory gym trains it on its own grammar,
-    so that a word is a token and prompts stay short); the sizes shape the network.
+    so that a word is a token and prompts stay short); ``extra_corpus`` adds to it (a word
+    that must be one token, such as the marker read's ``" yes"``); the sizes shape the network.
     """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -258,7 +260,9 @@ def build_tiny_qwen3(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_qwen_tokenizer(
-        out_dir, vocab_size=vocab_size, corpus=_CHAT_CORPUS if corpus is None else corpus
+        out_dir,
+        vocab_size=vocab_size,
+        corpus=(_CHAT_CORPUS if corpus is None else corpus) + extra_corpus,
     )
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
