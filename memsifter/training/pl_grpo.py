@@ -637,7 +637,9 @@ class PLGRPOTrainer:
             "grad_norm": float(grad_norm),
             "pl_depth": sum(depths) / len(depths),
             "clip_ratio": mean(sum(clipped_frac) / len(clipped_frac)),
-            **{f"rewards/{k}": v for k, v in (self.reward_fn.last_metrics or {}).items()},
+            # The reward service's components under the names the TRL path logs them by
+            # (reward/r_ans, reward/parse_rate, …), which the run report reads.
+            **{f"reward/{k}": v for k, v in (self.reward_fn.last_metrics or {}).items()},
         }
         if kls:
             entry["kl"] = mean(sum(kls) / len(kls))
