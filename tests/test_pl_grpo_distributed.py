@@ -143,3 +143,29 @@ def test_checkpointing_schedule_and_fp32_masters(gym: dict[str, Path], tmp_path:
     for m, p in zip(bf16.master, bf16.params, strict=True):
         assert p.dtype == torch.bfloat16 and torch.equal(p, m.to(torch.bfloat16))
     assert lr > 0
+
+
+def test_bf16_checkpoints_are_averaged_from_their_float32_masters(
+    gym: dict[str, Path], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from memsifter.training.averaging import MASTER_FILE, average_checkpoints
+
+    out = tmp_path / "bf16"
+    trainer = _one_process(
+        gym, out, *_steps(32, 1, "group")[:-1], "epochs.save_steps=1", "model.dtype=bfloat16"
+    )
+    ckpts = [out / "checkpoint-1", out / "checkpoint-2"]
+    masters = [torch.load(c / MASTER_FILE, weights_only=True) for c in ckpts]
+    assert set(masters[0]) == {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    average_checkpoints(ckpts, tmp_path / "avg", dtype="fp32")
+    averaged = load_file(tmp_path / "avg" / "model.safetensors")
+    name = next(iter(masters[0]))
+    want = (masters[0][name] + masters[1][name]) / 2
+    assert torch.equal(averaged[name], want)  # the float32 mean, not the bf16 weights' mean
+    for c in ckpts:
+        (c / MASTER_FILE).unlink()
+    average_checkpoints(ckpts, tmp_path / "avg_rounded", dtype="fp32")
+    rounded = load_file(tmp_path / "avg_rounded" / "model.safetensors")[name]
+    assert not torch.equal(rounded, want)  # the control: without masters the mean is rounded

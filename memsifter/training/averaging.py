@@ -64,6 +64,9 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 # their differences away (see the module docstring).
 DEFAULT_DTYPE = "fp32"
 SINGLE_FILE = "model.safetensors"
+# A checkpoint's float32 master weights, by parameter name (the head's trainer on a bf16 model):
+# averaged in place of the rounded tensors, and read back by a resume.
+MASTER_FILE = "master_fp32.pt"
 INDEX_FILE = "model.safetensors.index.json"
 REPORT_FILE = "averaging.json"
 # Files AutoTokenizer reads, for the tokenizer families we may meet (BPE, SentencePiece, WordPiece).
@@ -114,6 +117,9 @@ class _Source:
     native_dtype: torch.dtype | None = None
     base: str | None = None
     base_dir: Path | None = None  # the base's local folder, when it is one
+    # The trainer's float32 master weights by name (``master_fp32.pt``, the head's trainer on a
+    # bf16 model): averaged in place of the bf16-rounded tensors in the safetensors.
+    masters: dict[str, torch.Tensor] | None = None
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -243,12 +249,14 @@ def _open_source(path: Path, base: str | None, scratch: Path) -> _Source:
         return _merge_lora(path, base, scratch)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"checkpoint {path} has no config.json")
+    masters = path / MASTER_FILE
     return _Source(
         path=path,
         kind="full",
         weights_dir=path,
         config=_read_json(path / "config.json", "model config"),
         key_files=_weight_files(path),
+        masters=torch.load(masters, weights_only=True) if masters.is_file() else None,
     )
 
 
@@ -479,7 +487,12 @@ def _check_shapes(
 def _mean(
     key: str, sources: list[_Source], handles: dict[Path, Any], dtype: torch.dtype
 ) -> torch.Tensor:
-    tensors = (handles[s.key_files[key]].get_tensor(key) for s in sources)
+    tensors = (
+        s.masters[key]
+        if s.masters is not None and key in s.masters
+        else handles[s.key_files[key]].get_tensor(key)
+        for s in sources
+    )
     first = next(tensors)
     if not first.is_floating_point():
         # Integer buffers (position ids, counters) have no meaningful mean; they must agree.

@@ -499,7 +499,6 @@ def run_training(
 # global_step* shards, FSDP's optimizer folders, the head trainer's float32 masters) and RNG.
 RESUME_ONLY = (
     "optimizer*", "scheduler.pt", "scaler.pt", "rng_state*.pth", "global_step*",
-    "master_fp32.pt",
 )  # fmt: skip
 
 
@@ -508,9 +507,11 @@ def prune_optimizer_states(epoch_dir: Path) -> int:
     tokenizer, spec and trainer state stay); the bytes freed."""
     import shutil
 
+    from memsifter.training.averaging import MASTER_FILE  # averaged before this runs
+
     freed = 0
     for ckpt in sorted(Path(epoch_dir).glob("checkpoint-*")):
-        for pattern in RESUME_ONLY:
+        for pattern in (*RESUME_ONLY, MASTER_FILE):
             for path in ckpt.glob(pattern):
                 if path.is_dir():
                     freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())

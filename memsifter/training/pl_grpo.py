@@ -725,10 +725,19 @@ class PLGRPOTrainer:
             torch.save(self.opt.state_dict(), out / "optimizer.pt")
             torch.save(self.sched.state_dict(), out / "scheduler.pt")
             if self.master is not None:  # the float32 weights the saved bf16 ones round
-                torch.save([m.detach() for m in self.master], out / "master_fp32.pt")
+                from memsifter.training.averaging import MASTER_FILE
+
+                torch.save(self._master_state(), out / MASTER_FILE)
             self.state.save_to_json(out / "trainer_state.json")
         self.procs.barrier()  # on disk before any process reads it
         return out
+
+    def _master_state(self) -> dict[str, Any]:
+        """The float32 masters by their parameters' names: the names in the saved weights, so
+        averaging can read each master in place of its bf16-rounded tensor."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return {names[id(p)]: m.detach() for m, p in zip(self.master or [], self.params,
+                                                         strict=True)}  # fmt: skip
 
     def _resume(self, ckpt: Path) -> None:
         import torch
@@ -745,12 +754,15 @@ class PLGRPOTrainer:
         else:
             loaded = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=self.model.dtype)
             self.model.load_state_dict(loaded.state_dict())
-        masters = ckpt / "master_fp32.pt"
+        from memsifter.training.averaging import MASTER_FILE
+
+        masters = ckpt / MASTER_FILE
         if self.master is not None:
-            saved = torch.load(masters, weights_only=True) if masters.is_file() else None
+            saved = torch.load(masters, weights_only=True) if masters.is_file() else {}
+            names = {id(p): n for n, p in self.model.named_parameters()}
             with torch.no_grad():
-                for i, (m, p) in enumerate(zip(self.master, self.params, strict=True)):
-                    m.copy_(saved[i] if saved is not None else p.float())
+                for m, p in zip(self.master, self.params, strict=True):
+                    m.copy_(saved.get(names[id(p)], p.float()))
         opt = ckpt / "optimizer.pt"
         if opt.is_file():
             self.opt.load_state_dict(torch.load(opt, weights_only=True))
