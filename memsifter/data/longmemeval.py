@@ -65,6 +65,19 @@ def session_of(sid: str, date_text: str | None, raw: object, *, file: str, recor
     return Session(id=sid, turns=tuple(turns), date=date, date_text=date_text)
 
 
+def check_answer_ids(answer_ids: list, ids: list, *, file: str, record: str) -> None:
+    """Every gold session id names a session of the haystack."""
+    known = set(ids)
+    unknown = [a for a in answer_ids if a not in known]
+    if unknown:
+        raise DataError(
+            f"answer session ids not in the haystack: {unknown}",
+            file=file,
+            record=record,
+            field="answer_session_ids",
+        )
+
+
 def load_longmemeval(path: str | Path) -> MemoryDataset:
     file = str(path)
     data = read_json(path)
@@ -97,14 +110,7 @@ def load_longmemeval(path: str | Path) -> MemoryDataset:
             pool[key] = s
             haystack.append(s)
         answer_ids = need(r, "answer_session_ids", list, file=file, record=qid, default=[])
-        unknown = [a for a in answer_ids if a not in set(ids)]
-        if unknown:
-            raise DataError(
-                f"answer session ids not in the haystack: {unknown}",
-                file=file,
-                record=qid,
-                field="answer_session_ids",
-            )
+        check_answer_ids(answer_ids, ids, file=file, record=qid)
         answer_set = set(answer_ids)
         answer_turns = [
             tid

@@ -49,7 +49,7 @@ from typing import Any
 
 from memsifter.data._json import need, read_json
 from memsifter.data.dataset import LoadReport, MemoryDataset
-from memsifter.data.longmemeval import session_of
+from memsifter.data.longmemeval import check_answer_ids, session_of
 from memsifter.data.types import Query, Session
 from memsifter.errors import DataError
 
@@ -203,14 +203,7 @@ def load_memsifter_datasets(path: str | Path) -> MemoryDataset:
             answer_ids = [
                 str(a) for a in need(row, "answer_session_ids", list, file=file, record=qid)
             ]
-            unknown = sorted(set(answer_ids) - set(ids))
-            if unknown:
-                raise DataError(
-                    f"answer session ids not in the haystack: {unknown}",
-                    file=file,
-                    record=qid,
-                    field="answer_session_ids",
-                )
+            check_answer_ids(answer_ids, ids, file=file, record=qid)
             ours = dict(zip(ids, (s.id for s in haystack), strict=True))
             gold = tuple(dict.fromkeys(ours[a] for a in answer_ids))
             if not gold:
