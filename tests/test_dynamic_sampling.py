@@ -149,6 +149,7 @@ def test_refills_differ_between_epochs_at_the_same_epoch_step() -> None:
     the earlier epochs' steps) seeds the refill, so epoch 1 does not redraw epoch 0's prompts."""
     from types import SimpleNamespace
 
+    from memsifter.rewards.shaping import RunClock
     from memsifter.training.dynamic_sampling import DynamicSamplingGRPOTrainer
 
     def fake(offset: int, step: int) -> SimpleNamespace:
@@ -158,7 +159,7 @@ def test_refills_differ_between_epochs_at_the_same_epoch_step() -> None:
             accelerator=SimpleNamespace(num_processes=1, process_index=0),
             num_generations=2,
             train_dataset=[{"i": i} for i in range(64)],
-            step_offset=offset,
+            clock=RunClock(offset=offset),
         )
 
     refill = DynamicSamplingGRPOTrainer._refill_inputs

@@ -226,7 +226,7 @@ def test_set_total_steps_sizes_the_warm_up(tmp_path: Any) -> None:
     for step, beta in ((0, 0.5), (5, 0.25), (10, 0.0)):
         at(step)
         assert fn.last_metrics["beta"] == beta
-    fn.step_offset = 8  # a later epoch: the run's clock, not the trainer's
+    fn.clock.start_epoch(8)  # a later epoch: the run's clock, not the trainer's
     at(1)
     assert fn.last_metrics["beta"] == pytest.approx(0.05)
     # decay_steps configs need no total and ignore one.

@@ -98,3 +98,23 @@ class ShapingSchedule:
         if beta == 0.0:
             return self.alpha * r_ans
         return self.alpha * r_ans + beta * r_ret
+
+
+@dataclass
+class RunClock:
+    """The run's optimiser-step clock, over all epochs: the one the warm-up's beta(t) and dynamic
+    sampling's refill seeds read. The epoch loop builds a new trainer per epoch, whose own
+    ``global_step`` restarts at 0; ``offset`` is the steps the finished epochs took, so
+    ``at(global_step)`` keeps counting across them. The reward function holds the clock, and the
+    trainers read it from there: one object, not an offset copied into each."""
+
+    total: int | None = None  # the run's steps over all epochs (sizes ``decay_fraction``)
+    offset: int = 0
+
+    def at(self, global_step: int) -> int:
+        """The run's step at a trainer's ``global_step``."""
+        return self.offset + int(global_step)
+
+    def start_epoch(self, finished_steps: int) -> None:
+        """A new epoch's trainer starts after ``finished_steps`` steps of the earlier epochs."""
+        self.offset = int(finished_steps)

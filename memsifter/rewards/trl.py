@@ -22,8 +22,9 @@ scored in parts (s_0 is then computed once per part). Without ``trainer_state`` 
 ``RewardFunction.last_metrics``, so the function works outside TRL and in tests.
 
 A warm-up sized by ``decay_fraction`` needs the run's length: call
-``RewardFunction.set_total_steps(total)`` (the run's optimiser steps over all epochs, the same
-clock as ``step_offset + global_step``) before the first call; until then scoring raises.
+``RewardFunction.set_total_steps(total)`` (the run's optimiser steps over all epochs, on the
+function's :class:`~memsifter.rewards.shaping.RunClock`) before the first call; until then
+scoring raises.
 
 Dataset columns read (contract with the GRPO dataset builder, written by
 :func:`memsifter.rewards.columns.reward_columns`): ``question``, ``answer``, ``candidates``
@@ -48,6 +49,7 @@ from typing import Any
 from memsifter.errors import DataError
 from memsifter.rewards.columns import REQUIRED_COLUMNS, sessions_from_column
 from memsifter.rewards.service import RewardBatch, RewardRequest, RewardService
+from memsifter.rewards.shaping import RunClock
 
 
 def completion_text(completion: Any) -> str:
@@ -72,9 +74,9 @@ class RewardFunction:
         self.service = service
         self.metric_prefix = metric_prefix
         self.step = 0
-        # Optimiser steps taken before this trainer's step 0: the epoch loop builds a new
-        # trainer per epoch, and the warm-up's beta(t) must keep decaying across them.
-        self.step_offset = 0
+        # The run's step clock across epochs (the warm-up's beta(t) keeps decaying over them);
+        # the trainers read it from here.
+        self.clock = RunClock()
         self.last_metrics: dict[str, float] = {}
         self.last_batch: RewardBatch | None = None
         self.last_completions: list[Any] = []
@@ -82,9 +84,10 @@ class RewardFunction:
         self.__name__ = "memsifter_reward"
 
     def set_total_steps(self, total_steps: int) -> None:
-        """Size the warm-up to the run: ``total_steps`` optimiser steps over all epochs (the clock
-        of ``step_offset + global_step``). Required when the reward config gives
-        ``decay_fraction``; harmless with ``decay_steps``."""
+        """Size the warm-up to the run: ``total_steps`` optimiser steps over all epochs (the run
+        clock's, :attr:`clock`). Required when the reward config gives ``decay_fraction``;
+        harmless with ``decay_steps``."""
+        self.clock.total = total_steps
         self.service.set_total_steps(total_steps)
 
     def __call__(
@@ -115,7 +118,7 @@ class RewardFunction:
         requests = [self._request(idx, completions, columns) for idx in groups.values()]
 
         step = getattr(trainer_state, "global_step", None)
-        step = self.step if step is None else int(step) + self.step_offset
+        step = self.step if step is None else self.clock.at(step)
         batch = self.service.score(requests, step=step)
 
         rewards = [0.0] * n

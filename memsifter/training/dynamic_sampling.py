@@ -74,6 +74,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from memsifter.rewards.shaping import RunClock
 from memsifter.training.dynamic_sampling_metrics import (
     _LOG_KEYS,
     _SAMPLING_METRICS,
@@ -269,7 +270,7 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         *args: Any,
         max_extra_rounds: int = 2,
         min_std: float = 1e-6,
-        step_offset: int = 0,
+        clock: RunClock | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -277,9 +278,9 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
             raise ValueError(f"max_extra_rounds must be >= 0, got {max_extra_rounds}")
         self.max_extra_rounds = max_extra_rounds
         self.min_std = min_std
-        # Steps of earlier epochs: each epoch is a new trainer whose global_step restarts at 0,
-        # and without the offset every epoch would refill from the same prompts.
-        self.step_offset = step_offset
+        # The run's clock: each epoch is a new trainer whose global_step restarts at 0, and
+        # without the earlier epochs' steps every epoch would refill from the same prompts.
+        self.clock = clock or RunClock()
         self._scored: _Scored | None = None
         check_whole_groups(
             self.args.per_device_train_batch_size * self.args.steps_per_generation,
@@ -317,7 +318,7 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
         """This process's slice of a fresh global generation batch: prompts drawn without
         replacement from the training set, seeded by (seed, run step, round), each repeated per
         generation. Every process draws the same global batch and generates its own slice."""
-        step = self.step_offset + self.state.global_step
+        step = self.clock.at(self.state.global_step)
         seed = (self.args.seed * 1_000_003 + step) * 101 + round_
         g = torch.Generator().manual_seed(seed)
         world = self.accelerator.num_processes

@@ -302,10 +302,11 @@ def build_trainer(
     cuda: bool | None = None,
     vllm_server_host: str | None = None,
     callbacks: list[Any] | None = None,
-    step_offset: int = 0,
+    clock: Any = None,
 ) -> Any:
-    """The GRPO trainer for one epoch; ``step_offset`` is the optimiser steps of the run's
-    earlier epochs (it seeds dynamic sampling's refills, so epochs draw different prompts).
+    """The GRPO trainer for one epoch; ``clock`` is the run's step clock (the reward
+    function's :class:`~memsifter.rewards.shaping.RunClock`: it seeds dynamic sampling's
+    refills with the run's step, so epochs draw different prompts).
     ``grpo.scale_rewards: mean`` gets the mean-scaled trainer of either kind
     (:mod:`memsifter.training.mean_scale_trainer`)."""
     from memsifter.training.dynamic_sampling import DynamicSamplingGRPOTrainer
@@ -338,7 +339,7 @@ def build_trainer(
             **common,
             max_extra_rounds=ds.max_extra_rounds,
             min_std=ds.min_std,
-            step_offset=step_offset,
+            clock=clock,
         )
     from trl import GRPOTrainer
 

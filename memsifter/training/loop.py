@@ -425,8 +425,8 @@ def run_training(
                 f"epoch {epoch}: GRPO from {model_path}"
                 + (f", resuming {resume}" if resume else "")
             )
-            reward_fn.step_offset = sum(
-                (state.done(f"epoch-{i}") or {}).get("steps", 0) for i in range(epoch)
+            reward_fn.clock.start_epoch(
+                sum((state.done(f"epoch-{i}") or {}).get("steps", 0) for i in range(epoch))
             )
             if head:
                 from memsifter.training.pl_grpo import PLGRPOTrainer
@@ -442,7 +442,7 @@ def run_training(
                 trainer = build_trainer(
                     cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
                     vllm_server_host=vllm_server_host, callbacks=callbacks,
-                    step_offset=reward_fn.step_offset,
+                    clock=reward_fn.clock,
                 )  # fmt: skip
             trainer.train(resume_from_checkpoint=resume)
             step = trainer.state.global_step

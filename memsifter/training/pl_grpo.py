@@ -439,14 +439,15 @@ class PLGRPOTrainer:
 
     def _depths(self, rows: list[dict[str, Any]], ns: list[int], step: int) -> list[int]:
         """Each row's prefix depth (``grpo.pl_depth``) at ``step``: on the reward's clock (the
-        epoch loop's ``step_offset`` plus this trainer's step), as the warm-up's beta is."""
+        reward function's run clock at this trainer's step), as the warm-up's beta is."""
         depth = self.g.pl_depth
         if depth == "full":
             return list(ns)
         if isinstance(depth, int):
             return [min(depth, n) for n in ns]
         service = self.reward_fn.service
-        beta = service.shaping.beta(step + getattr(self.reward_fn, "step_offset", 0))
+        clock = getattr(self.reward_fn, "clock", None)
+        beta = service.shaping.beta(step if clock is None else clock.at(step))
         return [
             reward_depth(self.reward_config, beta, n, r.get("data_source"), r.get("category"))
             for r, n in zip(rows, ns, strict=True)
