@@ -174,7 +174,7 @@ def main() -> None:
             dump()
         mark(self, key, value)
 
-    spec_callback = loop.spec_callback
+    spec_callback = grpo.spec_callback
 
     def killing_spec_callback(spec: Any) -> Any:
         from transformers import TrainerCallback
@@ -206,7 +206,7 @@ def main() -> None:
     loop.rescore_curriculum = counted("rescore", loop.rescore_curriculum)
     loop.RunState.mark = counted_mark  # type: ignore[method-assign]
     if args.kill_after_step is not None:
-        loop.spec_callback = killing_spec_callback
+        grpo.spec_callback = killing_spec_callback
 
     dump()
     cfg = load_train_config(args.config)

@@ -344,3 +344,17 @@ def build_trainer(
     from trl import GRPOTrainer
 
     return (MeanScaledGRPOTrainer if mean else GRPOTrainer)(**common)
+
+
+def spec_callback(spec: Any) -> Any:
+    """A ``TrainerCallback`` that saves the PromptSpec into every checkpoint TRL saves."""
+    from transformers import TrainerCallback
+
+    from memsifter.ranker.checkpoint import save_spec
+
+    class _SaveSpec(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero:
+                save_spec(spec, Path(args.output_dir) / f"checkpoint-{state.global_step}")
+
+    return _SaveSpec()

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -117,20 +116,6 @@ def total_steps(cfg: TrainConfig, n_train: int) -> int:
     per_step = g.per_device_train_batch_size * g.gradient_accumulation_steps
     completions = n_train * g.num_generations * g.num_iterations
     return cfg.epochs.epochs * max(1, math.ceil(completions / per_step))
-
-
-def spec_callback(spec: Any) -> Any:
-    """A ``TrainerCallback`` that saves the PromptSpec into every checkpoint TRL saves."""
-    from transformers import TrainerCallback
-
-    from memsifter.ranker.checkpoint import save_spec
-
-    class _SaveSpec(TrainerCallback):
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if state.is_world_process_zero:
-                save_spec(spec, Path(args.output_dir) / f"checkpoint-{state.global_step}")
-
-    return _SaveSpec()
 
 
 def rank_checkpoints(results: dict[str, Any], metric: str) -> list[str]:
@@ -235,16 +220,8 @@ def run_training(
     from memsifter.rewards.service import RewardService
     from memsifter.rewards.trl import make_reward_function
     from memsifter.training.distributed import start_processes
-    from memsifter.training.grpo import (
-        build_trainer,
-        check_head_only,
-        lora_config,
-        precision,
-        tracking_kwargs,
-    )
-    from memsifter.training.mean_scale import check_mean_scale
-    from memsifter.training.sft import run_sft
-    from memsifter.training.time_budget import check_time_budget, time_budget_callback
+    from memsifter.training.heads import head_of
+    from memsifter.training.time_budget import check_time_budget
     from memsifter.training.validation import ValidationEngine, check_select_metric
 
     t_start = time.perf_counter()
@@ -287,36 +264,8 @@ def run_training(
     train, val = load_rl_data(cfg.data)
     rcfg.check_scorers(data_sources(cfg.data), where=str(cfg.reward))
     spec = read_spec(cfg.data)
-    head = spec.ranking_head == "first_token"  # nothing is generated: no completion budget
-    check_head_only(cfg, head)
-    check_mean_scale(cfg, rcfg, head)  # before any model loads: mean needs rewards >= 0
-    if not head and cfg.grpo.max_completion_length > spec.completion_tokens:
-        raise DataError(
-            f"grpo.max_completion_length ({cfg.grpo.max_completion_length}) exceeds the prompt "
-            f"spec's completion budget ({spec.completion_tokens}): prompts were cut to leave "
-            "only that much room in the window",
-            field="grpo.max_completion_length",
-        )
-    if head:
-        from memsifter.training.pl_grpo import check_settings
-
-        check_settings(cfg)  # before any stage runs: SFT, LoRA, vLLM mean nothing here
-        sharded = [v for v in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
-                   if os.environ.get(v, "").lower() in ("1", "true")]  # fmt: skip
-        if procs.distributed and sharded:
-            raise DataError(
-                f"ranking_head: first_token's trainer is DDP-style (every process holds the "
-                f"model), but this launch asks for {sharded[0].removeprefix('ACCELERATE_USE_')}: "
-                "launch it with --config_file configs/accelerate/ddp.yaml",
-                field="plan.accelerate_config",
-            )
-        if procs.distributed and cfg.sft.enabled:
-            raise DataError(
-                "ranking_head: first_token's cold start (its listwise SFT) runs in one process: "
-                "run it alone first (memsifter train CONFIG --until sft, without accelerate), "
-                "then launch the GRPO epochs with accelerate",
-                field="sft.enabled",
-            )
+    head = head_of(spec)
+    head.check(cfg, spec, rcfg, procs)  # before any stage runs or model loads
     if cfg.epochs.validation_max_questions is not None:
         # A seeded sample across the held-out conversations, not the first file's questions.
         n = min(len(val), cfg.epochs.validation_max_questions)
@@ -329,7 +278,6 @@ def run_training(
         from memsifter.training.plan import check_layout
 
         check_layout(cfg, procs.world, torch.cuda.device_count())
-    bf16, _ = precision(cfg, cuda)
     if "chat_template_kwargs" in cfg.grpo.extra:
         raise DataError(
             "grpo.extra.chat_template_kwargs: prompts are rendered by the RL data's PromptSpec "
@@ -337,17 +285,6 @@ def run_training(
             field="grpo.extra.chat_template_kwargs",
         )
     val_tokens = cfg.epochs.validation_max_new_tokens or cfg.grpo.max_completion_length
-    if not head and val_tokens < cfg.grpo.max_completion_length:
-        # A thinking answer that training lets run to the cap fails to parse at validation's
-        # shorter cap and scores 0: checkpoint choice (and keep-start-if-better) would then
-        # favour whichever model thinks less, not whichever ranks better.
-        raise DataError(
-            f"epochs.validation_max_new_tokens ({val_tokens}) is below "
-            f"grpo.max_completion_length ({cfg.grpo.max_completion_length}): validation and "
-            "the curriculum's re-score would cut answers that training lets finish; leave it "
-            "unset (it follows the training length) or lower both",
-            field="epochs.validation_max_new_tokens",
-        )
 
     model_path = resolve_model(cfg.model.name).path
     if cfg.sft.enabled:
@@ -358,28 +295,8 @@ def run_training(
             # format and a prior on every training question (the selection is for GRPO).
             sft_train = load_rl_dataset(cfg.data, pool=True)["train"]
             log(f"cold-start SFT on {len(sft_train)} training prompts ({cfg.sft.target} targets)")
-            from transformers import AutoConfig
-
-            if head:  # FIRST's listwise cross-entropy at the ranking position, not a format
-                from memsifter.training.listwise_sft import run_listwise_sft
-
-                final = run_listwise_sft(
-                    cfg, model_path, sft_train, out / "sft", cuda=cuda, log=log
-                )
-            else:
-                n_layers = AutoConfig.from_pretrained(model_path).num_hidden_layers
-                final = run_sft(
-                    model_path,
-                    sft_train,
-                    cfg.sft,
-                    out / "sft",
-                    use_cpu=not cuda,
-                    bf16=bf16,
-                    tracking=tracking_kwargs(cfg, "sft"),
-                    seed=cfg.grpo.seed,
-                    think=spec.ask_think,
-                    peft_config=lora_config(cfg, n_layers),
-                )
+            final = head.cold_start(cfg, spec, model_path, sft_train, out / "sft", cuda=cuda,
+                                    log=log)  # fmt: skip
             if procs.is_main:
                 save_spec(spec, final)
             state.mark("sft", str(final))
@@ -428,22 +345,10 @@ def run_training(
             reward_fn.clock.start_epoch(
                 sum((state.done(f"epoch-{i}") or {}).get("steps", 0) for i in range(epoch))
             )
-            if head:
-                from memsifter.training.pl_grpo import PLGRPOTrainer
-
-                trainer = PLGRPOTrainer(
-                    cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
-                    on_save=[partial(save_spec, spec)], log=log, procs=procs,
-                )  # fmt: skip
-            else:
-                callbacks = [spec_callback(spec)]
-                if cfg.epochs.max_minutes is not None:
-                    callbacks.append(time_budget_callback(cfg.epochs.max_minutes, log=log))
-                trainer = build_trainer(
-                    cfg, model_path, epoch_train, reward_fn, edir, cuda=cuda,
-                    vllm_server_host=vllm_server_host, callbacks=callbacks,
-                    clock=reward_fn.clock,
-                )  # fmt: skip
+            trainer = head.trainer(
+                cfg, spec, model_path, epoch_train, reward_fn, edir, cuda=cuda, procs=procs,
+                log=log, vllm_server_host=vllm_server_host,
+            )  # fmt: skip
             trainer.train(resume_from_checkpoint=resume)
             step = trainer.state.global_step
             last = edir / f"checkpoint-{step}"
