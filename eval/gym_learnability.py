@@ -77,7 +77,7 @@ def build_data(proxy: Path, data: Path, recipe: str = DATA_RECIPE) -> Path:
     """The benchmark's RL data (``recipe`` on ``WORLD``) rendered for ``proxy``."""
     import dataclasses
 
-    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+    from memsifter.training.rldata.build import load_rl_data_config, prepare_rl_data
 
     if not (data / "prompt_spec.json").is_file():
         cfg = load_rl_data_config(ROOT / recipe)

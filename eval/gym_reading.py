@@ -164,7 +164,7 @@ def code_version() -> str:
 
 
 def recipe_layout() -> str:
-    from memsifter.training.rl_data import load_rl_data_config
+    from memsifter.training.rldata.build import load_rl_data_config
 
     return load_rl_data_config(ROOT / DATA_RECIPE).prompt.layout
 
@@ -179,7 +179,7 @@ def rung_name(size: str, layout: str, read: str = "label") -> str:
 
 def build_data(world: str, out: Path, layout: str, read: str = "label") -> Path:
     from memsifter.models import resolve_model
-    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+    from memsifter.training.rldata.build import load_rl_data_config, prepare_rl_data
 
     data = out / "data"
     if not (data / "prompt_spec.json").is_file():

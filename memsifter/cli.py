@@ -27,7 +27,7 @@ from memsifter.evaluation.config import (
 )
 from memsifter.serving.config import DEFAULT_CONFIG, ServeConfig
 from memsifter.training.config import TrainConfig
-from memsifter.training.rl_recipe import RLDataConfig
+from memsifter.training.rldata.recipe import RLDataConfig
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -233,8 +233,8 @@ def data_rl(
     from rich.table import Table
 
     from memsifter.data.splits import SPLITS
-    from memsifter.training.rl_data import parse_data_overrides as overrides
-    from memsifter.training.rl_data import plan_sources, prepare_rl_data, with_data_paths
+    from memsifter.training.rldata.build import parse_data_overrides as overrides
+    from memsifter.training.rldata.build import plan_sources, prepare_rl_data, with_data_paths
 
     try:
         cfg = with_data_paths(cfg, overrides(data or [], cfg))
@@ -301,7 +301,7 @@ def data_rank(
 ) -> None:
     """Rank every training candidate of a recipe with a previous model, for the next round's
     curriculum (`memsifter data rl --rankings OUT`)."""
-    from memsifter.training.rl_data import (
+    from memsifter.training.rldata.build import (
         build_rl_dataset,
         load_rl_data_config,
         parse_data_overrides,

@@ -81,7 +81,7 @@ from memsifter.training.config import (
     TrackingSettings, TrainConfig,
 )
 from memsifter.testing.rl import tiny_locomo_recipe
-from memsifter.training.rl_data import prepare_rl_data
+from memsifter.training.rldata.build import prepare_rl_data
 
 work = Path(sys.argv[1])
 model = build_tiny_qwen3(work / "tiny-qwen3")

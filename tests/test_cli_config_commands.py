@@ -107,7 +107,7 @@ def test_data_rl_field_flag_and_every_old_flag(tmp_path: Path) -> None:
     assert p["rankings"] == Path("r.jsonl") and p["strategy"] == "random" and p["seed"] == 7
     # A typed --seed overrides the recipe's, which the dry run's plan is built from.
     seen = {}
-    import memsifter.training.rl_data as rl_data
+    import memsifter.training.rldata.build as rl_data
 
     def fake(cfg):  # noqa: ANN001, ANN202
         seen["seed"] = cfg.seed
@@ -119,7 +119,7 @@ def test_data_rl_field_flag_and_every_old_flag(tmp_path: Path) -> None:
         assert CliRunner().invoke(app, [*base, "--seed", "7"]).exit_code == 0
         assert seen["seed"] == 7
         CliRunner().invoke(app, base)
-        from memsifter.training.rl_recipe import load_rl_data_config
+        from memsifter.training.rldata.recipe import load_rl_data_config
 
         assert seen["seed"] == load_rl_data_config(recipe).seed
     finally:

@@ -74,7 +74,7 @@ def fused_gym(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _rows(folder: Path) -> list[dict[str, Any]]:
-    from memsifter.training.rl_data import load_rl_dataset
+    from memsifter.training.rldata.build import load_rl_dataset
 
     return [dict(r) for r in load_rl_dataset(folder)["validation"]][:12]
 

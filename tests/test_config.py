@@ -107,7 +107,7 @@ def test_the_shipped_ablations_inherit_and_load() -> None:
     from memsifter.config import read_yaml
     from memsifter.rewards.config import load_reward_config
     from memsifter.training.config import load_train_config
-    from memsifter.training.rl_recipe import load_rl_data_config
+    from memsifter.training.rldata.recipe import load_rl_data_config
 
     root = Path(__file__).resolve().parents[1]
     children = [

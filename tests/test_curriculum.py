@@ -12,7 +12,7 @@ import pytest
 
 from memsifter.errors import DataError
 from memsifter.rewards.retrieval import retrieval_reward
-from memsifter.training.curriculum import (
+from memsifter.training.rldata.curriculum import (
     CurriculumSettings,
     Example,
     attainable,

@@ -51,8 +51,8 @@ RECIPES = {
 
 
 def _data(head: str, model: Path, locomo: Path, out: Path) -> Path:
-    from memsifter.training.rl_data import prepare_rl_data
-    from memsifter.training.rl_recipe import load_rl_data_config
+    from memsifter.training.rldata.build import prepare_rl_data
+    from memsifter.training.rldata.recipe import load_rl_data_config
 
     recipe = load_rl_data_config(ROOT / RECIPES[head][1])
     source = dataclasses.replace(

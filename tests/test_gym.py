@@ -292,7 +292,7 @@ def test_cli_writes_the_same_world_twice_and_names_bad_values(tmp_path) -> None:
 
 
 def test_rl_data_uses_the_worlds_user_split(tmp_path) -> None:
-    from memsifter.training.rl_data import SourceSettings, split_conversations
+    from memsifter.training.rldata.build import SourceSettings, split_conversations
 
     world = generate_world(GymConfig(size="ci"))
     ds = to_dataset(world)

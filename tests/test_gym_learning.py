@@ -96,7 +96,7 @@ def test_trl_trains_the_id_token_with_each_completions_own_advantage(
     from memsifter.rewards.trl import make_reward_function
     from memsifter.training.config import load_train_config
     from memsifter.training.grpo import build_trainer
-    from memsifter.training.rl_data import load_rl_dataset
+    from memsifter.training.rldata.build import load_rl_dataset
 
     out = gym_start["tmp"] / "batch"
     cfg = load_train_config(

@@ -195,8 +195,8 @@ def test_the_cli_and_the_retrieval_eval_read_it(release: Path, tmp_path: Path) -
 def test_a_recipe_keeps_the_release_split_and_carves_validation_from_its_train(
     release: Path,
 ) -> None:
-    from memsifter.training.conversation_split import split_conversations
-    from memsifter.training.rl_recipe import SourceSettings
+    from memsifter.training.rldata.recipe import SourceSettings
+    from memsifter.training.rldata.split import split_conversations
 
     ds = load_memsifter_datasets(release)
     own = split_conversations(ds, SourceSettings(name="r", dataset="memsifter", path=str(release)))

@@ -107,7 +107,7 @@ def test_served_prompt_is_the_rl_data_prompt(
     assert ids == tok(direct.text, add_special_tokens=False)["input_ids"]
     assert len(ids) == direct.n_tokens <= spec.budget_tokens
     try:
-        from memsifter.training.rl_data import build_row
+        from memsifter.training.rldata.build import build_row
     except ImportError as e:  # the training extra is optional
         pytest.skip(f"training code unavailable: {e}")
     row = build_row(query, "locomo", spec.builder(tok), build_filter(spec.coarse))

@@ -24,7 +24,7 @@ from memsifter.errors import DataError, UnknownNameError
 from memsifter.ranker.checkpoint import SPEC_FILE, read_spec
 from memsifter.ranker.spec import PromptSpec
 from memsifter.rewards.columns import REWARD_COLUMNS, sessions_from_column
-from memsifter.training.rl_data import (
+from memsifter.training.rldata.build import (
     POOL_FILE,
     RLDataConfig,
     RLDataResult,

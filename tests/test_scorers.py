@@ -32,7 +32,7 @@ ANSWERER_URL = "http://answerer:8001/v1"
 def _recipe_sources() -> set[str]:
     """The ``data_source`` values the shipped data recipes produce (a row's data_source is its
     loader's dataset family)."""
-    from memsifter.training.rl_data import RLDataConfig
+    from memsifter.training.rldata.build import RLDataConfig
 
     sources = set()
     for path in sorted((ROOT / "configs" / "data").glob("*.yaml")):
@@ -141,7 +141,7 @@ def test_train_refuses_a_judged_source_without_a_judge(
         TrainConfig,
     )
     from memsifter.training.loop import run_training
-    from memsifter.training.rl_data import RLDataConfig, SourceSettings, prepare_rl_data
+    from memsifter.training.rldata.build import RLDataConfig, SourceSettings, prepare_rl_data
 
     recipe = RLDataConfig(
         sources=[

@@ -21,7 +21,7 @@ from memsifter.training.grpo import (  # noqa: E402
     grpo_config_kwargs,
     lora_config,
 )
-from memsifter.training.rl_data import load_rl_data_config  # noqa: E402
+from memsifter.training.rldata.build import load_rl_data_config  # noqa: E402
 from memsifter.training.sft import sft_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

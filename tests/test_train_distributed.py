@@ -38,7 +38,7 @@ from memsifter.training.config import (  # noqa: E402
     TrackingSettings,
     TrainConfig,
 )
-from memsifter.training.rl_data import prepare_rl_data  # noqa: E402
+from memsifter.training.rldata.build import prepare_rl_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "tests" / "_train_driver.py"

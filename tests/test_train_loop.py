@@ -30,7 +30,7 @@ from memsifter.training.config import (  # noqa: E402
     TrackingSettings,
     TrainConfig,
 )
-from memsifter.training.rl_data import (  # noqa: E402
+from memsifter.training.rldata.build import (  # noqa: E402
     load_rl_dataset,
     prepare_rl_data,
 )

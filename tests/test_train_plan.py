@@ -254,7 +254,7 @@ def test_the_window_is_the_data_recipes() -> None:
     """model.context_tokens (vLLM's --max-model-len, the plan's sequence) is the window the data
     recipe builds prompts for, on the same base: Thinking-2507 reaches it natively, the original
     Qwen3-4B through YaRN."""
-    from memsifter.training.rl_data import load_rl_data_config
+    from memsifter.training.rldata.build import load_rl_data_config
 
     cfg = load_train_config(QWEN3_4B)
     spec = load_rl_data_config(ROOT / "configs/data/qwen3_4b.yaml").prompt

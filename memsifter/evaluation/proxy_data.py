@@ -128,7 +128,7 @@ def load_eval_data(
 ) -> EvalData:
     """The scored questions of one split: those whose prompt shows gold, all of them or a seeded
     sample of ``max_questions`` (kept in file order)."""
-    from memsifter.training.rl_data import load_rl_dataset
+    from memsifter.training.rldata.build import load_rl_dataset
 
     folder = Path(folder)
     spec = read_spec(folder)

@@ -153,7 +153,7 @@ def gym_rl_data(
 
     import yaml
 
-    from memsifter.training.rl_data import load_rl_data_config, prepare_rl_data
+    from memsifter.training.rldata.build import load_rl_data_config, prepare_rl_data
 
     out.mkdir(parents=True, exist_ok=True)
     world_file = out / "world.yaml"

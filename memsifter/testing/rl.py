@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memsifter.ranker.spec import PromptSpec
-from memsifter.training.rl_data import RLDataConfig, SourceSettings
+from memsifter.training.rldata.build import RLDataConfig, SourceSettings
 
 
 def tiny_locomo_recipe(

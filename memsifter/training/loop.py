@@ -91,7 +91,7 @@ class RunState:
 
 
 def load_rl_data(folder: str | Path) -> tuple[Any, Any]:
-    from memsifter.training.rl_data import load_rl_dataset
+    from memsifter.training.rldata.build import load_rl_dataset
 
     if not Path(folder).is_dir():
         raise DataError(
@@ -148,8 +148,8 @@ def rescore_curriculum(
     next epoch's prompts from those rankings. Writes ``cdir/rankings.jsonl``,
     ``cdir/train.parquet`` (returned; read it with :func:`read_selection`) and the curriculum
     report; a rerun reuses what exists."""
-    from memsifter.training.curriculum import write_report as write_curriculum_report
-    from memsifter.training.rl_data import load_rl_dataset, reselect_train
+    from memsifter.training.rldata.build import load_rl_dataset, reselect_train
+    from memsifter.training.rldata.curriculum import write_report as write_curriculum_report
     from memsifter.training.validation import rank_rows
 
     selected = cdir / "train.parquet"
@@ -289,7 +289,7 @@ def run_training(
     model_path = resolve_model(cfg.model.name).path
     if cfg.sft.enabled:
         if not state.done("sft"):
-            from memsifter.training.rl_data import load_rl_dataset
+            from memsifter.training.rldata.build import load_rl_dataset
 
             # SFT reads the whole train split, not the curriculum's selection: it teaches the
             # format and a prior on every training question (the selection is for GRPO).
@@ -434,7 +434,7 @@ def _quiet(_: str) -> None:
 def data_sources(folder: str | Path) -> set[str]:
     """The ``data_source`` of every row in the RL data (train pool and held-out split): the
     sources whose task score the reward will need."""
-    from memsifter.training.rl_data import load_rl_dataset
+    from memsifter.training.rldata.build import load_rl_dataset
 
     data = load_rl_dataset(folder, pool=True)
     return {str(s) for split in ("train", "validation") for s in data[split]["data_source"]}

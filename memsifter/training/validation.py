@@ -23,7 +23,7 @@ from memsifter.errors import DataError
 from memsifter.ranker.proxy import Proxy, ProxyAnswer, ProxyParams, RenderedPrompt
 from memsifter.rewards.retrieval import retrieval_reward
 from memsifter.rewards.trl import RewardFunction
-from memsifter.training.curriculum import write_rankings
+from memsifter.training.rldata.curriculum import write_rankings
 
 if TYPE_CHECKING:
     from memsifter.llm import BackendSpec

@@ -4,7 +4,7 @@ described by its dataset card, and read back.
 :func:`write_rl_dataset` writes ``train.parquet``, ``validation.parquet``, ``test.parquet``, the
 whole train pool (``train_pool.parquet``), ``split.json``, ``prompt_spec.json``, the card
 ``README.md``, the resolved ``recipe.yaml`` and the curriculum report; :func:`load_rl_dataset`
-reads the splits back. :mod:`memsifter.training.rl_data` builds the result.
+reads the splits back. :mod:`memsifter.training.rldata.build` builds the result.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import yaml
 from memsifter.data.splits import SPLITS
 from memsifter.errors import DataError
 from memsifter.ranker.checkpoint import save_spec
-from memsifter.training.conversation_split import ConversationSplit
-from memsifter.training.curriculum import CurriculumReport, write_report
-from memsifter.training.rl_recipe import RLDataConfig
+from memsifter.training.rldata.curriculum import CurriculumReport, write_report
+from memsifter.training.rldata.recipe import RLDataConfig
+from memsifter.training.rldata.split import ConversationSplit
 
 if TYPE_CHECKING:
     from datasets import DatasetDict
@@ -184,7 +184,7 @@ def render_card(result: RLDataResult) -> str:
         "`gold_ids`, `category`, `data_source`; then `qid`, `source`, `conversation`, "
         "`coarse_order` (prompt positions, coarse best first), `gold_positions`, "
         "`gold_in_prompt`, `n_candidates`, `prompt_tokens`, `n_dropped`, `truncated`. "
-        "See `memsifter/training/rl_data.py`.",
+        "See `memsifter/training/rldata/build.py`.",
         "",
     ]
     return "\n".join(lines)

@@ -2,9 +2,9 @@
 
 :class:`RLDataConfig` names the proxy's prompt (one :class:`~memsifter.ranker.spec.PromptSpec`),
 the curriculum, and one or more sources (:class:`SourceSettings`: LoCoMo, LongMemEval, our JSONL),
-each with a train ``count`` and how to split it (:mod:`memsifter.training.conversation_split`).
+each with a train ``count`` and how to split it (:mod:`memsifter.training.rldata.split`).
 ``--data NAME=PATH`` overrides a source's file (:func:`parse_data_overrides`,
-:func:`with_data_paths`). :mod:`memsifter.training.rl_data` builds the dataset from it.
+:func:`with_data_paths`). :mod:`memsifter.training.rldata.build` builds the dataset from it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from memsifter.data import LOADERS
 from memsifter.data.locations import DEFAULT_LOCOMO
 from memsifter.errors import DataError
 from memsifter.ranker.spec import PromptSpec
-from memsifter.training.curriculum import CurriculumSettings
+from memsifter.training.rldata.curriculum import CurriculumSettings
 
 # Datasets that split themselves when the recipe lists nothing: LoCoMo by the project's default
 # (data/splits.py), the memory gym by the user split its world records.

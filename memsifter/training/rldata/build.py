@@ -1,6 +1,6 @@
 """RL data: loaded datasets -> budgeted proxy prompts -> a parquet DatasetDict for GRPO.
 
-A recipe (``configs/data/*.yaml``, :class:`RLDataConfig`, :mod:`memsifter.training.rl_recipe`)
+A recipe (``configs/data/*.yaml``, :class:`RLDataConfig`, :mod:`memsifter.training.rldata.recipe`)
 names the proxy's tokenizer and window, the coarse filter, and one or more sources (LoCoMo,
 LongMemEval, our JSONL), each with a train ``count``. :func:`prepare_rl_data` builds every
 question's prompt with the shared :class:`~memsifter.ranker.prompt.PromptBuilder` (the coarse
@@ -8,11 +8,11 @@ filter's budgeted selection included), so the proxy trains on exactly the prompt
 writes ``train.parquet``, ``validation.parquet``, ``test.parquet``, ``split.json``,
 ``prompt_spec.json`` (the :class:`~memsifter.ranker.spec.PromptSpec` every checkpoint trained on
 this data carries), a dataset card ``README.md``, the resolved ``recipe.yaml`` and the curriculum
-report (:mod:`memsifter.training.curriculum`); the folder's files are
-:mod:`memsifter.training.rl_folder`.
+report (:mod:`memsifter.training.rldata.curriculum`); the folder's files are
+:mod:`memsifter.training.rldata.folder`.
 
 **Three splits, by conversation, never by question**
-(:mod:`memsifter.training.conversation_split`): ``train`` trains, ``validation`` chooses,
+(:mod:`memsifter.training.rldata.split`): ``train`` trains, ``validation`` chooses,
 ``test`` is only reported and never used to choose anything.
 
 **Candidates** are whole sessions, or with ``unit: page`` pages of a few consecutive turns
@@ -53,19 +53,13 @@ from memsifter.data.units import to_units
 from memsifter.errors import DataError
 from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
 from memsifter.rewards.columns import reward_columns
-from memsifter.training.conversation_split import (
-    ConversationSplit,
-    conversation_of,
-    hash_fraction,
-    split_conversations,
-)
-from memsifter.training.curriculum import (
+from memsifter.training.rldata.curriculum import (
     CurriculumReport,
     Example,
     read_rankings,
     select,
 )
-from memsifter.training.rl_folder import (
+from memsifter.training.rldata.folder import (
     POOL_FILE,
     RLDataResult,
     SourceSummary,
@@ -74,12 +68,18 @@ from memsifter.training.rl_folder import (
     split_json,
     write_rl_dataset,
 )
-from memsifter.training.rl_recipe import (
+from memsifter.training.rldata.recipe import (
     RLDataConfig,
     SourceSettings,
     load_rl_data_config,
     parse_data_overrides,
     with_data_paths,
+)
+from memsifter.training.rldata.split import (
+    ConversationSplit,
+    conversation_of,
+    hash_fraction,
+    split_conversations,
 )
 
 if TYPE_CHECKING:

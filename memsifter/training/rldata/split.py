@@ -24,7 +24,7 @@ from memsifter.data import MemoryDataset
 from memsifter.data.splits import LOCOMO_TEST, LOCOMO_VALIDATION, SPLITS
 from memsifter.data.types import Query
 from memsifter.errors import DataError, UnknownNameError
-from memsifter.training.rl_recipe import SourceSettings
+from memsifter.training.rldata.recipe import SourceSettings
 
 
 @dataclass(frozen=True)
