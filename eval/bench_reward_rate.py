@@ -36,7 +36,7 @@ from typing import Annotated, Any
 
 import httpx
 import typer
-from benchlib import machine, machine_line
+from benchlib import machine, machine_line, pl_around
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
@@ -47,6 +47,7 @@ from memsifter.llm.openai_http import OpenAIBackend
 from memsifter.llm.vllm_cpu import launch_vllm_cpu_server
 from memsifter.models import resolve_model
 from memsifter.qa.answerer import Answerer
+from memsifter.ranker.first_token import ranking_text
 from memsifter.rewards import AnswererSettings, RewardConfig, RewardRequest, RewardService
 from memsifter.rewards.tiers import fibonacci_tiers
 
@@ -77,12 +78,6 @@ class TimedTransport(httpx.AsyncHTTPTransport):
                               request=request)  # fmt: skip
 
 
-def _perturb(order: list[int], rng: random.Random) -> list[int]:
-    """A Plackett-Luce sample around ``order``: log-weight -rank plus Gumbel noise."""
-    keys = [-rank - math.log(-math.log(rng.random() or 1e-300)) for rank in range(len(order))]
-    return [order[i] for i in sorted(range(len(order)), key=lambda i: -keys[i])]
-
-
 def _requests(n_prompts: int, n_completions: int, n_candidates: int, seed: int) -> list[Any]:
     dataset = load_locomo(locomo_file()).filter_conversations(list(LOCOMO_TEST))
     bm25 = build_filter("bm25")
@@ -99,10 +94,7 @@ def _requests(n_prompts: int, n_completions: int, n_candidates: int, seed: int) 
         shown = [by_id[i] for i in sorted(ranked, key=[u.id for u in units.haystack].index)]
         pos = {s.id: i for i, s in enumerate(shown)}
         order = [pos[i] for i in ranked]
-        completions = tuple(
-            f"<ranking>{', '.join(map(str, _perturb(order, rng)))}</ranking>"
-            for _ in range(n_completions)
-        )
+        completions = tuple(ranking_text(pl_around(order, rng)) for _ in range(n_completions))
         out.append(
             RewardRequest(
                 question=q.question, answer=str(q.answer), candidates=tuple(shown),

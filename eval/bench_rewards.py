@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from benchlib import machine, machine_line
+from benchlib import machine, machine_line, pl_around
 
 from memsifter.coarse import build_filter
 from memsifter.data import load_locomo
@@ -158,12 +158,6 @@ def _coarse_order(prompt: BuiltPrompt, question: str, units: list[Session], bm25
     by_id = {s.id: s for s in units}
     shown = [by_id[sid] for sid in prompt.candidate_ids]
     return [pos[sid] for sid in bm25.score(question, shown).ids]
-
-
-def _perturb(order: list[int], rng: random.Random) -> list[int]:
-    """Plackett-Luce sample around ``order``: log-weight -rank plus Gumbel noise, sorted."""
-    keys = [-rank - math.log(-math.log(rng.random() or 1e-300)) for rank in range(len(order))]
-    return [order[i] for i in sorted(range(len(order)), key=lambda i: -keys[i])]
 
 
 def _ranking_text(ids: list[int]) -> str:
@@ -301,7 +295,7 @@ def main(
                 completions.append(text)
                 n_model += 1
             else:
-                completions.append(_ranking_text(_perturb(order, rng)))
+                completions.append(_ranking_text(pl_around(order, rng)))
         from_model.append(n_model)
         by_id = {u.id: u for u in units}
         base = dict(

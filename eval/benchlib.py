@@ -12,6 +12,7 @@ HTTP stack a deployment runs and the durability check can ``kill -9`` it for rea
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -485,3 +486,11 @@ BASE_DATE = datetime(2025, 1, 1, 9, 0)
 
 def session_date(i: int) -> datetime:
     return BASE_DATE + timedelta(hours=i)
+
+
+def pl_around(order: list[int], rng: random.Random) -> list[int]:
+    """A Plackett-Luce sample around ``order``: log-weight -rank plus Gumbel noise, sorted. A
+    policy's samples agree at the top more than at the bottom; these keep ``order``'s first
+    about 63% of the time. The reward benchmarks' stand-in for a policy's rankings."""
+    keys = [-rank - math.log(-math.log(rng.random() or 1e-300)) for rank in range(len(order))]
+    return [order[i] for i in sorted(range(len(order)), key=lambda i: -keys[i])]

@@ -530,18 +530,21 @@ class PLGRPOTrainer:
         """Each micro-batch's advantages, from the whole step's rewards ``[P, G]`` (every
         process's, gathered): a group's are its own, ``batch``'s spread is the step's."""
         g = self.g
+        by_place = rolls[0]["to_go"] is not None and g.pl_advantage != "best_of_group"
+        # Once for the whole step: the spread place credit divides by, or every row's advantage.
+        whole = _spread(rewards, g.scale_rewards) if by_place else None
+        if not by_place and g.pl_advantage != "best_of_group":
+            whole = group_advantages(rewards, g.scale_rewards)
         out = []
         for roll in rolls:
             rows = roll["idx"]  # the rows' places in the step's batch
             if g.pl_advantage == "best_of_group":
                 adv = best_of_group_advantages(roll["rewards"])
-            elif roll["to_go"] is not None:
-                spread = _spread(rewards, g.scale_rewards)
-                if g.scale_rewards in ("group", "mean"):
-                    spread = spread[rows]
+            elif by_place:
+                spread = whole[rows] if g.scale_rewards in ("group", "mean") else whole
                 adv = place_advantages(roll["to_go"], roll["rewards"], g.scale_rewards, spread)
             else:
-                adv = group_advantages(rewards, g.scale_rewards)[rows]
+                adv = whole[rows]
             out.append(adv.to(roll["mask"].device))
         return out
 
