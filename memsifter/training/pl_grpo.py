@@ -763,6 +763,9 @@ class PLGRPOTrainer:
         masters = ckpt / MASTER_FILE
         if self.master is not None:
             saved = torch.load(masters, weights_only=True) if masters.is_file() else {}
+            if not saved:  # a checkpoint from before masters were saved: say what it resumes
+                self.log(f"{ckpt} holds no {MASTER_FILE}: the float32 masters restart from "
+                         "its saved weights")  # fmt: skip
             names = {id(p): n for n, p in self.model.named_parameters()}
             with torch.no_grad():
                 for m, p in zip(self.master, self.params, strict=True):
