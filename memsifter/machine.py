@@ -1,5 +1,5 @@
 """What machine a benchmark ran on, for the tables committed next to each benchmark: the one
-description every benchmark and eval report uses (``eval/benchlib.py`` hands it to the scripts
+description every benchmark and eval report uses (``eval/common.py`` hands it to the scripts
 in ``eval/``; ``memsifter eval proxy`` writes it into its report).
 
 ``machine_facts()`` is the record (stored in a report's JSON); ``machine_line(facts)`` renders

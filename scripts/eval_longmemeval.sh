@@ -3,8 +3,8 @@
 # coarse filter, the benchmark's own session/turn metrics beside ours, run files per retriever).
 # Uses LongMemEval-S at ../shared/data/longmemeval/longmemeval_s_cleaned_498.json.gz (or
 # $MEMSIFTER_LONGMEMEVAL, e.g. the oracle set) when it is there; on a fresh clone without it, runs
-# on the committed synthetic fixture and says so. eval/results/longmemeval_retrieval.md is
-# rendered from such runs by eval/longmemeval_retrieval.py.
+# on the committed synthetic fixture and says so. eval/results/longmemeval_retrieval/longmemeval_retrieval.md is
+# rendered from such runs by eval/reports/longmemeval_retrieval.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The held-out comparison (eval/results/proxy_locomo_test.{md,json}): every question of the
+# The held-out comparison (eval/results/proxy_locomo_test/proxy_locomo_test.{md,json}): every question of the
 # LoCoMo test split (conversations 8-9) whose prompt shows a gold page, the same prompts for
 # every ranker: BM25's order, the untrained SmolLM2, the SFT start, the trained proxy (the
 # shipped adapter), and the trained proxy fused with BM25 (RRF); greedy; paired bootstrap 95%
@@ -27,6 +27,6 @@ INVARIANCE=(--permutations 5 --invariance-questions 40)
   --run "trained=$OUT/models/runs/trained.jsonl" --fuse trained \
   --pair trained-start --pair trained-bm25 --pair trained-sft --pair sft-untrained \
   --pair sft-bm25 --pair trained+bm25-bm25 --model-name memsifter-smollm2-135m-locomo --start sft \
-  --out "$OUT/locomo_test" --out-md eval/results/proxy_locomo_test.md \
-  --out-json eval/results/proxy_locomo_test.json
-cp "$OUT"/locomo_test/runs/*.jsonl eval/results/proxy_locomo_test_runs/
+  --out "$OUT/locomo_test" --out-md eval/results/proxy_locomo_test/proxy_locomo_test.md \
+  --out-json eval/results/proxy_locomo_test/proxy_locomo_test.json
+cp "$OUT"/locomo_test/runs/*.jsonl eval/results/proxy_locomo_test/runs/

@@ -14,5 +14,5 @@ cd "$(dirname "$0")/.."
 DRY=()
 if [ "${1:-}" = "--dry-run" ]; then DRY=(--dry-run); shift; fi
 DEST="${1:-${OUT:-outputs/gpu_check}}"
-exec "${PYTHON:-python3}" eval/bench_gpu_step.py "${DRY[@]}" --out "$DEST" \
+exec "${PYTHON:-python3}" -m eval.bench.bench_gpu_step "${DRY[@]}" --out "$DEST" \
   --budget-s "${MEMSIFTER_GPU_CHECK_BUDGET_S:-420}"

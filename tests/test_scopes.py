@@ -4,7 +4,7 @@ rows on disk, the token counts per page, the prompt's page ids, the analyzer's s
 counted in the work a miss does: a scope pays for what another scope cached exactly as for
 what nobody sent, in either order, its own repeat is free, and outside every scope a key is the
 content alone. The bounds stay one per cache. The service's tenants:
-tests/test_serve_ranking.py and tests/test_serve_isolation.py."""
+tests/serving/test_serve_ranking.py and tests/serving/test_serve_isolation.py."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ A table in a markdown file sits between two markers naming it::
 :data:`TABLES` says which JSON each one is rendered from, and how. ``python -m
 memsifter.evaluation.doc_tables`` rewrites every marked table under the repository root (the
 working directory); ``--check`` changes nothing and exits 1, naming each file and table that
-differs from its JSON (tests/test_doc_tables.py runs it, so drift fails CI).
+differs from its JSON (tests/evaluation/test_doc_tables.py runs it, so drift fails CI).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 # The LoCoMo test comparison the README shows: the generate-mode recipe's rows, by their names in
-# eval/results/proxy_locomo_test.json (the first-token rows and the slices are in that report).
+# eval/results/proxy_locomo_test/proxy_locomo_test.json (the first-token rows and the slices are
+# in that report).
 LOCOMO_ROWS = {
     "bm25": "BM25 order",
     "untrained": "untrained SmolLM2",
@@ -80,9 +81,10 @@ class Table:
     render: Callable[[dict[str, Any]], str]
 
 
+LOCOMO_TEST_JSON = "eval/results/proxy_locomo_test/proxy_locomo_test.json"
 TABLES: dict[str, Table] = {
-    "proxy_locomo_test": Table("eval/results/proxy_locomo_test.json", proxy_locomo_test),
-    "proxy_locomo_pairs": Table("eval/results/proxy_locomo_test.json", proxy_locomo_pairs),
+    "proxy_locomo_test": Table(LOCOMO_TEST_JSON, proxy_locomo_test),
+    "proxy_locomo_pairs": Table(LOCOMO_TEST_JSON, proxy_locomo_pairs),
 }
 
 

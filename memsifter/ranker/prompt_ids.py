@@ -18,9 +18,9 @@ GPT-2-style regexes (SmolLM2) split a whitespace run before its last character w
 follows, so the cut goes just *before* the break's last newline (``cut == "before"``). The
 builder tries both on a probe prompt at construction (punctuation and whitespace at page ends,
 CJK, emoji, an empty page, a turn starting with a space) and keeps the one that equals
-tokenizing the whole (``tests/test_prompt_ids.py``: on SmolLM2's tokenizer the other cut changes
-the ids). The page piece (its date, its turns and its share of the line breaks) depends on the
-page alone and is cached by content fingerprint (a history is tokenized once, at ingest in the
+tokenizing the whole (``tests/ranker/test_prompt_ids.py``: on SmolLM2's tokenizer the other cut
+changes the ids). The page piece (its date, its turns and its share of the line breaks) depends on
+the page alone and is cached by content fingerprint (a history is tokenized once, at ingest in the
 recall service); labels are cached by position, so a prompt costs one render and one
 tokenization of its frame (instructions and question), reused by every assembly with as many
 candidates. A page whose turns begin with whitespace or an added token (which may strip its

@@ -6,7 +6,7 @@ Each file has this one home. ``configs/serve/default.yaml`` in the checkout is a
 ``memsifter serve`` read the same bytes; ``scripts/vllm_cpu_server.sh`` and
 ``scripts/llamacpp_server.sh`` are thin wrappers that run :data:`VLLM_CPU_SERVER` and
 :data:`LLAMACPP_SERVER` with the checkout's defaults. pyproject's ``package-data`` lists this
-folder, and ``tests/test_wheel.py`` installs the built wheel and serves from it.
+folder, and ``tests/serving/test_wheel.py`` installs the built wheel and serves from it.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ class AnswererSettings:
     # decided by rank either way. With "chronological" s_k depends only on which sessions are in
     # the top k, which is what a tier measures, and completions whose top-k sets agree share a
     # call even when their orders differ (0.40x against 0.63x the naive calls in
-    # eval/bench_rewards.md). Order within the top k is still rewarded through the tiers.
+    # eval/results/bench_rewards/bench_rewards.md). Order within the top k is still rewarded
+    # through the tiers.
     memory_order: str = "chronological"
     language: str = "en"
     batch_size: int = 8  # transformers: prompts per forward pass

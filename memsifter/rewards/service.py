@@ -34,7 +34,7 @@ Sharing is exact only if an answer depends on nothing but its prompt. Greedy dec
 required by the config; beyond that, batched generation can change the last bits of the logits
 with the batch's padding, and so, at a near tie, the greedy answer. A backend with batch size 1
 (or a batch-invariant server) makes service and naive loop (``naive_rewards`` in
-``memsifter.testing.rewards``) agree bit for bit, which ``eval/bench_rewards.py`` checks.
+``memsifter.testing.rewards``) agree bit for bit, which ``eval/bench/bench_rewards.py`` checks.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ C(k) = 1 / log2(k + 1) as the value of position k. Two weightings (``TIER_WEIGHT
     the same for every tier but the last, which takes C(F_N): 0.3691, 0.1309, 0.1131, 0.0714,
     0.3155. These telescope to C(1) = 1, and the last tier carries the whole tail of the discount
     curve, so the top-8 tier weighs almost as much as the top-1 (R_ans then hardly cares whether
-    the useful session is first or eighth; eval/bench_rewards.md).
+    the useful session is first or eighth; eval/results/bench_rewards/bench_rewards.md).
 
 "The next Fibonacci number" after the last tier is the sum of the last two tiers (2 after a lone
 tier 1), which is F_{N+1} for Fibonacci tiers and a Fibonacci-like continuation for the ablation

@@ -57,8 +57,9 @@ class ProxySettings:
     temperature: float = 0.0
     # transformers: the weights' dtype (float32 | bfloat16 | float16); null keeps float32.
     # bfloat16 pays only on a CPU with AMX or AVX512-BF16 (bf16 autocast: a 2.5x faster forward
-    # on such a Xeon, eval/results/bench_cpu_autocast.md); elsewhere it is emulated and slower.
-    # It moves the scores a little: `python eval/bench_head_latency.py` times both dtypes and
+    # on such a Xeon, eval/results/bench_cpu_autocast/bench_cpu_autocast.md); elsewhere it is
+    # emulated and slower.
+    # It moves the scores a little: `python -m eval.bench.bench_head_latency` times both dtypes and
     # measures how the rankings agree with float32 on the machine at hand.
     dtype: str | None = None
     max_candidates: int = 40  # fused coarse+bookmark top-N shown to the proxy

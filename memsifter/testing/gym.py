@@ -90,10 +90,10 @@ def build_gym_proxy(
 
     Ranking means naming a session's *position*, so the network must carry a session's id to
     its content before it can point at it. Supervised on the useful session, two layers of
-    width 128 leave chance after ~150 steps of 16 prompts (``eval/gym_pointer_probe.py``,
-    ``eval/results/gym_pointer_probe.md``). Deeper models and the nine-candidate world stayed
-    at chance in this session's uncommitted exploratory runs: rerun the probe before relying
-    on either. ``corpus`` trains the tokenizer (default :func:`gym_corpus`; the reading
+    width 128 leave chance after ~150 steps of 16 prompts (``eval/probes/gym_pointer_probe.py``,
+    ``eval/results/gym_pointer_probe/gym_pointer_probe.md``). Deeper models and the nine-candidate
+    world stayed at chance in this session's uncommitted exploratory runs: rerun the probe before
+    relying on either. ``corpus`` trains the tokenizer (default :func:`gym_corpus`; the reading
     level's worlds take :func:`read_corpus`)."""
     corpus = tuple(corpus) if corpus is not None else gym_corpus()
     if arch not in ARCHS:

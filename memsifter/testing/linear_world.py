@@ -2,7 +2,7 @@
 ``n`` candidates with ``d`` random features, the useful one is ``argmax x · w*`` for a hidden
 ``w*``, and a linear scorer ``x · θ`` starts at θ = 0 (the uniform policy). Seconds on a CPU, so
 a trainer's advantage rule can be checked to learn (and its shuffled control not to) in a test,
-and timed over many seeds in ``eval/gym_pl_variance.py``. One generator draws the hidden
+and timed over many seeds in ``eval/probes/gym_pl_variance.py``. One generator draws the hidden
 weights, the held-out prompts, then the training prompts and whatever the caller draws with it
 (its rankings), so two rules run with one seed see the same prompts in the same order."""
 

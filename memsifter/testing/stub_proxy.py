@@ -1,4 +1,4 @@
-"""A stand-in proxy model for ``eval/bench_load.py --proxy stub``: an OpenAI-compatible
+"""A stand-in proxy model for ``eval/bench/bench_load.py --proxy stub``: an OpenAI-compatible
 ``/v1/completions`` server that answers every prompt after a fixed delay with a well-formed
 ranking of its candidates (in the order shown). A prompt sent as token ids (the recall service
 sends ids to an OpenAI backend) is decoded with ``--tokenizer`` first.
@@ -6,9 +6,9 @@ sends ids to an OpenAI backend) is decoded with ``--tokenizer`` first.
 The service cannot tell it from vLLM, so the whole proxy path runs (prompt building with the
 real tokenizer, the HTTP call, parsing), while the model's own time is known exactly. That
 isolates what the goal "stack overhead over the model call" is about; a real model's latency
-only adds to ``timings.proxy_ms``. ``eval/stub_proxy.py`` runs it:
+only adds to ``timings.proxy_ms``. ``eval/bench/stub_proxy.py`` runs it:
 
-    python eval/stub_proxy.py --port 8001 --latency-ms 50
+    python -m eval.bench.stub_proxy --port 8001 --latency-ms 50
 """
 
 from __future__ import annotations

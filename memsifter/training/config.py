@@ -61,7 +61,7 @@ class ModelSettings:
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
     # none | bf16: the first-token trainer's forward and backward under torch.autocast, weights
     # and optimizer state kept in dtype. On a CPU with AMX (Sapphire Rapids and later) a SmolLM2
-    # step runs ~2.2x faster than in fp32 (eval/bench_cpu_autocast.py); on a CPU without bf16
+    # step runs ~2.2x faster than in fp32 (eval/bench/bench_cpu_autocast.py); on a CPU without bf16
     # units it is slower. Validation and serving score in dtype, unchanged.
     autocast: str = "none"
     lora: LoraSettings | None = None
@@ -126,7 +126,7 @@ class GRPOSettings:
         help="what each group's centred rewards (r - the group's mean) are divided by. group: "
         "the group's std (GRPO's); batch: the batch's std; none: nothing; mean: the group's "
         "mean reward, so the advantage is the sampled gradient of log E[R] and a rare success "
-        "keeps its full weight where the std would shrink it (eval/gym_pg_probe.py). mean "
+        "keeps its full weight where the std would shrink it (eval/probes/gym_pg_probe.py). mean "
         "needs rewards >= 0: refused with subtract_s0, a negative format_reward (generate "
         "mode) or soft_overlong.",
     )
@@ -165,7 +165,8 @@ class GRPOSettings:
         "ranking: the whole ranking's advantage on every place (GRPO's); tiers: each place "
         "only the tiers of R_ans it can still change (those reading deeper than it, each with "
         "its group's baseline; PL-Rank style reward-to-go), R_ret whole. Both estimate the "
-        "same gradient; tiers drops the terms a place cannot move (eval/gym_pl_variance.py).",
+        "same gradient; tiers drops the terms a place cannot move "
+        "(eval/probes/gym_pl_variance.py).",
     )
     pl_advantage: str = setting(
         "grpo",

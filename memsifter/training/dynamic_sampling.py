@@ -59,8 +59,8 @@ steps_per_generation`` a multiple of ``num_generations``, checked). Multimodal i
 masks, any batch key not listed here and ``multi_objective_aggregation: normalize_then_sum``
 (whose advantages depend on the whole batch, so groups from different rounds would not mix) are
 refused by name. With ``scale_rewards: batch`` each group keeps the advantages of its own round's
-batch std. The TRL range is pinned in ``pyproject.toml``; ``tests/test_trl_contract.py`` fails
-when TRL's methods, batch keys, metric names or completions table change shape.
+batch std. The TRL range is pinned in ``pyproject.toml``; ``tests/training/test_trl_contract.py``
+fails when TRL's methods, batch keys, metric names or completions table change shape.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ throws some rounds' groups away, so the numbers it logs are rebuilt here from th
 trained: reward means and stds, completion lengths, vLLM importance-sampling statistics and the
 completions table. Also here: the weighted reward TRL normalises per group, which both these
 metrics and the zero-std test are computed from, and the names TRL uses for all of it (pinned
-against the installed TRL by ``tests/test_trl_contract.py``).
+against the installed TRL by ``tests/training/test_trl_contract.py``).
 """
 
 from __future__ import annotations

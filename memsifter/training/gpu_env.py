@@ -4,8 +4,8 @@ that generates with vLLM starts, and the one range ``pyproject.toml``'s ``gpu`` 
 TRL only warns when it meets a vLLM outside its range (``trl.import_utils.is_vllm_available``)
 and then fails somewhere inside generation or weight sync; a run that asks for vLLM
 (``grpo.use_vllm``) is refused at start instead, naming both versions. The range is TRL 1.16's
-(tests/test_gpu_env.py checks it against TRL's own check, and the extra's pin against it; the
-same test resolves ``train`` + ``gpu`` for Linux x86-64 without installing a CUDA wheel).
+(tests/training/test_gpu_env.py checks it against TRL's own check, and the extra's pin against it;
+the same test resolves ``train`` + ``gpu`` for Linux x86-64 without installing a CUDA wheel).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 ``A_i = (r_i - mean_g) / mean_g`` is the sampled gradient of ``log E[R]`` (``∇E[R] / E[R]``):
 a group with one success among G draws gives it ``G - 1`` and each failure ``-1``, whatever the
 success's reward, where GRPO's std scaling gives a rare success ever less weight as its group's
-spread shrinks and a one-id policy collapses (``eval/gym_pg_probe.py``, ``--scale mean``). Both
-trainers divide by :func:`mean_divisor`: the Plackett–Luce head (``memsifter.training.pl_grpo``)
-and TRL's (``memsifter.training.mean_scale_trainer``, which takes TRL's ``r - mean`` under
-``scale_rewards: none`` and divides it here).
+spread shrinks and a one-id policy collapses (``eval/probes/gym_pg_probe.py``, ``--scale
+mean``). Both trainers divide by :func:`mean_divisor`: the Plackett–Luce head
+(``memsifter.training.pl_grpo``) and TRL's (``memsifter.training.mean_scale_trainer``, which
+takes TRL's ``r - mean`` under ``scale_rewards: none`` and divides it here).
 
 **Rewards must be >= 0.** With negative rewards a group's mean can be 0 or below: the division
 then flips every advantage's sign or explodes it, and ``log E[R]`` is not defined. So:

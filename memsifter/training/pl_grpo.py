@@ -20,7 +20,7 @@ start model exactly) are read from it, so ``beta > 0`` keeps no copy of the mode
 source) and R_ret the top ``retrieval_k``, and only while the warm-up's beta is above 0. The
 log-probability of the places below that depth has zero mean given the prefix and is
 independent of the reward, so multiplying it by the advantage adds variance and nothing else
-(both estimators have the same expectation; ``eval/gym_pl_variance.py`` measures the
+(both estimators have the same expectation; ``eval/probes/gym_pl_variance.py`` measures the
 difference). So each row draws the top-``d`` prefix by Gumbel top-k (an exact PL sample of the
 top d), the completion names those ``d`` candidates (the reward service completes a short
 ranking for scoring with orders that sit below every tier and below NDCG's cut-off:
@@ -43,7 +43,7 @@ add noise (the reward-to-go argument, PL-Rank's per-place credit). ``tiers`` cre
 with the tiers deeper than j (:func:`tier_credit`), each place centred on its own group mean
 and divided by the spread ``scale_rewards`` names (:func:`place_advantages`): place 0's
 advantage is A exactly, and the estimator's expectation is the same. R_ret stays whole on every
-place. ``eval/gym_pl_variance.py`` measures the variance and the steps to learn of both.
+place. ``eval/probes/gym_pl_variance.py`` measures the variance and the steps to learn of both.
 
 **What a group's rankings weigh** (``grpo.pl_advantage``). ``grpo`` is the above: an unbiased
 estimate of the gradient of E[R]. That gradient reaches a candidate in proportion to the
@@ -77,13 +77,14 @@ micro-batch, ``gradient_accumulation_steps`` micro-batches a process, and every 
 all-reduce after the step's backwards). The step's batch and its Gumbel noise are drawn once for
 the whole step on every process, each process takes its rows, and the rewards are gathered before
 the advantages, so ``scale_rewards: batch`` divides by the whole batch's std: two processes and
-one process accumulating two micro-batches make the same update (tests/test_pl_grpo_distributed.py).
-With one micro-batch a process, the rollout's forward is the one trained on; with more, the
-rollout scores each micro-batch without grad and the update forwards it again (one extra forward,
-so that a micro-batch's activations are never held for another's). ``model.gradient_checkpointing``,
-``lr_scheduler_type`` and ``warmup_steps`` apply as in TRL's trainer, and a model whose trainable
-weights are not float32 (bf16 on GPU) keeps float32 master copies that AdamW steps, so its
-optimizer states and updates are float32. ZeRO-3 and FSDP are not supported by this trainer.
+one process accumulating two micro-batches make the same update
+(tests/training/test_pl_grpo_distributed.py). With one micro-batch a process, the rollout's forward
+is the one trained on; with more, the rollout scores each micro-batch without grad and the update
+forwards it again (one extra forward, so that a micro-batch's activations are never held for
+another's). ``model.gradient_checkpointing``, ``lr_scheduler_type`` and ``warmup_steps`` apply as in
+TRL's trainer, and a model whose trainable weights are not float32 (bf16 on GPU) keeps float32
+master copies that AdamW steps, so its optimizer states and updates are float32. ZeRO-3 and FSDP are
+not supported by this trainer.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ SQLite default and on PostgreSQL.
 
 The schema is owned by the alembic migrations in ``memsifter/serving/migrations`` (applied by
 ``Store.migrate``; their ``env.py`` compares against ``Base.metadata``): the models below must
-match them, which ``tests/test_serve_store.py`` checks. Only the repositories and the engine use
-these rows; everything else sees the records in ``records.py``.
+match them, which ``tests/serving/test_serve_store.py`` checks. Only the repositories and the engine
+use these rows; everything else sees the records in ``records.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,156 @@
+"""The first-token head on LoCoMo with no position to copy: candidates by date, BM25's opinion as
+a prior on each candidate's score (issue 40, items 2-4), on the held-out test conversations.
+
+    python -m eval.probes.locomo_residual            # ~75 min on 2 cores; rerunning resumes
+
+Every LoCoMo head trained with the candidates in BM25's order learned to copy a position
+(``eval/results/proxy_locomo_test/``). Here the prompt shows the pages by date
+(``configs/data/locomo_smollm2_residual.yaml``), the head reads a score at each page's closing
+marker, and the Plackett-Luce policy is over ``h_i + lambda * -ln(1 + BM25 rank_i)``
+(:mod:`memsifter.ranker.coarse_prior`): an untrained proxy ranks mostly as BM25 does, and
+training can only add what the content tells it. Stages (outputs under ``outputs/`` and
+``eval/results/proxy_locomo_residual/``):
+
+1. the RL data (``memsifter data rl``), the recipe's lambda being what stage 2 measures;
+2. the lambda sweep on the **validation** conversation with the start model: its marker scores
+   once, fused offline with each lambda of a grid; NDCG@1 of the gold page and the share of
+   prompts whose first page is BM25's (``lambda_sweep.json``). The recipe's lambda is the
+   smallest whose fused start puts BM25's first page first on >= 3/4 of the prompts (a start
+   near BM25 that still samples other first places); the run stops if the data's differs;
+3. ``memsifter train configs/train/smollm2_cpu_residual.yaml``: the listwise cold start on the
+   gold pages (the gym's pointing settings: LoRA top 6, lr 1e-3, batch 8), then PL-GRPO with
+   the prefix KL (beta 0.05, 64 rankings a prompt) on R_ret; checkpoints chosen on
+   conversation 7;
+4. ``memsifter eval proxy`` on the test conversations (8-9): the start, the cold start and the
+   trained head against BM25 on the same candidates, with conversation-cluster paired CIs and
+   the order-invariance check (5 permutations of 40 questions).
+
+Test conversations never choose anything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from eval.common import git_head, machine, machine_line, results, rl_data, split_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ("configs/data/locomo_smollm2_residual.yaml", "data/rl/locomo_smollm2_residual")
+RECIPE = "configs/train/smollm2_cpu_residual.yaml"
+TRAINED = ROOT / "outputs/train/smollm2_cpu_residual"
+NAME = "proxy_locomo_residual"
+LAMBDAS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+AGREE = 0.75  # the share of first places the fused start must take from BM25
+
+
+def sweep(folder: Path, out: Path) -> dict[str, Any]:
+    """The start model's marker scores on validation, fused with each lambda of the grid."""
+    if out.is_file():
+        return json.loads(out.read_text())
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.models import resolve_model
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.ranker.coarse_prior import fuse
+    from memsifter.ranker.first_token import order_scores, prompt_scores
+
+    spec = read_spec(folder)
+    rows = [r for r in split_rows(folder, "validation") if r["gold_positions"]]
+    path = resolve_model(spec.model).path
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    scores = prompt_scores(
+        model,
+        tok,
+        [r["prompt"] for r in rows],
+        [int(r["n_candidates"]) for r in rows],
+        4,
+        labels=spec.labels,
+        read=spec.head_read,
+    )
+    bm25_top = [r["coarse_order"][0] for r in rows]
+    gold = [set(r["gold_positions"]) for r in rows]
+    n = len(rows)
+
+    def share(hits: Any) -> float:
+        return sum(hits) / n
+
+    grid = []
+    for lam in LAMBDAS:
+        firsts = [
+            order_scores(fuse(s, r["coarse_order"], lam))[0]
+            for s, r in zip(scores, rows, strict=True)
+        ]
+        grid.append(
+            {
+                "lambda": lam,
+                "ndcg@1": share(f in g for f, g in zip(firsts, gold, strict=True)),
+                "first_as_bm25": share(f == b for f, b in zip(firsts, bm25_top, strict=True)),
+            }
+        )
+    chosen = next(g["lambda"] for g in grid if g["first_as_bm25"] >= AGREE)
+    result = {
+        "split": "validation",
+        "n": n,
+        "bm25_ndcg@1": share(b in g for b, g in zip(bm25_top, gold, strict=True)),
+        "rule": f"the smallest lambda whose fused start puts BM25's first page first on >= {AGREE}",
+        "chosen": chosen,
+        "grid": grid,
+        "code_version": git_head(),
+        "command": "python -m eval.probes.locomo_residual",
+        "machine": machine_line(machine(), run=True),
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def main(
+    invariance_questions: Annotated[
+        int, typer.Option(help="questions in the order-invariance check")
+    ] = 40,
+) -> None:
+    """Train and evaluate the residual head on LoCoMo (stages in the module doc)."""
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    folder = rl_data(*DATA)
+    dest = results(NAME)
+    lam = sweep(folder, dest / "lambda_sweep.json")
+    spec = read_spec(folder)
+    if spec.coarse_weight != lam["chosen"]:
+        raise SystemExit(
+            f"{DATA[0]} has coarse_weight {spec.coarse_weight}, the validation sweep chose "
+            f"{lam['chosen']}: set it and rebuild {DATA[1]}"
+        )
+    cfg = load_train_config(ROOT / RECIPE)
+    trained = Path(run_training(cfg)["model"])
+    for name in ("validation.json", "log.jsonl"):  # the run's record, committed beside the table
+        for src in sorted(TRAINED.glob(f"*/{name}")):
+            (dest / f"{src.parent.name}_{name}").write_bytes(src.read_bytes())
+    cmd = [
+        sys.executable, "-m", "memsifter.cli", "eval", "proxy", "--data", DATA[1],
+        "--split", "test",
+        "--model", f"start={spec.model}", "--explicit-spec", "start",
+        "--model", f"cold={TRAINED / 'sft' / 'final'}",
+        "--model", f"trained={trained}",
+        "--pair", "trained-bm25", "--pair", "trained-start", "--pair", "trained-cold",
+        "--pair", "cold-bm25", "--pair", "start-bm25",
+        "--invariance-questions", str(invariance_questions),
+        "--seed", "0", "--out", f"outputs/{NAME}",
+        "--out-md", str((dest / f"{NAME}.md").relative_to(ROOT)),
+        "--out-json", str((dest / f"{NAME}.json").relative_to(ROOT)),
+        "--model-name", "smollm2-135m-residual", "--start", "base",
+    ]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+if __name__ == "__main__":
+    typer.run(main)

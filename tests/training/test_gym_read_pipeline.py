@@ -1,0 +1,336 @@
+"""The reading gym end to end on the tiny proxy, CI's fast check of the pipeline that
+``eval/probes/gym_reading.py`` runs with SmolLM2: a ``read`` world, RL data labelled by letters
+(one prefill ranks the window), the head's Plackett–Luce GRPO on the gym reader's outcome
+reward, validation against the useful session(s), and the test-time rankers of the report.
+
+It checks wiring, not learning: whether a model learns to read is measured by the ladder's
+committed runs (``eval/results/gym_reading/gym_reading.md``); the learning tests with negative
+controls are ``tests/training/test_gym_learning.py``'s."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def read_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import yaml
+
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    return gym_rl_data(
+        tmp_path_factory.mktemp("gym_read"),
+        world,
+        ROOT / "configs/data/gym_read_first_token.yaml",
+        corpus=read_corpus(),
+    )
+
+
+def test_read_data_is_labelled_by_letters_with_both_useful_sessions(
+    read_world: dict[str, Path],
+) -> None:
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.training.loop import load_rl_data
+
+    spec = read_spec(read_world["data"])
+    assert spec.labels == "letters" and spec.ranking_head == "first_token"
+    train, held_out = load_rl_data(read_world["data"])
+    rows = list(train)
+    assert rows and all(r["prompt"].endswith("<ranking>") for r in rows)
+    assert all("[Session A]" in r["prompt"] and "[Session 0]" not in r["prompt"] for r in rows)
+    sizes = {len(r["useful_positions"]) for r in rows}
+    assert sizes == {1, 2}  # `when` questions need two sessions; the rest one
+    assert max(int(r["n_candidates"]) for r in rows) >= 10  # past the digits' capacity
+
+
+def test_read_world_trains_and_validates_on_the_tiny_proxy(read_world: dict[str, Path]) -> None:
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    out = read_world["tmp"] / "outcome"
+    cfg = load_train_config(
+        ROOT / "configs/train/gym_read_pl_outcome.yaml",
+        [
+            f"output_dir={out}",
+            f"data={read_world['data']}",
+            f"model.name={read_world['proxy']}",
+            "model.lora.top_layers=2",
+            "epochs.max_steps=4",
+            "epochs.save_steps=2",
+            "epochs.validation_max_questions=16",
+        ],
+    )
+    result = run_training(cfg, log=lambda _: None)
+    assert Path(result["model"]).is_dir()
+    state = json.loads((out / "epoch-0" / "checkpoint-4" / "trainer_state.json").read_text())
+    log = state["log_history"]
+    assert [e["step"] for e in log] == [1, 2, 3, 4]
+    # R_ans reads the top 8 (tiers to 8): only that prefix is drawn and trained
+    assert all(e["pl_depth"] == 8 for e in log), log
+    assert all(-2.0 <= e["reward"] <= 2.0 and e["entropy"] > 0 for e in log)
+    validation = json.loads((out / "epoch-0" / "validation.json").read_text())
+    assert all(v["ndcg_1_useful"] is not None for v in validation.values()), validation
+
+
+def test_the_reports_sample_and_steps_to_learn_choose_by_ids_only() -> None:
+    import eval.probes.gym_reading as gym_reading
+
+    rows = [{"conversation": f"u{i % 5}", "qid": f"q{i}"} for i in range(40)]
+    sample = gym_reading.sample_per_user(rows, 2)
+    assert len(sample) == 10 and {r["conversation"] for r in sample} == {f"u{i}" for i in range(5)}
+    assert sample == gym_reading.sample_per_user(list(rows), 2)  # seeded by the user id
+    assert gym_reading.sample_per_user(rows, None) == rows
+    assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.79), (40, 0.8), (60, 0.95)]) == 40
+    assert gym_reading.steps_to_learn([(0, 0.1), (20, 0.5)]) is None
+
+
+def test_a_variant_is_its_recipe_under_its_own_name() -> None:
+    import typer
+
+    import eval.probes.gym_reading as gym_reading
+
+    assert gym_reading.recipe_of("outcome_kl+b32") == "outcome_kl"
+    assert gym_reading.recipe_of("labels") == "labels"
+    assert gym_reading.run_name("labels+kl") == "labels+kl"
+    with pytest.raises(typer.BadParameter, match=r"'label\+kl': a run is a recipe"):
+        gym_reading.run_name("label+kl")
+    argv = ["--stage", "eval", "--note", "a long note", "--per-user", "2", "--note=another"]
+    assert gym_reading.without_notes(argv) == ["--stage", "eval", "--per-user", "2"]
+
+
+def test_reward_ablations_pair_by_what_was_trained_not_by_name() -> None:
+    import eval.probes.gym_reading as gym_reading
+
+    kl = [
+        "grpo.beta=0.05",
+        "grpo.learning_rate=5e-4",
+        "grpo.num_generations=64",
+        "grpo.per_device_train_batch_size=512",
+        "epochs.max_steps=200",
+        "epochs.save_steps=40",
+    ]
+
+    def run(recipe: str, *over: str) -> dict[str, Any]:
+        return {"config": gym_reading.RECIPES[recipe], "overrides": list(over)}
+
+    records = {
+        "outcome_kl": run("outcome_kl"),  # the KL recipe: its values are in its file
+        "labels+kl": run("labels", *kl, "threads=4"),  # the same values, set; threads place it
+        "outcome_absolute+kl": run("outcome_absolute", *kl[:-1]),  # saves every 80: not a pair
+        "labels": run("labels"),  # the plain recipe: another lr, beta and budget
+        "outcome": run("outcome"),
+        "outcome+lr": run("outcome", "grpo.learning_rate=1e-3"),
+        "old": {"overrides": []},  # a record without its config pairs with nothing
+    }
+    assert gym_reading.ablations(records, list(records)) == {
+        "outcome_kl": {"labels": "labels+kl"},
+        "outcome": {"labels": "labels"},
+    }
+    # only the runs being evaluated pair
+    assert gym_reading.ablations(records, ["outcome_kl", "labels"]) == {}
+
+
+def test_rankings_come_from_the_cache_the_model_or_the_committed_record_in_that_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run ranked on a lent GPU (or whose checkpoint is gone) is evaluated from its committed
+    rankings of exactly these questions; a model that is here is always ranked again."""
+    import eval.probes.gym_reading as gym_reading
+
+    monkeypatch.setattr(gym_reading, "code_version", lambda: "here")
+    cache, kept = tmp_path / "cache", tmp_path / "kept"
+    cache.mkdir(), kept.mkdir()
+    qids = ["q1", "q2"]
+    committed = {"qids": qids, "rankings": [[1, 0], [0, 1]], "code_version": "gpu"}
+    (kept / "run.json").write_text(json.dumps(committed))
+    # No model, no cache: the committed record, left as it was.
+    assert gym_reading.rankings_of("run", qids, cache, kept, None) == [[1, 0], [0, 1]]
+    assert json.loads((kept / "run.json").read_text())["code_version"] == "gpu"
+    # Other questions: nothing stands in.
+    assert gym_reading.rankings_of("run", ["q1"], cache, kept, None) is None
+    # The model is here: it ranks, whatever was committed, and its record says this version.
+    made = gym_reading.rankings_of("run", qids, cache, kept, lambda: [[0, 1], [1, 0]])
+    assert made == [[0, 1], [1, 0]]
+    assert json.loads((kept / "run.json").read_text()) == {
+        "qids": qids, "rankings": made, "code_version": "here"
+    }  # fmt: skip
+    # Then this machine's cache answers, and the record keeps the version that made it.
+    monkeypatch.setattr(gym_reading, "code_version", lambda: "later")
+    assert gym_reading.rankings_of("run", qids, cache, kept, lambda: [[9]]) == made
+    assert json.loads((kept / "run.json").read_text())["code_version"] == "here"
+
+
+def _top_adapted(proxy: Path) -> tuple[Any, Any, int]:
+    """The proxy with a LoRA adapter on its top layer, initialised away from the zero start so
+    that the top layer changes the scores (a check against it then compares something)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(proxy))
+    model = AutoModelForCausalLM.from_pretrained(str(proxy), dtype=torch.float32)
+    layers = model.config.num_hidden_layers
+    model = get_peft_model(
+        model,
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], layers_to_transform=[layers - 1],
+                   task_type="CAUSAL_LM"),
+    )  # fmt: skip
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    return tok, model, layers
+
+
+def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
+    read_world: dict[str, Path],
+) -> None:
+    """The probe's cached path (eval/probes/gym_reading.py FrozenPrefix) gives the full model's
+    label logits to float noise, and its gradient reaches the top layers' adapters only."""
+
+    import eval.probes.gym_reading as gym_reading
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.ranker.first_token import label_token_ids
+
+    tok, model, layers = _top_adapted(read_world["proxy"])
+    rows = gym_reading.load_split(read_world["data"], "validation")
+    n = max(int(r["n_candidates"]) for r in rows)
+    labels = label_token_ids(tok, n, read_spec(read_world["data"]).labels)
+    frozen = gym_reading.FrozenPrefix(model, 1, "cpu", autocast=False)
+    assert frozen.check(tok, rows[0]["prompt"], labels) < 1e-4
+    # The adapter moves those logits, so the check compares something the top layer shapes.
+    with model.disable_adapter():
+        assert frozen.check(tok, rows[0]["prompt"], labels) < 1e-4
+        ids = tok(rows[0]["prompt"], add_special_tokens=False)["input_ids"]
+        plain = frozen.logits(frozen.prefix(ids)).detach()[labels]
+    adapted = frozen.logits(frozen.prefix(ids)).detach()[labels]
+    assert (plain - adapted).abs().max() > 1e-3
+    h = frozen.prefix(tok(rows[0]["prompt"], add_special_tokens=False)["input_ids"])
+    frozen.logits(h)[labels].logsumexp(-1).backward()
+    grads = {name for name, p in model.named_parameters() if p.grad is not None}
+    assert grads and all(f"layers.{layers - 1}." in name for name in grads)
+    assert model.get_base_model().model.layers is frozen.all  # the stack is restored
+
+
+def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) -> None:
+    """``head_read: marker`` through the whole loop: data rendered marked, the PL-GRPO trainer
+    (each place credited with the tiers it can change) and validation reading each candidate
+    at its closing marker, the checkpoint carrying the
+    read (served with the other read, it is refused by name)."""
+    import yaml
+
+    from memsifter.ranker.checkpoint import PromptSpecError, read_spec, resolve_spec
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+    from memsifter.training.config import load_train_config
+    from memsifter.training.loop import run_training
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    # The read token must be one token of the tiny proxy's tokenizer, like every label.
+    corpus = (*read_corpus(), *["[End of Session A]\n yes, yes"] * 200)
+    made = gym_rl_data(
+        tmp_path / "marker",
+        world,
+        ROOT / "configs/data/gym_read_first_token.yaml",
+        corpus=corpus,
+        prompt={"layout": "marked", "head_read": "marker"},
+    )
+    assert read_spec(made["data"]).head_read == "marker"
+    out = tmp_path / "outcome"
+    cfg = load_train_config(
+        ROOT / "configs/train/gym_read_pl_outcome.yaml",
+        [
+            f"output_dir={out}",
+            f"data={made['data']}",
+            f"model.name={made['proxy']}",
+            "model.lora.top_layers=2",
+            "epochs.max_steps=2",
+            "epochs.save_steps=2",
+            "epochs.validation_max_questions=8",
+            "grpo.pl_credit=tiers",  # each place credited with the tiers it can change
+        ],
+    )
+    result = run_training(cfg, log=lambda _: None)
+    assert read_spec(result["model"]).head_read == "marker"
+    state = json.loads((out / "epoch-0" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert all(e["pl_depth"] == 8 and e["grad_norm"] > 0 for e in state["log_history"])
+    validation = json.loads((out / "epoch-0" / "validation.json").read_text())
+    assert all(v["ndcg_1_useful"] is not None for v in validation.values()), validation
+    with pytest.raises(PromptSpecError, match="head_read: 'label'"):
+        resolve_spec(str(result["model"]), {"head_read": "label"})
+    # The probe's cached path reads the same marker scores as the full model (fp32 both).
+    import eval.probes.gym_reading as gym_reading
+
+    tok, model, _ = _top_adapted(made["proxy"])
+    row = gym_reading.load_split(made["data"], "validation")[0]
+    frozen = gym_reading.FrozenPrefix(model, 1, "cpu", autocast=True)
+    marker = (int(row["n_candidates"]), "letters")
+    assert frozen.check(tok, row["prompt"], [], marker) < 1e-4
+    assert frozen.autocast  # restored after the fp32 check
+
+
+def test_the_first_place_report_tells_position_from_content() -> None:
+    """eval/probes/gym_first_place.py's summary: a recency habit (always the newest) and a reader
+    (always the useful session) are told apart, and relative positions fall in the right bins."""
+    from eval.probes.gym_first_place import first_place_report
+
+    rows = [
+        {"n_candidates": 5, "useful_positions": [1]},
+        {"n_candidates": 11, "useful_positions": [0, 3]},
+        {"n_candidates": 2, "useful_positions": [1]},
+    ]
+    newest = first_place_report([[4, 0], [10, 0], [1, 0]], rows)
+    assert newest["first_is_newest"] == 1.0 and newest["first_rel_position_hist"] == [0, 0, 0, 0, 3]
+    assert newest["first_is_useful"] == pytest.approx(1 / 3)
+    reader = first_place_report([[1, 0], [3, 0], [1, 0]], rows)
+    assert reader["first_is_useful"] == 1.0
+    assert reader["first_rel_position_hist"] == [0, 2, 0, 0, 1]  # 0.25, 0.3, 1.0
+    assert reader["first_rel_position_mean"] == pytest.approx((0.25 + 0.3 + 1.0) / 3)
+
+
+def test_an_evaluation_keeps_the_rows_of_recipes_it_did_not_rerank() -> None:
+    """A rung re-evaluated with another recipe keeps the earlier recipe's rows: joined to the
+    table on the same sample (named as carried, with their own code version), or as a whole
+    earlier table on another sample; training curves stay either way."""
+    import eval.probes.gym_reading as gym_reading
+
+    def evaluation(recipe: str, sample: str, version: str) -> dict[str, Any]:
+        return {
+            "split": "test", "n_questions": 4, "n_users": 2, "n_candidates_mean": 5.0,
+            "n_unseen": 1, "n_s0_prior": 0, "n_two_session": 1, "sample": sample,
+            "model": "m", "code_version": version, "command": f"run {recipe}", "machine": "-",
+            "rankers": {"start": {"ndcg@1_useful": 0.1}, recipe: {"ndcg@1_useful": 0.5},
+                        "shortcuts": {"recency": {"ndcg@1_useful": 0.2}}},
+            "cluster_ci95": {f"{recipe}-start": {"ndcg@1_useful": [0.1, 0.7]}},
+            "cluster_mean": {f"{recipe}-start": {"ndcg@1_useful": 0.4}},
+            "most_common_first_share": {"start": 0.5, recipe: 0.25},
+            "curves": {recipe: [[0, 0.1], [40, 0.85]]},
+        }  # fmt: skip
+
+    before = evaluation("outcome", "one a user", "v1")
+    rung = {**before, **evaluation("outcome_kl", "one a user", "v2")}
+    gym_reading.fold_earlier(before, rung)
+    assert rung["carried"] == {"outcome": "v1"} and rung["earlier"] == []
+    assert rung["rankers"]["outcome"] == {"ndcg@1_useful": 0.5}
+    assert set(rung["cluster_ci95"]) == {"outcome-start", "outcome_kl-start"}
+    assert rung["steps_to_learn"] == 40 and rung["steps_to_learn_by_recipe"]["outcome_kl"] == 40
+    assert "Row `outcome` carried from the evaluation at `v1`" in gym_reading.render(
+        {"rungs": [{**rung, "size": "small", "world_config": "w", "level": "read"}]}
+    )
+    other = {**before, **evaluation("outcome_kl", "two a user", "v2")}
+    gym_reading.fold_earlier(before, other)
+    assert other["carried"] == {} and "outcome" not in other["rankers"]
+    assert [e["code_version"] for e in other["earlier"]] == ["v1"]
+    assert other["earlier"][0]["rankers"]["outcome"] == {"ndcg@1_useful": 0.5}
+    assert set(other["curves"]) == {"outcome", "outcome_kl"}
+    text = gym_reading.render(
+        {"rungs": [{**other, "size": "small", "world_config": "w", "level": "read"}]}
+    )
+    assert "### Earlier evaluation: `run outcome` at `v1` (one a user)" in text

@@ -1,0 +1,171 @@
+"""The first-token head's trainer scaled out (memsifter.training.pl_grpo, "Scale-out"): two
+processes under ``accelerate launch`` (torchrun underneath, gloo on CPU) make the same updates as
+one process accumulating two micro-batches over the same global batch, with the whole batch's
+std under ``scale_rewards: batch``; and one process accumulating two micro-batches makes the same
+update as one micro-batch of both (fast)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = ROOT / "tests" / "training" / "_pl_grpo_driver.py"
+STEPS = 2
+# Two processes against one accumulating the same two micro-batches: the same forwards, the
+# gradients summed in another order (measured: bit-identical here). A step moves some weight by
+# 0.002, 200 times this.
+ATOL = 1e-5
+# One micro-batch of 32 prompts against two of 16: other padding widths and batched matmuls, so
+# float32 sums differ in their last bits (measured: 4e-5 after two steps).
+ACCUM_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def gym(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from memsifter.testing.gym import gym_rl_data
+
+    world = {"seed": 0, "level": "single", "size": "ci", "users": 40}
+    return gym_rl_data(
+        tmp_path_factory.mktemp("pl_dist"), world, ROOT / "configs/data/gym_first_token.yaml"
+    )
+
+
+def _one_process(gym: dict[str, Path], out: Path, *overrides: str, train_it: bool = True) -> Any:
+    from datasets import load_dataset
+
+    from memsifter.rewards import load_reward_config
+    from memsifter.rewards.service import RewardService
+    from memsifter.rewards.trl import make_reward_function
+    from memsifter.training.config import load_train_config
+    from memsifter.training.pl_grpo import PLGRPOTrainer
+
+    cfg = load_train_config(
+        ROOT / "configs/train/gym_pl_outcome.yaml",
+        [f"output_dir={out}", f"data={gym['data']}", f"model.name={gym['proxy']}", *overrides],
+    )
+    train = load_dataset("parquet", data_files=str(gym["data"] / "train.parquet"), split="train")
+    fn = make_reward_function(RewardService.from_config(load_reward_config(ROOT / cfg.reward)))
+    fn.set_total_steps(cfg.epochs.max_steps)
+    trainer = PLGRPOTrainer(cfg, str(gym["proxy"]), train, fn, out, log=lambda _: None)
+    if train_it:
+        trainer.train()
+    return trainer
+
+
+def _steps(micro: int, accum: int, scale: str) -> list[str]:
+    return [
+        f"grpo.per_device_train_batch_size={micro}",
+        f"grpo.gradient_accumulation_steps={accum}",
+        f"grpo.scale_rewards={scale}",
+        f"epochs.max_steps={STEPS}",
+        "epochs.save_steps=0",
+    ]
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    return max(float((p - q).abs().max()) for p, q in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_accumulated_micro_batches_make_the_one_batch_update(
+    gym: dict[str, Path], tmp_path: Path, scale: str
+) -> None:
+    whole = _one_process(gym, tmp_path / "whole", *_steps(32, 1, scale))
+    split = _one_process(gym, tmp_path / "split", *_steps(16, 2, scale))
+    assert [e["reward"] for e in split.state.log_history] == [
+        e["reward"] for e in whole.state.log_history
+    ]
+    assert _max_diff(whole.model.parameters(), split.model.parameters()) < ACCUM_ATOL
+
+
+def _launch(gym: dict[str, Path], out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    from memsifter.testing.launch import accelerate_launch
+
+    args = [str(gym["data"]), str(gym["proxy"]), str(out), *overrides]
+    return accelerate_launch(DRIVER, args, processes=2, root=ROOT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", ["batch"])
+def test_two_processes_make_the_one_process_update(
+    gym: dict[str, Path], tmp_path: Path, scale: str
+) -> None:
+    """Per process one micro-batch of 2 prompts; the reference accumulates both micro-batches
+    in one process. ``batch`` scaling needs the other process's rewards (the gather)."""
+    out = tmp_path / "two"
+    out.mkdir()
+    done = _launch(gym, out, *_steps(16, 1, scale))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    two = torch.load(out / "w.pt", weights_only=True)
+    one = _one_process(gym, tmp_path / "one", *_steps(16, 2, scale))
+    start = _one_process(gym, tmp_path / "start", *_steps(16, 2, scale), train_it=False)
+    names = [n for n, _ in one.model.named_parameters()]
+    mine = [p for _, p in one.model.named_parameters()]
+    moved = _max_diff(mine, [p for _, p in start.model.named_parameters()])
+    assert _max_diff(mine, [two[n] for n in names]) < ATOL
+    assert moved > 100 * ATOL, moved  # the steps moved the weights: the match is not vacuous
+    log = json.loads((out / "log.json").read_text())
+    assert [e["reward"] for e in log] == pytest.approx(
+        [e["reward"] for e in one.state.log_history], abs=1e-6
+    )
+
+
+def test_checkpointing_schedule_and_fp32_masters(gym: dict[str, Path], tmp_path: Path) -> None:
+    """Gradient checkpointing recomputes, it does not change the update; the LR follows the
+    schedule with its warm-up; bf16 weights are stepped through float32 masters and AdamW's
+    moments are float32."""
+    base = _steps(32, 1, "group")
+    plain = _one_process(gym, tmp_path / "plain", *base)
+    ckpt = _one_process(gym, tmp_path / "ckpt", *base, "model.gradient_checkpointing=true")
+    assert _max_diff(plain.model.parameters(), ckpt.model.parameters()) < ACCUM_ATOL
+    assert ckpt.model.is_gradient_checkpointing
+
+    sched = _one_process(
+        gym, tmp_path / "sched", *base, "grpo.lr_scheduler_type=linear", "grpo.warmup_steps=0.5"
+    )
+    lr = sched.g.learning_rate
+    # Two updates, the first of them warm-up: after it the LR peaked, after both it reached 0.
+    assert sched.sched.get_last_lr() == [pytest.approx(0.0)]
+    assert sched.master is None  # float32 weights need no masters
+
+    bf16 = _one_process(gym, tmp_path / "bf16", *base, "model.dtype=bfloat16")
+    assert bf16.master is not None and all(m.dtype == torch.float32 for m in bf16.master)
+    moments = [v for st in bf16.opt.state.values() for v in st.values() if torch.is_tensor(v)]
+    assert moments and all(v.dtype == torch.float32 for v in moments if v.dim())
+    for m, p in zip(bf16.master, bf16.params, strict=True):
+        assert p.dtype == torch.bfloat16 and torch.equal(p, m.to(torch.bfloat16))
+    assert lr > 0
+
+
+def test_bf16_checkpoints_are_averaged_from_their_float32_masters(
+    gym: dict[str, Path], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from memsifter.training.averaging import MASTER_FILE, average_checkpoints
+
+    out = tmp_path / "bf16"
+    trainer = _one_process(
+        gym, out, *_steps(32, 1, "group")[:-1], "epochs.save_steps=1", "model.dtype=bfloat16"
+    )
+    ckpts = [out / "checkpoint-1", out / "checkpoint-2"]
+    masters = [torch.load(c / MASTER_FILE, weights_only=True) for c in ckpts]
+    assert set(masters[0]) == {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    average_checkpoints(ckpts, tmp_path / "avg", dtype="fp32")
+    averaged = load_file(tmp_path / "avg" / "model.safetensors")
+    name = next(iter(masters[0]))
+    want = (masters[0][name] + masters[1][name]) / 2
+    assert torch.equal(averaged[name], want)  # the float32 mean, not the bf16 weights' mean
+    for c in ckpts:
+        (c / MASTER_FILE).unlink()
+    average_checkpoints(ckpts, tmp_path / "avg_rounded", dtype="fp32")
+    rounded = load_file(tmp_path / "avg_rounded" / "model.safetensors")[name]
+    assert not torch.equal(rounded, want)  # the control: without masters the mean is rounded
