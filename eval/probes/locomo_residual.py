@@ -22,7 +22,8 @@ training can only add what the content tells it. Stages (outputs under ``outputs
    the prefix KL (beta 0.05, 64 rankings a prompt) on R_ret; checkpoints chosen on
    conversation 7;
 4. ``memsifter eval proxy`` on the test conversations (8-9): the start, the cold start and the
-   trained head against BM25 on the same candidates, with conversation-cluster paired CIs and
+   GRPO run's averaged checkpoints (whichever the loop chose on validation, both are reported)
+   against BM25 on the same candidates, with conversation-cluster paired CIs and
    the order-invariance check (5 permutations of 40 questions).
 
 Test conversations never choose anything.
@@ -65,7 +66,7 @@ def sweep(folder: Path, out: Path) -> dict[str, Any]:
     rows = [r for r in split_rows(folder, "validation") if r["gold_positions"]]
     path = resolve_model(spec.model).path
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     scores = prompt_scores(
         model,
         tok,
@@ -131,23 +132,28 @@ def main(
             f"{lam['chosen']}: set it and rebuild {DATA[1]}"
         )
     cfg = load_train_config(ROOT / RECIPE)
-    trained = Path(run_training(cfg)["model"])
+    chosen = Path(run_training(cfg)["model"])  # the loop's choice on validation
     for name in ("validation.json", "log.jsonl"):  # the run's record, committed beside the table
         for src in sorted(TRAINED.glob(f"*/{name}")):
             (dest / f"{src.parent.name}_{name}").write_bytes(src.read_bytes())
+    (dest / "summary.json").write_bytes((TRAINED / "summary.json").read_bytes())
+    cold, grpo = (
+        (TRAINED / "sft" / "final").relative_to(ROOT),
+        (TRAINED / "epoch-0" / "averaged").relative_to(ROOT),
+    )
+    print(f"the loop chose {chosen} on validation; both are evaluated")
     cmd = [
         sys.executable, "-m", "memsifter.cli", "eval", "proxy", "--data", DATA[1],
         "--split", "test",
         "--model", f"start={spec.model}", "--explicit-spec", "start",
-        "--model", f"cold={TRAINED / 'sft' / 'final'}",
-        "--model", f"trained={trained}",
-        "--pair", "trained-bm25", "--pair", "trained-start", "--pair", "trained-cold",
-        "--pair", "cold-bm25", "--pair", "start-bm25",
+        "--model", f"cold={cold}", "--model", f"grpo={grpo}",
+        "--pair", "cold-bm25", "--pair", "grpo-bm25", "--pair", "start-bm25",
+        "--pair", "cold-start", "--pair", "grpo-start", "--pair", "grpo-cold",
         "--invariance-questions", str(invariance_questions),
         "--seed", "0", "--out", f"outputs/{NAME}",
         "--out-md", str((dest / f"{NAME}.md").relative_to(ROOT)),
         "--out-json", str((dest / f"{NAME}.json").relative_to(ROOT)),
-        "--model-name", "smollm2-135m-residual", "--start", "base",
+        "--model-name", "smollm2-135m-residual",
     ]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True)
 

@@ -59,20 +59,54 @@ def proxy_locomo_test(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def proxy_locomo_pairs(data: dict[str, Any]) -> str:
+def proxy_locomo_pairs(data: dict[str, Any], pairs: Iterable[str] = LOCOMO_PAIRS) -> str:
     from memsifter.evaluation.proxy_eval import resampled_units
 
     lines = [
         "| pair (NDCG@1) | mean difference | 95% CI | resampled units |",
         "|---|---|---|---|",
     ]
-    for pair in LOCOMO_PAIRS:
+    for pair in pairs:
         mean = data["paired_mean_diff"][pair]["ndcg@1"]
         lo, hi = data["paired_ci95"][pair]["ndcg@1"]
         units = data.get("paired_units", {}).get(pair)
         unit_text = "–" if units is None else resampled_units(units, data["n_scored"])
         lines.append(f"| {pair} | {mean:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {unit_text} |")
     return "\n".join(lines) + "\n"
+
+
+# The head with no position to copy (candidates by date, BM25 as a prior on each score):
+# eval/results/proxy_locomo_residual/proxy_locomo_residual.json.
+RESIDUAL_ROWS = {
+    "bm25": "BM25 order",
+    "start": "start (instruct model, fused)",
+    "cold": "cold start (listwise SFT on gold)",
+    "grpo": "PL-GRPO + KL, averaged",
+}
+RESIDUAL_PAIRS = ("cold-bm25", "grpo-bm25", "start-bm25", "cold-start", "grpo-cold")
+
+
+def proxy_locomo_residual(data: dict[str, Any]) -> str:
+    lines = [
+        "| ranker | shown order | NDCG@1 | NDCG@5 | MRR | top-1 agreement | constant label |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label in RESIDUAL_ROWS.items():
+        row = data["rankers"][name]
+        inv = row.get("invariance") or {}
+        cells = [
+            label,
+            row.get("order", "–"),
+            *(_fmt(row[m]) for m in ("ndcg@1", "ndcg@5", "mrr")),
+            _fmt(inv.get("top1_agreement")),
+            _fmt(inv.get("constant_share")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def proxy_locomo_residual_pairs(data: dict[str, Any]) -> str:
+    return proxy_locomo_pairs(data, RESIDUAL_PAIRS)
 
 
 @dataclass(frozen=True)
@@ -82,9 +116,12 @@ class Table:
 
 
 LOCOMO_TEST_JSON = "eval/results/proxy_locomo_test/proxy_locomo_test.json"
+RESIDUAL_JSON = "eval/results/proxy_locomo_residual/proxy_locomo_residual.json"
 TABLES: dict[str, Table] = {
     "proxy_locomo_test": Table(LOCOMO_TEST_JSON, proxy_locomo_test),
     "proxy_locomo_pairs": Table(LOCOMO_TEST_JSON, proxy_locomo_pairs),
+    "proxy_locomo_residual": Table(RESIDUAL_JSON, proxy_locomo_residual),
+    "proxy_locomo_residual_pairs": Table(RESIDUAL_JSON, proxy_locomo_residual_pairs),
 }
 
 

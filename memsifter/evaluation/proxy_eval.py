@@ -276,6 +276,10 @@ def validate(cfg: ProxyEvalConfig, coarse_name: str) -> list[str]:
                 f"{flag} {', '.join(unknown)}: no --model with that name "
                 f"(models: {', '.join(model_names) or 'none'})"
             )
+    if cfg.start not in (None, "start") and "start" in model_names:
+        raise MemSifterError(
+            f"--start {cfg.start!r} with a ranker named 'start': a pair's `start` would mean both"
+        )
     names = [coarse_name, *model_names, *(f"{f}+{coarse_name}" for f in dict.fromkeys(cfg.fuse))]
     for pair in cfg.pairs:
         split_pair(pair, names, cfg.start)

@@ -532,3 +532,20 @@ def test_pair_start_alias_names_the_start_model() -> None:
     assert split_pair("trained-sft", names, "sft") == ("trained", "sft")
     with pytest.raises(MemSifterError):
         split_pair("trained-start", names, None)
+
+
+def test_a_start_that_names_no_ranker_is_refused_before_any_model_loads(tmp_path: Path) -> None:
+    from memsifter.evaluation.proxy_eval import validate
+
+    def cfg(**kw: object) -> ProxyEvalConfig:
+        return ProxyEvalConfig(data="d", out=str(tmp_path), **kw)  # type: ignore[arg-type]
+
+    models = [("start", "m0"), ("cold", "m1")]
+    # A ranker may be named start when --start is left out (a pair's start is that ranker) ...
+    assert validate(cfg(models=models, pairs=["cold-start"]), "bm25")[1] == "start"
+    # ... but --start must name a ranker, and not one beside another named start.
+    with pytest.raises(MemSifterError, match=r"'cold-start': no way to read it as A-B"):
+        validate(cfg(models=[("cold", "m1")], pairs=["cold-start"], start="base"), "bm25")
+    assert validate(cfg(models=[("cold", "m1")], pairs=["cold-bm25"], start="base"), "bm25")
+    with pytest.raises(MemSifterError, match=r"a pair's `start` would mean both"):
+        validate(cfg(models=models, pairs=["cold-start"], start="cold"), "bm25")

@@ -5,6 +5,7 @@ SQLite, and on PostgreSQL too when ``MEMSIFTER_TEST_PG_DSN`` is set (the ``serve
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -366,13 +367,43 @@ def test_seed_sample_and_first_curl(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert prepared.sample_key in first_curl("0.0.0.0", 8080, prepared.sample_key)
 
 
+def winners_over_bm25(report: dict[str, Any]) -> list[str]:
+    """The rankers of a committed ``memsifter eval proxy`` report whose paired CI of NDCG@1
+    against BM25 lies above 0 (on the report's split, resampling its ``paired_units``)."""
+    return [
+        pair.removesuffix("-bm25")
+        for pair, ci in report["paired_ci95"].items()
+        if pair.endswith("-bm25") and ci["ndcg@1"][0] > 0
+    ]
+
+
+def test_the_default_follows_the_measurement() -> None:
+    """The main job serves a proxy only if one beat BM25 on held-out test questions: every
+    committed LoCoMo proxy report is read, and the default ranker must be the coarse filter
+    while no ranker's NDCG@1 CI against BM25 lies above 0 (and a proxy once one does)."""
+    from memsifter.serving.config import load_serve_config
+
+    results = Path(__file__).resolve().parents[2] / "eval" / "results"
+    found = {p.name: json.loads(p.read_text()) for p in results.glob("proxy_locomo_*/*.json")}
+    reports = {name: r for name, r in found.items() if "paired_ci95" in r}
+    assert len(reports) >= 1, "no committed proxy report to follow"
+    assert all(r["eval_split"] == "test" for r in reports.values()), "a report not on test"
+    winners = {name: w for name, r in reports.items() if (w := winners_over_bm25(r))}
+    default = load_serve_config()
+    if winners:
+        assert default.ranker != "coarse", f"these beat BM25 on test, serve one: {winners}"
+    else:
+        assert default.ranker == "coarse", "no proxy beat BM25 on test: the default is BM25"
+    fake = {"paired_ci95": {"a-bm25": {"ndcg@1": [0.01, 0.2]}, "b-bm25": {"ndcg@1": [-0.1, 0.2]}}}
+    assert winners_over_bm25(fake) == ["a"]  # the rule itself can say yes
+
+
 def test_shipped_serve_configs_load() -> None:
     from memsifter.serving.config import load_serve_config
 
     root = Path(__file__).resolve().parents[2] / "configs" / "serve"
     default = load_serve_config()  # what `memsifter serve` (the main job) runs on
-    # No proxy beat BM25 on the held-out test split
-    # (eval/results/proxy_locomo_test/proxy_locomo_test.md).
+    # No proxy beat BM25 on the held-out test split (test_the_default_follows_the_measurement).
     assert default.ranker == "coarse" and default.ranker_name == "coarse-only"
     assert default.db_url.startswith("sqlite:///")
     assert default.api_keys[0].key_env == "MEMSIFTER_DEMO_KEY"
