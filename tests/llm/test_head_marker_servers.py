@@ -205,6 +205,7 @@ def _pooled(edit: Callable[[list[list[float]]], list[list[float]]], only: int | 
     return spoil
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_unusable_server_answers_are_refused_by_name(tiny_smollm2: Path) -> None:
     """Nothing usable, nothing made up: a generate server (404 on /pooling), an embeddings
     server without --embeddings or with pooling, a classifier of two tokens, fewer values than

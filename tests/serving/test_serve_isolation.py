@@ -188,6 +188,7 @@ def _documents(tag: str, n: int = 40, words: int = 300) -> list[str]:
     return [" ".join(f"{tag}w{rng.randrange(5_000)}" for _ in range(words)) for _ in range(n)]
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_another_tenants_documents_take_as_long_to_rerank_as_documents_nobody_sent(
     setup: tuple[TestClient, str],
 ) -> None:

@@ -283,6 +283,7 @@ def _stdio_params(command: list[str], env: dict[str, str]) -> StdioServerParamet
     return StdioServerParameters(command=command[0], args=command[1:], env=env, cwd=ROOT)
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_stdio_round_trip_and_failures(tmp_path: Path, serve_db: Callable[[str], str]) -> None:
     # --create-db: the one way `memsifter mcp` starts a memory of its own.
     config = _stdio_config(tmp_path, serve_db("mcp_stdio"))
@@ -297,6 +298,7 @@ def test_stdio_round_trip_and_failures(tmp_path: Path, serve_db: Callable[[str],
     asyncio.run(asyncio.wait_for(run(), 240))
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_stdio_bounds_its_replies_and_rechecks_its_key(
     tmp_path: Path, serve_db: Callable[[str], str]
 ) -> None:
@@ -463,6 +465,7 @@ def test_the_typescript_sdks_stdio_session_survives_30000_bad_turns(
     assert ok(CallToolResult.model_validate(results["after"]))["facts"] == []
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_stdio_refuses_to_start_without_a_valid_key(
     tmp_path: Path, serve_db: Callable[[str], str]
 ) -> None:
@@ -726,6 +729,7 @@ def _tool_call(name: str, arguments: dict[str, Any], rid: Any = 1) -> dict[str, 
     return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_http_error_replies_are_bounded_and_shaped_as_the_api_errors(config: ServeConfig) -> None:
     """What the API answers a bad body with, /mcp answers the same arguments with: the same
     bounded error (20 fields listed, the total counted), whatever the size of the mistake."""

@@ -232,6 +232,7 @@ def _pages(n: int, vocabulary: int, seed: int = 0) -> list[IndexedPage]:
     return out
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_an_index_estimates_its_memory_within_a_quarter_of_what_tracemalloc_measures() -> None:
     """``nbytes`` is what the byte-bounded cache charges a user, so it must track what an index
     really holds: within 25% of tracemalloc's count of every allocation made while loading it.

@@ -87,6 +87,7 @@ def _session(sid: str, text: str) -> dict:
     return {"id": sid, "turns": [{"speaker": "user", "text": text}], "date": "2024-05-01"}
 
 
+@pytest.mark.slow  # starts server processes; CI runs it (docs/setup.md, the fast run)
 def test_two_workers_serve_and_metrics_sum_over_them(
     two_workers: tuple[httpx.Client, Path, subprocess.Popen],
 ) -> None:
