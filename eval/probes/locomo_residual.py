@@ -133,7 +133,7 @@ def main(
         )
     cfg = load_train_config(ROOT / RECIPE)
     chosen = Path(run_training(cfg)["model"])  # the loop's choice on validation
-    for name in ("validation.json", "log.jsonl"):  # the run's record, committed beside the table
+    for name in ("validation.json",):  # the run's record (its log is stdout), beside the table
         for src in sorted(TRAINED.glob(f"*/{name}")):
             (dest / f"{src.parent.name}_{name}").write_bytes(src.read_bytes())
     (dest / "summary.json").write_bytes((TRAINED / "summary.json").read_bytes())
