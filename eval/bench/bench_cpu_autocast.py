@@ -36,15 +36,9 @@ RECIPE = ROOT / "configs" / "train" / "gym_read_pl_outcome.yaml"
 
 
 def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            have = set(line.split(":", 1)[1].split())
-            return sorted(f for f in ("amx_bf16", "avx512_bf16", "avx512f") if f in have)
-    return []
+    from memsifter.machine import cpu_flags as flags
+
+    return sorted(f for f in ("amx_bf16", "avx512_bf16", "avx512f") if f in flags())
 
 
 def measure(autocast: str, batch: int, tokens: int, repeats: int, threads: int) -> dict[str, Any]:

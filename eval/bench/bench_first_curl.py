@@ -28,6 +28,7 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+import yaml
 
 from eval.common import RESULTS
 from memsifter.llm.llamacpp import launch_llamacpp_server
@@ -65,10 +66,11 @@ def first_curls(
         if url is not None:
             text = text.replace(LLAMACPP_URL, url)
         if dtype is not None:
-            line = "  backend: transformers"
-            if line not in text or "  dtype:" in text:
-                raise RuntimeError(f"{CONFIGS[engine].name}: no plain transformers proxy block")
-            text = text.replace(line, f"{line}\n  dtype: {dtype}", 1)
+            raw = yaml.safe_load(text)
+            if (raw.get("proxy") or {}).get("backend") != "transformers":
+                raise RuntimeError(f"{CONFIGS[engine].name}: no transformers proxy block")
+            raw["proxy"]["dtype"] = dtype
+            text = yaml.safe_dump(raw, sort_keys=False)
         config = tmp / f"{engine}.yaml"
         config.write_text(text)
         port = free_port()

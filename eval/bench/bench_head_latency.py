@@ -123,6 +123,76 @@ def prompt_latency(n: int, threads: int, dtypes: tuple[str, ...]) -> dict[str, A
     }
 
 
+# Where a recall's time goes, by the functions cProfile attributes it to (cumulative, so each
+# includes what it calls; the forward pass is the model's, the rest is ours).
+PHASES = {
+    "forward pass": ("memsifter/ranker/first_token.py", "_forward_scores"),
+    "tokenising the head's prompt": ("memsifter/ranker/first_token.py", "_encode"),
+    "prompt building (render, token counts)": ("memsifter/ranker/prompt.py", "build"),
+    "waiting on a lock": ("~", "<method 'acquire' of '_thread.lock' objects>"),
+}
+
+
+def where_time_goes(threads: int, dtype: str, repeats: int, tmp: Path) -> dict[str, Any]:
+    """The README curl's recall in process (the service without HTTP), ``repeats`` times
+    untimed by a profiler (its p50) and ``repeats`` times under cProfile (each phase's share)."""
+    import cProfile
+    import dataclasses
+    import os
+    import pstats
+
+    import torch
+
+    from eval.bench.bench_first_curl import CONFIGS
+    from memsifter.config import from_dict, read_yaml
+    from memsifter.serving.config import ServeConfig
+    from memsifter.serving.sample import SAMPLE_USER, seed_sample
+    from memsifter.serving.services import build_services, close_services
+    from memsifter.serving.store.records import Principal
+
+    torch.set_num_threads(threads)
+    raw = read_yaml(CONFIGS["first_token"])
+    raw["proxy"] = {**raw["proxy"], "dtype": dtype}
+    cfg = from_dict(ServeConfig, raw, file=str(CONFIGS["first_token"]))
+    cfg = dataclasses.replace(cfg, db_url=f"sqlite:///{tmp / f'profile-{dtype}.db'}")
+    os.environ.setdefault("MEMSIFTER_DEMO_KEY", "msk-profile-only")
+    services = build_services(cfg, None)
+    try:
+        who = Principal(tenant_id="demo")
+        seed_sample(services.memory, who.tenant_id)
+
+        def recall() -> Any:
+            return services.memory.recall(who, SAMPLE_USER, "What is my dog called?", top_k=2)
+
+        recall()  # warm-up: the index, the first forward
+        plain = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            recall()
+            plain.append(time.perf_counter() - t0)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(repeats):
+            recall()
+        prof.disable()
+        profiled = (time.perf_counter() - t0) / repeats
+    finally:
+        close_services(services)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    phases = {}
+    for name, (file, func) in PHASES.items():
+        cum = sum(v[3] for (f, _line, fn), v in stats.items() if fn == func and f.endswith(file))
+        phases[name] = {"s_per_recall": cum / repeats, "share": cum / repeats / profiled}
+    return {
+        "dtype": dtype,
+        "n": repeats,
+        "in_process_p50_s": statistics.median(plain),
+        "profiled_s_per_recall": profiled,
+        "phases": phases,
+    }
+
+
 def main(
     repeats: Annotated[int, typer.Option(help="curls after the first")] = 9,
     prompts: Annotated[int, typer.Option(help="LoCoMo test prompts timed")] = 60,
@@ -141,8 +211,9 @@ def main(
     with tempfile.TemporaryDirectory(prefix="memsifter-head-curl-") as tmp:
         for d in dtypes:
             curls[d] = first_curls("first_token", threads, repeats, Path(tmp), dtype=d)
+        profile = {d: where_time_goes(threads, d, repeats, Path(tmp)) for d in dtypes}
     prompt = prompt_latency(prompts, threads, dtypes)
-    report = {"machine": facts, "curl": curls, "prompts": prompt}
+    report = {"machine": facts, "curl": curls, "profile": profile, "prompts": prompt}
     (results("bench_head_latency") / "bench_head_latency.json").write_text(
         json.dumps(report, indent=2) + "\n", "utf-8"
     )
@@ -170,6 +241,28 @@ def main(
     lines += [
         "",
         f"Goal: p50 <= 0.5 s. {repeats} repeats after the first.",
+        "",
+        "### Where the time goes",
+        "",
+        "| proxy.dtype | HTTP round trip p50 s | in-process recall p50 s | "
+        + " | ".join(PHASES)
+        + " |",
+        "|---|---|---|" + "---|" * len(PHASES),
+    ]
+    for d, p in profile.items():
+        lines.append(
+            f"| {d} | {curls[d]['repeat_median_s']:.3f} | {p['in_process_p50_s']:.3f} | "
+            + " | ".join(
+                f"{v['s_per_recall']:.3f} ({100 * v['share']:.0f}%)" for v in p["phases"].values()
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        f"The same recall in process ({repeats} times; the service without HTTP), then under "
+        "cProfile: each phase's seconds a recall, cumulative (with what it calls), and its share "
+        "of the profiled recall. The HTTP round trip less the in-process recall is the HTTP "
+        "stack, JSON and the client.",
         "",
         f"## {prompt['first_token'][ref]['n']} LoCoMo test prompts of the CPU recipe "
         "(1,024-token window; "

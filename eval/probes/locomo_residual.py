@@ -26,6 +26,14 @@ training can only add what the content tells it. Stages (outputs under ``outputs
    against BM25 on the same candidates, with conversation-cluster paired CIs and
    the order-invariance check (5 permutations of 40 questions).
 
+With ``--warm`` (issue 40, item 4) the head is first warmed on the reading gym rendered in
+LoCoMo's format (``configs/data/gym_read_locomo_pages.yaml``: the same prompt spec, the gym's
+sessions; ``configs/train/smollm2_cpu_gym_warm.yaml`` runs its listwise cold start on 512 of
+the gym's training questions), and stage 3 trains
+``configs/train/smollm2_cpu_residual_gym_warm.yaml`` from it. Stage 4 adds the warmed head as
+its own row (``warm``: what the gym alone taught, before any LoCoMo step); the results go to
+``eval/results/proxy_locomo_residual_gym_warm/``.
+
 Test conversations never choose anything.
 """
 
@@ -112,10 +120,24 @@ def sweep(folder: Path, out: Path) -> dict[str, Any]:
     return result
 
 
+WARM_DATA = ("configs/data/gym_read_locomo_pages.yaml", "data/rl/gym_read_locomo_pages")
+WARM_UP = "configs/train/smollm2_cpu_gym_warm.yaml"
+WARM_RECIPE = "configs/train/smollm2_cpu_residual_gym_warm.yaml"
+
+
 def main(
     invariance_questions: Annotated[
         int, typer.Option(help="questions in the order-invariance check")
     ] = 40,
+    warm: Annotated[
+        bool,
+        typer.Option(
+            "--warm",
+            help="first warm the head on the reading gym rendered in LoCoMo's format "
+            f"({WARM_UP}, --until sft), then train {WARM_RECIPE} from it; reported under "
+            f"eval/results/{NAME}_gym_warm/ with the warmed head as its own row",
+        ),
+    ] = False,
 ) -> None:
     """Train and evaluate the residual head on LoCoMo (stages in the module doc)."""
     from memsifter.ranker.checkpoint import read_spec
@@ -123,37 +145,49 @@ def main(
     from memsifter.training.loop import run_training
 
     folder = rl_data(*DATA)
-    dest = results(NAME)
-    lam = sweep(folder, dest / "lambda_sweep.json")
+    # The recipe's lambda is the plain run's sweep on validation, whichever start follows.
+    lam = sweep(folder, results(NAME) / "lambda_sweep.json")
     spec = read_spec(folder)
     if spec.coarse_weight != lam["chosen"]:
         raise SystemExit(
             f"{DATA[0]} has coarse_weight {spec.coarse_weight}, the validation sweep chose "
             f"{lam['chosen']}: set it and rebuild {DATA[1]}"
         )
-    cfg = load_train_config(ROOT / RECIPE)
+    name, recipe, models, pairs = NAME, RECIPE, [f"start={spec.model}"], []
+    if warm:
+        warm_spec = read_spec(rl_data(*WARM_DATA))
+        if warm_spec.to_dict() != spec.to_dict():  # the same format is the point of the warm-up
+            raise SystemExit(f"{WARM_DATA[0]}'s prompt spec differs from {DATA[0]}'s")
+        warmed = Path(run_training(load_train_config(ROOT / WARM_UP), until="sft")["model"])
+        name, recipe = f"{NAME}_gym_warm", WARM_RECIPE
+        models.append(f"warm={warmed.relative_to(ROOT) if warmed.is_absolute() else warmed}")
+        pairs += ["warm-bm25", "warm-start", "cold-warm"]
+    cfg = load_train_config(ROOT / recipe)
+    trained = ROOT / cfg.output_dir
+    dest = results(name)
     chosen = Path(run_training(cfg)["model"])  # the loop's choice on validation
-    for name in ("validation.json",):  # the run's record (its log is stdout), beside the table
-        for src in sorted(TRAINED.glob(f"*/{name}")):
-            (dest / f"{src.parent.name}_{name}").write_bytes(src.read_bytes())
-    (dest / "summary.json").write_bytes((TRAINED / "summary.json").read_bytes())
+    for src in sorted(trained.glob("*/validation.json")):  # the run's record, beside the table
+        (dest / f"{src.parent.name}_validation.json").write_bytes(src.read_bytes())
+    (dest / "summary.json").write_bytes((trained / "summary.json").read_bytes())
     cold, grpo = (
-        (TRAINED / "sft" / "final").relative_to(ROOT),
-        (TRAINED / "epoch-0" / "averaged").relative_to(ROOT),
+        (trained / "sft" / "final").relative_to(ROOT),
+        (trained / "epoch-0" / "averaged").relative_to(ROOT),
     )
     print(f"the loop chose {chosen} on validation; both are evaluated")
-    cmd = [
-        sys.executable, "-m", "memsifter.cli", "eval", "proxy", "--data", DATA[1],
-        "--split", "test",
-        "--model", f"start={spec.model}", "--explicit-spec", "start",
-        "--model", f"cold={cold}", "--model", f"grpo={grpo}",
-        "--pair", "cold-bm25", "--pair", "grpo-bm25", "--pair", "start-bm25",
-        "--pair", "cold-start", "--pair", "grpo-start", "--pair", "grpo-cold",
+    models += [f"cold={cold}", f"grpo={grpo}"]
+    pairs += ["cold-bm25", "grpo-bm25", "start-bm25", "cold-start", "grpo-start", "grpo-cold"]
+    cmd = [sys.executable, "-m", "memsifter.cli", "eval", "proxy", "--data", DATA[1],
+           "--split", "test", "--explicit-spec", "start"]  # fmt: skip
+    for m in models:
+        cmd += ["--model", m]
+    for p in pairs:
+        cmd += ["--pair", p]
+    cmd += [
         "--invariance-questions", str(invariance_questions),
-        "--seed", "0", "--out", f"outputs/{NAME}",
-        "--out-md", str((dest / f"{NAME}.md").relative_to(ROOT)),
-        "--out-json", str((dest / f"{NAME}.json").relative_to(ROOT)),
-        "--model-name", "smollm2-135m-residual",
+        "--seed", "0", "--out", f"outputs/{name}",
+        "--out-md", str((dest / f"{name}.md").relative_to(ROOT)),
+        "--out-json", str((dest / f"{name}.json").relative_to(ROOT)),
+        "--model-name", "smollm2-135m-residual" + ("-gym-warm" if warm else ""),
     ]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True)
 

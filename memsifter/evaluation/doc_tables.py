@@ -109,6 +109,31 @@ def proxy_locomo_residual_pairs(data: dict[str, Any]) -> str:
     return proxy_locomo_pairs(data, RESIDUAL_PAIRS)
 
 
+def head_latency(data: dict[str, Any]) -> str:
+    """The README's curl with the head and the LoCoMo prompts, per ``proxy.dtype``:
+    eval/results/bench_head_latency/bench_head_latency.json."""
+    lines = [
+        "| proxy.dtype | curl p50 s | forward pass share | 1K-token LoCoMo prompt p50 s | "
+        "same top-1 as float32 | Kendall tau with float32 |",
+        "|---|---|---|---|---|---|",
+    ]
+    heads = data["prompts"]["first_token"]
+    for dtype, curl in data["curl"].items():
+        head = heads[dtype]
+        agree = head.get("agreement_with_float32")
+        share = data.get("profile", {}).get(dtype, {}).get("phases", {}).get("forward pass")
+        cells = [
+            dtype,
+            _fmt(curl["repeat_median_s"]),
+            "–" if share is None else f"{100 * share['share']:.0f}%",
+            _fmt(head["p50_s"]),
+            "(reference)" if agree is None else _fmt(agree["top1"]),
+            "(reference)" if agree is None else _fmt(agree["kendall_tau_mean"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 @dataclass(frozen=True)
 class Table:
     source: str  # the committed JSON, relative to the repository root
@@ -122,6 +147,7 @@ TABLES: dict[str, Table] = {
     "proxy_locomo_pairs": Table(LOCOMO_TEST_JSON, proxy_locomo_pairs),
     "proxy_locomo_residual": Table(RESIDUAL_JSON, proxy_locomo_residual),
     "proxy_locomo_residual_pairs": Table(RESIDUAL_JSON, proxy_locomo_residual_pairs),
+    "head_latency": Table("eval/results/bench_head_latency/bench_head_latency.json", head_latency),
 }
 
 

@@ -7,12 +7,16 @@ small; results come back in the caller's order. The model is any name
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from memsifter.llm.base import Generation, SamplingParams
+from memsifter.machine import cpu_bf16_units
 from memsifter.models import load_causal_lm, load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 class TransformersBackend:
@@ -37,6 +41,14 @@ class TransformersBackend:
         if self._tok.pad_token_id is None:
             self._tok.pad_token = self._tok.eos_token
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if str(dtype) in ("bfloat16", "bf16") and self.device == "cpu" and not cpu_bf16_units():
+            # Chosen, never inferred: the config asked for it, so it is kept, but said once.
+            logger.warning(
+                "dtype bfloat16 on a CPU without bf16 units (no amx_bf16 or avx512_bf16 flag): "
+                "torch emulates it and the forward pass is slower than in float32; set the "
+                "dtype to float32 on this machine (python -m eval.bench.bench_head_latency "
+                "measures both)"
+            )
         self.model = load_causal_lm(model, dtype)
         self.model.to(self.device).eval()
         self.batch_size = batch_size
