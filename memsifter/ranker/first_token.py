@@ -211,6 +211,11 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any]:
     return base.get_decoder(), base.get_output_embeddings()
 
 
+def decoder_layers(model: Any) -> Any:
+    """The decoder's layer list (a PEFT wrapper's included): the units FSDP shards."""
+    return _decoder_and_head(model)[0].layers
+
+
 @dataclass
 class _Batch:
     """Rendered prompts encoded for the head: right-padded ids, mask and positions, and where

@@ -29,9 +29,11 @@ def accelerate_launch(
     root: Path,
     timeout: float = 900,
     module: bool = False,
+    fsdp: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``script args`` on ``processes`` CPU processes from ``root`` (on ``PYTHONPATH``);
-    with ``module``, ``script`` is a module name run as ``python -m``."""
+    with ``module``, ``script`` is a module name run as ``python -m``; with ``fsdp``, launched
+    as ``configs/accelerate/fsdp.yaml`` launches (FSDP2, full sharding) instead of DDP."""
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     assert accelerate, "accelerate is not installed next to this Python"
     env = {
@@ -42,7 +44,10 @@ def accelerate_launch(
         "TOKENIZERS_PARALLELISM": "false",
     }
     cmd = [
-        accelerate, "launch", "--multi_gpu", "--num_processes", str(processes),
+        accelerate, "launch",
+        *(["--use_fsdp", "--fsdp_version", "2", "--fsdp_reshard_after_forward", "true"]
+          if fsdp else ["--multi_gpu"]),
+        "--num_processes", str(processes),
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
         "--main_process_port", str(free_port()), *(["-m"] if module else []), str(script),
         *args,

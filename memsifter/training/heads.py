@@ -18,7 +18,6 @@ Each head has three parts:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -123,15 +122,9 @@ class FirstTokenHead:
         check_head_only(cfg, True)
         check_mean_scale(cfg, rcfg, True)
         check_settings(cfg)  # before any stage runs: SFT, LoRA, vLLM mean nothing here
-        sharded = [v for v in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
-                   if os.environ.get(v, "").lower() in ("1", "true")]  # fmt: skip
-        if procs.distributed and sharded:
-            raise DataError(
-                f"ranking_head: first_token's trainer is DDP-style (every process holds the "
-                f"model), but this launch asks for {sharded[0].removeprefix('ACCELERATE_USE_')}: "
-                "launch it with --config_file configs/accelerate/ddp.yaml",
-                field="plan.accelerate_config",
-            )
+        from memsifter.training.sharding import check_launch
+
+        check_launch(procs.distributed)  # FSDP2 shards it; DeepSpeed and FSDP1 are refused
         if procs.distributed and cfg.sft.enabled:
             raise DataError(
                 "ranking_head: first_token's cold start (its listwise SFT) runs in one process: "

@@ -83,8 +83,12 @@ is the one trained on; with more, the rollout scores each micro-batch without gr
 forwards it again (one extra forward, so that a micro-batch's activations are never held for
 another's). ``model.gradient_checkpointing``, ``lr_scheduler_type`` and ``warmup_steps`` apply as in
 TRL's trainer, and a model whose trainable weights are not float32 (bf16 on GPU) keeps float32
-master copies that AdamW steps, so its optimizer states and updates are float32. ZeRO-3 and FSDP are
-not supported by this trainer.
+master copies that AdamW steps, so its optimizer states and updates are float32. Launched with
+``configs/accelerate/fsdp.yaml`` the model is sharded the ZeRO-3 way with FSDP2
+(:mod:`memsifter.training.sharding`): float32 shards are the masters, FSDP's reduce-scatter
+averages the gradients, checkpoints are gathered to full; the same test holds two sharded
+processes to the one-process update. DeepSpeed is refused by name (its engine would own the
+optimizer step).
 """
 
 from __future__ import annotations
@@ -115,6 +119,15 @@ from memsifter.rewards.tiers import fibonacci_tiers
 from memsifter.training.config import SCALE_REWARDS
 from memsifter.training.distributed import Processes
 from memsifter.training.mean_scale import mean_divisor
+from memsifter.training.sharding import (
+    adapter_into,
+    check_launch,
+    full_optimizer_state,
+    full_state,
+    load_full_optimizer_state,
+    load_full_state,
+    shard,
+)
 from memsifter.training.time_budget import TimeBudget
 
 Log = Callable[[str], None]
@@ -315,6 +328,7 @@ class PLGRPOTrainer:
         self.cfg = cfg
         self.g = cfg.grpo
         self.procs = procs or Processes()
+        self.sharded = check_launch(self.procs.distributed)  # FSDP2 (memsifter.training.sharding)
         self.reward_fn = reward_fn
         self.reward_config = None
         if self.g.pl_depth == "auto":
@@ -356,6 +370,9 @@ class PLGRPOTrainer:
             from peft import get_peft_model
 
             # Checkpoints are then adapters; the loop merges them for validation and averaging.
+            # Seeded: every process draws the same adapter init (weights are never broadcast,
+            # and a shard of one init beside another's would be neither), as does a rerun.
+            torch.manual_seed(self.g.seed)
             self.model = get_peft_model(self.model, peft_config)
         if cuda:  # the process's own GPU (accelerate sets it per local rank)
             self.model.to(torch.device("cuda", torch.cuda.current_device()))
@@ -368,7 +385,8 @@ class PLGRPOTrainer:
         # LoRA on the top layers leaves a frozen trunk below them: its output is computed once a
         # step, and the KL's reference is the top layers with the adapter off (the start model,
         # exactly), not a second model's whole forward.
-        self.trunk = frozen_trunk(self.model) if self.lora else 0
+        # Sharded, the trunk's hooks would read layers outside their units' forward: no trunk.
+        self.trunk = frozen_trunk(self.model) if self.lora and not self.sharded else 0
         self.ref = None
         if self.g.beta > 0 and not self.trunk:
             import copy
@@ -376,7 +394,15 @@ class PLGRPOTrainer:
             self.ref = copy.deepcopy(self.model).eval()
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # Sharded: float32 shards (the masters) computing in the loaded dtype; each root unit's
+        # call is the head's scores.
+        self.root = self.ref_root = None
+        if self.sharded:
+            compute = next(self.model.parameters()).dtype
+            self.root = shard(self.model, compute)
+            if self.ref is not None:
+                self.ref_root = shard(self.ref, compute)
+        self.params = [p for p in (self.root or self.model).parameters() if p.requires_grad]
         # bf16 (or fp16) trainable weights: AdamW steps float32 copies, written back after
         # each step, so its moments and the updates are not rounded to the weights' dtype.
         self.master = (
@@ -457,6 +483,8 @@ class PLGRPOTrainer:
     def _scorer(self, prompts: list[str], ns: list[int]) -> Callable[..., Any]:
         """The policy's fused scores for these prompts (``adapter=False``: the start model's,
         the KL's reference, read from the same frozen trunk when there is one)."""
+        if self.root is not None:
+            return partial(self.root, self.tok, prompts, ns, self.labels, self.read)
         if self.trunk:
             trunk = HeadTrunk(
                 self.model, self.tok, prompts, ns,
@@ -513,19 +541,19 @@ class PLGRPOTrainer:
         ref = None
         if g.beta > 0:
             with torch.no_grad(), self.autocast():
-                ref = fused(
-                    scorer(adapter=False)
-                    if self.trunk
-                    else head_scores(
-                        self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read
-                    )
-                )
+                ref = fused(scorer(adapter=False) if self.trunk else self._ref_scores(prompts, ns))
         return {
             "idx": idx, "prompts": prompts, "ns": ns, "fused": fused, "drawn": drawn,
             "rewards": rewards, "to_go": to_go, "mask": mask, "ref": ref,
             "old": pl_place_log_probs(scores, drawn, g.temperature).detach(),
             "scores": scores if keep else None, "scorer": scorer if keep else None,
         }  # fmt: skip
+
+    def _ref_scores(self, prompts: list[str], ns: list[int]) -> Any:
+        """The KL reference's scores: the start model's copy (sharded like the policy)."""
+        if self.ref_root is not None:
+            return self.ref_root(self.tok, prompts, ns, self.labels, self.read)
+        return head_scores(self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read)
 
     def _advantages(self, rolls: list[dict[str, Any]], rewards: Any) -> list[Any]:
         """Each micro-batch's advantages, from the whole step's rewards ``[P, G]`` (every
@@ -554,13 +582,16 @@ class PLGRPOTrainer:
         when there are any); a non-finite gradient is not applied."""
         import torch
 
-        self.procs.average_gradients(self.params)
+        if self.root is None:  # FSDP's reduce-scatter has averaged them already
+            self.procs.average_gradients(self.params)
         target = self.params
         if self.master is not None:
             for m, p in zip(self.master, self.params, strict=True):
                 m.grad = None if p.grad is None else p.grad.detach().float()
             target = self.master
         grad_norm = torch.nn.utils.clip_grad_norm_(target, self.g.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # sharded: the norm over every process's shards
+            grad_norm = grad_norm.full_tensor()
         # A non-finite gradient is not applied: clipping would spread it over every weight and
         # the policy would be NaN from then on (as a scaler skips an overflowed step). Each
         # skip is logged; a run that keeps skipping stops (train()).
@@ -710,13 +741,18 @@ class PLGRPOTrainer:
         return bad_run
 
     def save_model(self, path: str) -> None:
-        """The model (an adapter under LoRA) and tokenizer, written by the main process only:
+        """The model (an adapter under LoRA) and tokenizer, written by the main process only.
+        Every process calls it: sharded, the weights are first gathered (collective); else
         every process holds the same weights."""
+        state = full_state(self.root) if self.root is not None else None
         if not self.procs.is_main:
             return
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(out))
+        if state is None:
+            self.model.save_pretrained(str(out))
+        else:
+            self.model.save_pretrained(str(out), state_dict=state)
         self.tok.save_pretrained(str(out))
         for hook in self.on_save:
             hook(out)
@@ -725,9 +761,14 @@ class PLGRPOTrainer:
         import torch
 
         out = self.output_dir / f"checkpoint-{self.state.global_step}"
+        self.save_model(str(out))  # every process: collective when sharded
+        optimizer = (
+            self.opt.state_dict()
+            if self.root is None
+            else full_optimizer_state(self.root, self.opt)
+        )
         if self.procs.is_main:
-            self.save_model(str(out))
-            torch.save(self.opt.state_dict(), out / "optimizer.pt")
+            torch.save(optimizer, out / "optimizer.pt")
             torch.save(self.sched.state_dict(), out / "scheduler.pt")
             if self.master is not None:  # the float32 weights the saved bf16 ones round
                 from memsifter.training.averaging import MASTER_FILE
@@ -751,7 +792,9 @@ class PLGRPOTrainer:
         state_file = ckpt / "trainer_state.json"
         if not state_file.is_file():
             raise DataError(f"cannot resume from {ckpt}: no trainer_state.json", file=str(ckpt))
-        if self.lora:
+        if self.root is not None:
+            self._resume_sharded(ckpt)
+        elif self.lora:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
 
@@ -772,10 +815,30 @@ class PLGRPOTrainer:
                 for m, p in zip(self.master, self.params, strict=True):
                     m.copy_(saved.get(names[id(p)], p.float()))
         opt = ckpt / "optimizer.pt"
-        if opt.is_file():
+        if opt.is_file() and self.root is not None:
+            saved = torch.load(opt, weights_only=True) if self.procs.is_main else {}
+            load_full_optimizer_state(self.root, self.opt, saved)
+        elif opt.is_file():
             self.opt.load_state_dict(torch.load(opt, weights_only=True))
         sched = ckpt / "scheduler.pt"
         if sched.is_file():
             self.sched.load_state_dict(torch.load(sched, weights_only=True))
         self.state = _State.load(state_file)
         self.log(f"resumed at step {self.state.global_step} from {ckpt}")
+
+    def _resume_sharded(self, ckpt: Path) -> None:
+        """The checkpoint's weights read by the main process into the full state it gathers,
+        then scattered into every process's shards (collective)."""
+        import torch
+        from safetensors.torch import load_file
+        from transformers import AutoModelForCausalLM
+
+        state = full_state(self.root)
+        if self.procs.is_main:
+            if self.lora:
+                adapter = load_file(ckpt / "adapter_model.safetensors")
+                adapter_into(state, adapter, self.model.active_adapter)
+            else:
+                saved = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+                state.update(saved.state_dict())
+        load_full_state(self.root, state)

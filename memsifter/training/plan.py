@@ -264,34 +264,42 @@ def memory_plan(cfg: TrainConfig, shape: ModelShape, strategy: Strategy) -> Memo
     w = 2 if half else 4
     deepspeed = strategy.name == "deepspeed"
     head = cfg.plan.ranking_head == "first_token"
-    if head and strategy.stage > 0:
+    if head and deepspeed:
         raise DataError(
-            f"plan.ranking_head first_token: the head's trainer is DDP-style (every process "
-            f"holds the model), not {strategy.name} stage {strategy.stage}; plan and launch it "
-            "with configs/accelerate/ddp.yaml",
+            f"plan.ranking_head first_token: the head's trainer takes its own optimizer step, "
+            f"which DeepSpeed's engine would own (stage {strategy.stage}); plan and launch it "
+            "with configs/accelerate/fsdp.yaml (FSDP2, the ZeRO-3 sharding) or "
+            "configs/accelerate/ddp.yaml",
             field="plan.accelerate_config",
         )
+    # The head's trainer under FSDP2 keeps float32 shards (its masters), float32 gradients and
+    # moments, and computes in 16-bit from the gathered layers (memsifter.training.sharding).
+    head_fsdp = head and strategy.name == "fsdp"
     total = shape.parameters
     trainable = total if cfg.model.lora is None else lora_parameters(cfg, shape)
 
     def shard(n: float, from_stage: int) -> float:
         return n / world if strategy.stage >= from_stage else n
 
-    weights = 0.0 if strategy.offload_params else shard(total * w, 3)
-    if cfg.model.lora is not None:
+    w_held = 4 if head_fsdp else w
+    weights = 0.0 if strategy.offload_params else shard(total * w_held, 3)
+    if cfg.model.lora is not None and not head_fsdp:
         weights += trainable * w  # the LoRA matrices, beside the frozen base
     lines = [
-        PlanLine("weights", weights, f"{total / 1e9:.3f}B params x {w} B, stage {strategy.stage}"),
+        PlanLine(
+            "weights", weights, f"{total / 1e9:.3f}B params x {w_held} B, stage {strategy.stage}"
+        ),
     ]
     if strategy.stage >= 3 and not strategy.offload_params:
         gathered = w * (2 * shape.layer_parameters + shape.embedding_parameters)
         lines.append(PlanLine("gathered weights", gathered, "2 layers + embedding, 16-bit"))
     lines.append(
-        PlanLine("gradients", shard(trainable * w, 2), f"{trainable / 1e9:.3f}B trainable")
+        PlanLine("gradients", shard(trainable * w_held, 2), f"{trainable / 1e9:.3f}B trainable")
     )
-    # DeepSpeed, and the head's trainer for 16-bit weights, keep a float32 master copy beside
-    # AdamW's two float32 moments; plain torch keeps the moments in the parameters' dtype.
-    per_param = 12 if deepspeed or (head and half) else 2 * w
+    # DeepSpeed, and the head's DDP trainer for 16-bit weights, keep a float32 master copy
+    # beside AdamW's two float32 moments; under FSDP2 the head's shards are the masters, so
+    # only the moments; plain torch keeps the moments in the parameters' dtype.
+    per_param = 8 if head_fsdp else 12 if deepspeed or (head and half) else 2 * w
     optim = 0.0 if strategy.offload_optimizer else shard(trainable * per_param, 1)
     lines.append(PlanLine("optimizer states", optim, f"AdamW, {per_param} B per trainable param"))
 
@@ -300,9 +308,14 @@ def memory_plan(cfg: TrainConfig, shape: ModelShape, strategy: Strategy) -> Memo
         b, c = max(1, b // g.num_generations), 0
     a = w  # activations in the model's dtype
     h, n_layers = shape.hidden_size, shape.num_hidden_layers
-    if head and cfg.model.lora is not None and cfg.model.lora.top_layers is not None:
+    if (
+        head
+        and not head_fsdp
+        and cfg.model.lora is not None
+        and cfg.model.lora.top_layers is not None
+    ):
         # The frozen trunk below the adapter runs without grad (HeadTrunk): only the adapted
-        # layers keep activations for the backward.
+        # layers keep activations for the backward (sharded, the trunk shortcut is off).
         n_layers = cfg.model.lora.top_layers
     per_token = shape.activation_values_per_token
     if cfg.model.gradient_checkpointing:

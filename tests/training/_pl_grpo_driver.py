@@ -3,7 +3,9 @@ the first-token head's Plackett–Luce GRPO trainer for a few steps on the memor
 loop builds it (its processes from :func:`memsifter.training.distributed.start_processes`).
 The main process writes the trained weights and the step log to ``OUT``.
 
-Usage: ``accelerate launch ... tests/training/_pl_grpo_driver.py DATA PROXY OUT [KEY=VALUE ...]``.
+Usage: ``accelerate launch ... tests/training/_pl_grpo_driver.py DATA PROXY OUT [KEY=VALUE ...]``;
+``resume=CHECKPOINT`` among them resumes from that checkpoint. Under FSDP the weights written are
+the gathered full ones.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main() -> None:
     from memsifter.training.pl_grpo import PLGRPOTrainer
 
     data, proxy, out, *overrides = sys.argv[1:]
+    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
+    overrides = [o for o in overrides if not o.startswith("resume=")]
     root = Path(__file__).resolve().parents[2]
     cfg = load_train_config(
         root / "configs/train/gym_pl_outcome.yaml",
@@ -36,10 +40,19 @@ def main() -> None:
     fn.set_total_steps(cfg.epochs.max_steps)
     trainer = PLGRPOTrainer(cfg, proxy, train, fn, Path(cfg.output_dir), log=lambda _: None,
                             procs=procs)  # fmt: skip
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
+    if trainer.root is not None:  # sharded: gathered (collective)
+        from memsifter.training.sharding import full_state
+
+        weights = full_state(trainer.root)
+    else:
+        weights = {n: p.detach() for n, p in trainer.model.named_parameters()}
     if procs.is_main:
-        torch.save({n: p.detach() for n, p in trainer.model.named_parameters()}, f"{out}/w.pt")
+        torch.save(weights, f"{out}/w.pt")
         Path(f"{out}/log.json").write_text(json.dumps(trainer.state.log_history))
+        local = {n: type(p).__name__ for n, p in trainer.model.named_parameters()}
+        facts = {"world": procs.world, "sharded": trainer.root is not None, "params": local}
+        Path(f"{out}/run.json").write_text(json.dumps(facts))
     procs.barrier()
 
 

@@ -86,11 +86,13 @@ def test_accumulated_micro_batches_make_the_one_batch_update(
     assert _max_diff(whole.model.parameters(), split.model.parameters()) < ACCUM_ATOL
 
 
-def _launch(gym: dict[str, Path], out: Path, *overrides: str) -> subprocess.CompletedProcess:
+def _launch(
+    gym: dict[str, Path], out: Path, *overrides: str, fsdp: bool = False
+) -> subprocess.CompletedProcess:
     from memsifter.testing.launch import accelerate_launch
 
     args = [str(gym["data"]), str(gym["proxy"]), str(out), *overrides]
-    return accelerate_launch(DRIVER, args, processes=2, root=ROOT)
+    return accelerate_launch(DRIVER, args, processes=2, root=ROOT, fsdp=fsdp)
 
 
 @pytest.mark.slow
@@ -104,6 +106,7 @@ def test_two_processes_make_the_one_process_update(
     out.mkdir()
     done = _launch(gym, out, *_steps(16, 1, scale))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert not json.loads((out / "run.json").read_text())["sharded"]  # DDP: whole copies
     two = torch.load(out / "w.pt", weights_only=True)
     one = _one_process(gym, tmp_path / "one", *_steps(16, 2, scale))
     start = _one_process(gym, tmp_path / "start", *_steps(16, 2, scale), train_it=False)
@@ -116,6 +119,69 @@ def test_two_processes_make_the_one_process_update(
     assert [e["reward"] for e in log] == pytest.approx(
         [e["reward"] for e in one.state.log_history], abs=1e-6
     )
+
+
+LORA = ("model.lora.r=4", "model.lora.alpha=8", "model.lora.dropout=0.0",
+        "model.lora.target_modules=[q_proj,v_proj]", "model.lora.top_layers=1")  # fmt: skip
+
+
+def _saved(ckpt: Path, lora: bool) -> dict[str, Any]:
+    """A checkpoint's weights as written: the adapter's tensors, or the whole model's."""
+    from safetensors.torch import load_file
+
+    if lora:
+        return load_file(ckpt / "adapter_model.safetensors")
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(ckpt)).state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_sharded_processes_make_the_one_process_update_and_resume(
+    gym: dict[str, Path], tmp_path: Path, lora: bool
+) -> None:
+    """FSDP2 (configs/accelerate/fsdp.yaml's launch): two processes holding half the weights each
+    make the one-process update, with the KL's reference sharded too (the one process reads it
+    from its frozen trunk under LoRA); a checkpoint is gathered to an ordinary model folder or
+    adapter, the same as the one process writes, and a sharded resume from it ends where the
+    run did."""
+    common = ["epochs.save_steps=1", "grpo.beta=0.05", *(LORA if lora else ())]
+    steps = [*_steps(16, 1, "batch")[:-1], *common]
+    out = tmp_path / "sharded"
+    out.mkdir()
+    done = _launch(gym, out, *steps, fsdp=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    facts = json.loads((out / "run.json").read_text())
+    # Sharded indeed: each process held DTensor shards, not the model.
+    assert facts["world"] == 2 and facts["sharded"]
+    assert set(facts["params"].values()) == {"DTensor"}
+    two = torch.load(out / "w.pt", weights_only=True)
+    one = _one_process(gym, tmp_path / "one", *_steps(16, 2, "batch")[:-1], *common)
+    start = _one_process(gym, tmp_path / "start", *steps, train_it=False)
+    names = [n for n, _ in one.model.named_parameters()]
+    mine = [p for _, p in one.model.named_parameters()]
+    assert _max_diff(mine, [two[n] for n in names]) < ATOL
+    assert _max_diff(mine, [p for _, p in start.model.named_parameters()]) > 100 * ATOL
+    log = json.loads((out / "log.json").read_text())
+    assert [e["reward"] for e in log] == pytest.approx(
+        [e["reward"] for e in one.state.log_history], abs=1e-6
+    )
+    assert all("kl" in e for e in log)
+
+    # The checkpoint is whole, and what the one process wrote after the same first step.
+    ckpt = out / "run" / "checkpoint-1"
+    saved, theirs = _saved(ckpt, lora), _saved(tmp_path / "one" / "checkpoint-1", lora)
+    assert saved.keys() == theirs.keys()
+    assert _max_diff([saved[k] for k in theirs], list(theirs.values())) < ATOL
+    assert (ckpt / "optimizer.pt").is_file()
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    again = _launch(gym, resumed, *steps, f"resume={ckpt}", fsdp=True)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-5000:]
+    after = torch.load(resumed / "w.pt", weights_only=True)
+    assert _max_diff([after[n] for n in names], [two[n] for n in names]) < ATOL
 
 
 def test_checkpointing_schedule_and_fp32_masters(gym: dict[str, Path], tmp_path: Path) -> None:

@@ -290,15 +290,28 @@ def test_the_one_node_layouts_fit_80gb_for_both_heads(name: str) -> None:
         assert "180 completions = 30 prompts x 6" in text  # near the paper's 32 on 6 GPUs
 
 
-def test_the_head_is_planned_and_launched_ddp_only() -> None:
+def test_the_head_is_planned_ddp_or_sharded_never_under_deepspeed() -> None:
+    """The head's trainer takes its own optimizer step: DeepSpeed is refused, naming FSDP2;
+    under FSDP2 its float32 shards are the masters, so a full fine-tune of Qwen3-4B at 128K
+    fits 80 GB sharded over the 6 trainer GPUs, where DDP's whole copy does not."""
     from memsifter.errors import DataError
 
-    cfg = load_train_config(
-        ROOT / "configs/train/qwen3_4b_first_token.yaml",
-        ["plan.accelerate_config=configs/accelerate/deepspeed_zero3.yaml"],
+    recipe = ROOT / "configs/train/qwen3_4b_first_token.yaml"
+    ds = load_train_config(
+        recipe, ["plan.accelerate_config=configs/accelerate/deepspeed_zero3.yaml"]
     )
-    with pytest.raises(DataError, match="DDP-style.*configs/accelerate/ddp.yaml"):
-        plan_report(cfg, ROOT)
+    with pytest.raises(DataError, match="DeepSpeed's engine would own.*configs/accelerate/fsdp"):
+        plan_report(ds, ROOT)
+    plans = {}
+    for launch in ("ddp", "fsdp"):
+        cfg = load_train_config(
+            recipe, [f"plan.accelerate_config=configs/accelerate/{launch}.yaml", "model.lora=null"]
+        )
+        plans[launch] = plan_report(cfg, ROOT)
+    ddp_text, ddp = plans["ddp"]
+    fsdp_text, fsdp = plans["fsdp"]
+    assert not ddp.fits and "12 B per trainable param" in ddp_text
+    assert fsdp.fits and "8 B per trainable param" in fsdp_text and "x 4 B, stage 3" in fsdp_text
 
 
 def test_a_layout_that_does_not_fit_the_machine_is_refused_with_the_arithmetic() -> None:
