@@ -86,12 +86,12 @@ RESIDUAL_ROWS = {
 RESIDUAL_PAIRS = ("cold-bm25", "grpo-bm25", "start-bm25", "cold-start", "grpo-cold")
 
 
-def proxy_locomo_residual(data: dict[str, Any]) -> str:
+def proxy_locomo_residual(data: dict[str, Any], rows: dict[str, str] = RESIDUAL_ROWS) -> str:
     lines = [
         "| ranker | shown order | NDCG@1 | NDCG@5 | MRR | top-1 agreement | constant label |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, label in RESIDUAL_ROWS.items():
+    for name, label in rows.items():
         row = data["rankers"][name]
         inv = row.get("invariance") or {}
         cells = [
@@ -107,6 +107,25 @@ def proxy_locomo_residual(data: dict[str, Any]) -> str:
 
 def proxy_locomo_residual_pairs(data: dict[str, Any]) -> str:
     return proxy_locomo_pairs(data, RESIDUAL_PAIRS)
+
+
+# The same recipe started from a head warmed on the reading gym in LoCoMo's format (issue 40,
+# item 4): eval/results/proxy_locomo_residual_gym_warm/proxy_locomo_residual_gym_warm.json.
+WARM_ROWS = {
+    **{k: v for k, v in RESIDUAL_ROWS.items() if k in ("bm25", "start")},
+    "warm": "gym-warmed (listwise SFT on the gym, no LoCoMo step)",
+    "cold": "cold start on LoCoMo, from the warmed head",
+    "grpo": "PL-GRPO + KL, averaged",
+}
+WARM_PAIRS = ("warm-bm25", "warm-start", "cold-bm25", "grpo-bm25", "cold-start", "cold-warm")
+
+
+def proxy_locomo_gym_warm(data: dict[str, Any]) -> str:
+    return proxy_locomo_residual(data, WARM_ROWS)
+
+
+def proxy_locomo_gym_warm_pairs(data: dict[str, Any]) -> str:
+    return proxy_locomo_pairs(data, WARM_PAIRS)
 
 
 def head_latency(data: dict[str, Any]) -> str:

@@ -402,6 +402,10 @@ class PLGRPOTrainer:
             self.root = shard(self.model, compute)
             if self.ref is not None:
                 self.ref_root = shard(self.ref, compute)
+            self.log(
+                f"sharded with FSDP2 over {self.procs.world} processes: each holds "
+                f"1/{self.procs.world} of the float32 weights and computes in {compute}"
+            )
         self.params = [p for p in (self.root or self.model).parameters() if p.requires_grad]
         # bf16 (or fp16) trainable weights: AdamW steps float32 copies, written back after
         # each step, so its moments and the updates are not rounded to the weights' dtype.

@@ -13,7 +13,9 @@ writes no ranking, and nothing would then reach the answerer. Everything else ru
 the head's marker read, LoRA and gradient checkpointing, dynamic sampling and the soft checks.
 
 The run, per head:
-1. ``accelerate launch`` starts 2 processes (DDP over gloo) running ``memsifter train``.
+1. ``accelerate launch`` starts 2 processes (DDP over gloo) running ``memsifter train``; the
+   first-token head runs a second time sharded, launched as ``configs/accelerate/fsdp.yaml``
+   launches (FSDP2 over gloo).
 2. The reward's working LLM is a real OpenAI-compatible server: the vLLM CPU server serving the
    tiny model, reached through ``--answerer-url``.
 3. Checkpoint saves, validation and averaging happen on the main process.
@@ -25,7 +27,8 @@ The run, per head:
 What CPU cannot rehearse, and what covers it instead:
 - NCCL's weight sync to a ``trl vllm-serve`` rollout node: ``scripts/gpu_smoke.sh`` (two GPUs).
 - In-process vLLM validation: ``tests/training/test_train_loop.py``, with the engine stubbed.
-- DeepSpeed ZeRO-3: deepspeed is the ``gpu`` extra's and is not installed here.
+- DeepSpeed ZeRO-3 (the generate head's): deepspeed is the ``gpu`` extra's and is not installed
+  here; the head's sharding is FSDP2's, rehearsed here.
 - bf16 and sdpa's flash kernel: ``scripts/gpu_check.sh`` (one GPU).
 """
 
@@ -67,10 +70,12 @@ def _data(head: str, model: Path, locomo: Path, out: Path) -> Path:
     return out
 
 
-def _train_config(head: str, model: Path, data: Path, tmp: Path, *, answerer: Path) -> Path:
+def _train_config(
+    head: str, model: Path, data: Path, tmp: Path, *, answerer: Path, name: str
+) -> Path:
     from memsifter.training.config import load_train_config
 
-    reward = tmp / f"{head}-reward.yaml"
+    reward = tmp / f"{name}-reward.yaml"
     reward.write_text(
         yaml.safe_dump(
             {
@@ -80,7 +85,7 @@ def _train_config(head: str, model: Path, data: Path, tmp: Path, *, answerer: Pa
         )
     )
     common = [
-        f"output_dir={tmp / head}", f"data={data}", f"reward={reward}",
+        f"output_dir={tmp / name}", f"data={data}", f"reward={reward}",
         f"model.name={model}", "model.context_tokens=768", "epochs.epochs=1",
         "epochs.max_steps=2", "epochs.save_steps=1", "epochs.validation_max_questions=2",
         "epochs.validation_backend=transformers", "epochs.validation_engine_args={}",
@@ -101,7 +106,7 @@ def _train_config(head: str, model: Path, data: Path, tmp: Path, *, answerer: Pa
     else:
         common += ["grpo.gradient_accumulation_steps=1", "grpo.learning_rate=1e-3"]
     cfg = load_train_config(ROOT / RECIPES[head][0], common)
-    path = tmp / f"{head}-train.yaml"
+    path = tmp / f"{name}-train.yaml"
     path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     return path
 
@@ -155,16 +160,22 @@ def test_both_heads_rehearse_the_recipe_to_a_served_recall(
         tmp_path / "tiny-qwen3-marker", extra_corpus=(f"Relevant?{MARKER_TOKEN}",) * 50
     )
     policies = {"generate": tiny_qwen3, "first_token": marker_model}
+    runs = [("generate", False), ("first_token", False), ("first_token", True)]
     with launch_vllm_cpu_server(tiny_qwen3, served_model_name=str(tiny_qwen3), timeout=300) as url:
-        for head, policy in policies.items():
-            data = _data(head, policy, locomo_mini_path, tmp_path / f"{head}-rl")
-            config = _train_config(head, policy, data, tmp_path, answerer=tiny_qwen3)
+        for head, fsdp in runs:
+            policy, name = policies[head], head + ("-fsdp" if fsdp else "")
+            data = tmp_path / f"{head}-rl"
+            if not data.exists():
+                _data(head, policy, locomo_mini_path, data)
+            config = _train_config(head, policy, data, tmp_path, answerer=tiny_qwen3, name=name)
             done = accelerate_launch(
                 "memsifter.cli", ["train", str(config), "--answerer-url", url],
-                processes=2, root=ROOT, module=True,
+                processes=2, root=ROOT, module=True, fsdp=fsdp,
             )  # fmt: skip
             assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
-            out = tmp_path / head
+            out = tmp_path / name
+            said = done.stdout + done.stderr
+            assert ("sharded with FSDP2 over 2 processes" in said) == fsdp, said[-4000:]
             summary = json.loads((out / "summary.json").read_text())
             results = json.loads((out / "epoch-0" / "validation.json").read_text())
             assert {"start", "checkpoint-1", "checkpoint-2", "averaged"} <= set(results)
@@ -177,10 +188,10 @@ def test_both_heads_rehearse_the_recipe_to_a_served_recall(
 
             shipped = Path(summary["model"])
             if head == "first_token":  # LoRA: the update ships as an adapter of the base
-                shipped = tmp_path / f"{head}-adapter"
+                shipped = tmp_path / f"{name}-adapter"
                 export_adapter(str(policy), summary["model"], shipped, rank=64)
                 save_spec(read_spec(summary["model"]), shipped)
             proxy = Proxy.from_pretrained(str(shipped))
             assert proxy.spec.ranking_head == head
-            recalled = _served_recall(shipped, f"sqlite:///{tmp_path / head}.db")
+            recalled = _served_recall(shipped, f"sqlite:///{tmp_path / name}.db")
             assert "proxy" in recalled["ranker"] and recalled["hits"]
