@@ -837,12 +837,23 @@ class PLGRPOTrainer:
         from safetensors.torch import load_file
         from transformers import AutoModelForCausalLM
 
-        state = full_state(self.root)
-        if self.procs.is_main:
+        state = full_state(self.root)  # rank 0's; the others' are empty
+
+        def read() -> None:  # on the main process; a failure there fails every process
             if self.lora:
                 adapter = load_file(ckpt / "adapter_model.safetensors")
                 adapter_into(state, adapter, self.model.active_adapter)
-            else:
-                saved = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
-                state.update(saved.state_dict())
+                return
+            saved = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+            weights = saved.state_dict()
+            missing = sorted(set(state) - set(weights))
+            if missing:
+                raise DataError(
+                    f"cannot resume from {ckpt}: it has no {missing[0]} "
+                    f"({len(missing)} weights missing)",
+                    file=str(ckpt),
+                )
+            state.update((k, weights[k]) for k in list(state))
+
+        self.procs.run_on_main(read, f"reading {ckpt}")
         load_full_state(self.root, state)
