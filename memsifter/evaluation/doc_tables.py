@@ -161,11 +161,14 @@ class Table:
 
 LOCOMO_TEST_JSON = "eval/results/proxy_locomo_test/proxy_locomo_test.json"
 RESIDUAL_JSON = "eval/results/proxy_locomo_residual/proxy_locomo_residual.json"
+WARM_JSON = "eval/results/proxy_locomo_residual_gym_warm/proxy_locomo_residual_gym_warm.json"
 TABLES: dict[str, Table] = {
     "proxy_locomo_test": Table(LOCOMO_TEST_JSON, proxy_locomo_test),
     "proxy_locomo_pairs": Table(LOCOMO_TEST_JSON, proxy_locomo_pairs),
     "proxy_locomo_residual": Table(RESIDUAL_JSON, proxy_locomo_residual),
     "proxy_locomo_residual_pairs": Table(RESIDUAL_JSON, proxy_locomo_residual_pairs),
+    "proxy_locomo_gym_warm": Table(WARM_JSON, proxy_locomo_gym_warm),
+    "proxy_locomo_gym_warm_pairs": Table(WARM_JSON, proxy_locomo_gym_warm_pairs),
     "head_latency": Table("eval/results/bench_head_latency/bench_head_latency.json", head_latency),
 }
 
