@@ -28,6 +28,7 @@ path).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -75,6 +76,7 @@ def check_launch(distributed: bool) -> bool:
     return True
 
 
+@functools.cache  # one class, however many models are sharded (the policy and its reference)
 def _root_class() -> type:
     import torch
 
