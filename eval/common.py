@@ -33,6 +33,10 @@ from typing import Any
 
 from memsifter.machine import machine_facts
 from memsifter.machine import machine_line as machine_line  # re-exported: one rendered line
+from memsifter.provenance import (
+    git_dirty as git_dirty,
+)  # re-exported: one home for the code version
+from memsifter.provenance import git_head as git_head
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "eval" / "results"
@@ -71,43 +75,6 @@ def split_rows(folder: Path, split: str) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------- the machine
-
-
-def git_head() -> str:
-    """The repository's short HEAD, or ``MEMSIFTER_CODE_VERSION`` when set: a copy of the tree
-    sent to a lent GPU names the sender's commit there (that copy's own git, if it has one, is
-    not the sender's: one reported its base commit "+dirty"). Else "unknown" outside git."""
-    named = os.environ.get("MEMSIFTER_CODE_VERSION")
-    if named:
-        return named
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            text=True,
-            capture_output=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def git_dirty(*paths: str) -> bool:
-    """Whether tracked files (only ``paths``, when given) differ from HEAD: a result measured
-    on uncommitted code says so. With ``MEMSIFTER_CODE_VERSION`` the sender's name says it."""
-    if os.environ.get("MEMSIFTER_CODE_VERSION"):
-        return False
-    try:
-        return bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
-                cwd=REPO,
-                text=True,
-                capture_output=True,
-            ).stdout.strip()
-        )
-    except OSError:
-        return False
 
 
 def cpu_seconds(pid: int) -> float:

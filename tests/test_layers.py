@@ -31,7 +31,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         {"coarse", "llm"},  # lexical/dense filters; LLM backends
         {"data"},
         # the basics every floor may use
-        {"config", "ir_metrics", "machine", "models", "progress", "text", "_compat"},
+        {"config", "ir_metrics", "machine", "models", "progress", "provenance", "text", "_compat"},
         # the error base; the files shipped as package data; the cache scope every cache reads
         {"errors", "resources", "scopes"},
     )

@@ -49,6 +49,8 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from memsifter.ranker.messages import LAYOUTS, MARKED_LAYOUTS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 MODEL = "smollm2-135m-instruct"
@@ -160,9 +162,9 @@ def world_config(size: str) -> str:
 
 
 def code_version() -> str:
-    from eval.common import git_dirty, git_head
+    from memsifter.provenance import code_version as version
 
-    return git_head() + ("+dirty" if git_dirty() else "")
+    return version()
 
 
 # -- 1. data ---------------------------------------------------------------------------------
@@ -176,9 +178,9 @@ def recipe_layout() -> str:
 
 def rung_name(size: str, layout: str, read: str = "label") -> str:
     """The rung's folder and key: the size, the layout when it is not the recipe's, and the
-    head's read when it is the marker read (which implies layout marked)."""
+    head's read when it is the marker read (which implies layout marked, or names restated)."""
     if read == "marker":
-        return f"{size}-marker"
+        return f"{size}-marker" if layout == "marked" else f"{size}-{layout}-marker"
     return size if layout == recipe_layout() else f"{size}-{layout}"
 
 
@@ -1178,8 +1180,8 @@ def main(
     layout: Annotated[
         str | None,
         typer.Option(
-            help=f"paper | marked: the prompt layout (default: {DATA_RECIPE}'s); another one "
-            "is its own rung"
+            help=f"{' | '.join(LAYOUTS)}: the prompt layout (default: {DATA_RECIPE}'s, or "
+            "marked with --head-read marker); another one is its own rung"
         ),
     ] = None,
 ) -> None:
@@ -1190,7 +1192,7 @@ def main(
         (probe_target, ("useful", "last"), "--probe-target"),
         (probe_read, ("label", "marker", None), "--probe-read"),
         (head_read, ("label", "marker"), "--head-read"),
-        (layout, ("paper", "marked", None), "--layout"),
+        (layout, (*LAYOUTS, None), "--layout"),
         *((s, STAGES, "--stage") for s in stage or ()),
     ):
         if value not in allowed:
@@ -1203,9 +1205,10 @@ def main(
     from memsifter.machine import machine_facts, machine_line
 
     layout = layout or ("marked" if head_read == "marker" else recipe_layout())
-    if head_read == "marker" and layout != "marked":
+    if head_read == "marker" and layout not in MARKED_LAYOUTS:
         raise typer.BadParameter(
-            "--head-read marker reads each session's closing marker: it needs layout marked",
+            "--head-read marker reads each session's closing marker: it needs layout marked or "
+            "restated",
             param_hint="--layout",
         )
     name = rung_name(size, layout, head_read)

@@ -9,7 +9,8 @@
 #       outcome_kl+b32=grpo.per_device_train_batch_size=2048,grpo.learning_rate=1e-3
 #
 # A RUN is a recipe of eval/probes/gym_reading.py, or RECIPE+VARIANT with its overrides. The rung's
-# data must be built already (outputs/gym_reading/SIZE-marker/data, copied from where it was
+# data must be built already (outputs/gym_reading/SIZE-marker/data, or SIZE-LAYOUT-marker/data
+# with GYM_LAYOUT=restated (default marked), copied from where it was
 # built: the same bytes the CPU runs read). A tree without git names its commit in
 # MEMSIFTER_CODE_VERSION. GYM_PER_USER (default 2) test questions a user. Only the packs land
 # in $GYM_OUT (a lent machine returns few files): the logs travel inside them.
@@ -19,7 +20,13 @@ size=$1 minutes=$2
 shift 2
 out=${GYM_OUT:-outputs/gym_reading/gpu}
 mkdir -p "$out"
-rung=outputs/gym_reading/$size-marker
+layout=${GYM_LAYOUT:-marked}
+case $layout in
+  marked) rung_name=$size-marker ;;
+  restated) rung_name=$size-restated-marker ;;
+  *) echo "GYM_LAYOUT must be marked or restated (got $layout)" >&2; exit 2 ;;
+esac
+rung=outputs/gym_reading/$rung_name
 logs=$rung/gpu_logs
 mkdir -p "$logs"
 for f in prompt_spec.json train.parquet train_pool.parquet validation.parquet test.parquet; do
@@ -47,7 +54,7 @@ for spec in "$@"; do
   fi
   names+=(--recipe "$name")
   # max_steps is the plan (far past the budget): the budget stops each run
-  python3 -m eval.probes.gym_reading --size "$size" --head-read marker --stage train \
+  python3 -m eval.probes.gym_reading --size "$size" --layout "$layout" --head-read marker --stage train \
     --recipe "$name" --max-steps 5000 "${sets[@]}" >"$logs/train_${name}.log" 2>&1 &
   pids+=($!)
 done
@@ -59,16 +66,16 @@ tail -n 3 "$logs"/train_*.log
 # What comes back, packed as soon as it exists (a call cut at its limit still returns the
 # training): each run's records and the adapters it averaged; then the evaluation's results.
 pack() {
-  python3 - "$rung" "$out" "$size" "$1" "$logs" <<'PY'
+  python3 - "$rung" "$out" "$rung_name" "$1" "$logs" <<'PY'
 import json, sys, tarfile
 from pathlib import Path
 
-rung, out, size, what, logs = sys.argv[1:6]
+rung, out, rung_name, what, logs = sys.argv[1:6]
 rung, out, logs = Path(rung), Path(out), Path(logs)
 runs = [r for r in sorted((rung / "train").iterdir()) if (r / "run_state.json").is_file()]
 with tarfile.open(out / f"{what}.tgz", "w:gz") as tar:
     for path in (Path("eval/results/gym_reading/gym_reading.json"), Path("eval/results/gym_reading/gym_reading.md"),
-                 Path("eval/results/gym_reading/runs") / f"{size}-marker", rung / "rung.json",
+                 Path("eval/results/gym_reading/runs") / rung_name, rung / "rung.json",
                  rung / "eval", logs):
         if path.exists():
             tar.add(path)
@@ -91,7 +98,7 @@ PY
 }
 pack train
 timeout "${GYM_EVAL_SECONDS:-1800}" python3 -m eval.probes.gym_reading --size "$size" \
-  --head-read marker --stage eval "${names[@]}" --per-user "${GYM_PER_USER:-2}" 2>&1 |
+  --layout "$layout" --head-read marker --stage eval "${names[@]}" --per-user "${GYM_PER_USER:-2}" 2>&1 |
   tee "$logs/eval.log" | tail -n 60
 pack results
 ls -la "$out"

@@ -3,6 +3,7 @@ when one is configured; otherwise a documented regex approximation is used and s
 
 from __future__ import annotations
 
+import copy
 import re
 from collections import OrderedDict
 from functools import lru_cache
@@ -74,6 +75,15 @@ class SessionTokenCache:
         self.counter = counter
         self.max_size = max_size
         self._cache: OrderedDict[ScopedKey, int] = OrderedDict()
+        self.extra = 0
+
+    def plus(self, extra: int) -> SessionTokenCache:
+        """A view whose counts are this cache's plus ``extra`` a session, sharing its counts: a
+        block cost that depends on the prompt, not the page (a restated question), without
+        counting any page again."""
+        view = copy.copy(self)
+        view.extra = self.extra + extra
+        return view
 
     def __call__(self, session: Session) -> int:
         key = scoped(session.fingerprint)
@@ -84,7 +94,7 @@ class SessionTokenCache:
                 self._cache.popitem(last=False)
         elif self.max_size is not None:
             self._cache.move_to_end(key)
-        return n
+        return n + self.extra
 
     def __len__(self) -> int:
         return len(self._cache)

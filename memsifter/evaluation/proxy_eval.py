@@ -161,6 +161,8 @@ class ProxyEvalResult:
     machine: str
     command: str
     files: list[Path] = field(default_factory=list)
+    # the code that ranked and scored (memsifter.provenance): a report names its version
+    code_version: str = field(default_factory=lambda: _code_version())
     # SLICE_METRIC by category and by candidate count, paired against the coarse row
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -203,7 +205,14 @@ class ProxyEvalResult:
             else None,
             "machine": self.machine,
             "command": self.command,
+            "code_version": self.code_version,
         }
+
+
+def _code_version() -> str:
+    from memsifter.provenance import code_version
+
+    return code_version()
 
 
 def machine_line() -> str:
@@ -500,7 +509,7 @@ def render_report(result: ProxyEvalResult) -> str:
         lines.append(f"- start: {cfg.start}")
     lines += [
         f"- machine: {result.machine}",
-        f"- command: `{result.command}`",
+        f"- command: `{result.command}` at code version `{result.code_version}`",
         "",
         "## Metrics",
         "",

@@ -195,7 +195,7 @@ def _marker_read(tokenizer: Any, prompt: str, n: int, labels: str) -> tuple[list
         raise RankingHeadError(
             f"head_read: marker needs one closing marker a candidate, in order: {n} candidates "
             f"({want[0]}..{want[-1]}) but the prompt closes {len(got)} ({shown}); render it "
-            "with layout: marked and the same labels"
+            "with layout: marked (or restated) and the same labels"
         )
     enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
     starts = [a for a, _ in enc["offset_mapping"]]

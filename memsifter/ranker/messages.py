@@ -16,7 +16,10 @@ byte the prompt it always was): the sessions, then the question. ``marked``: the
 after them, so under ``paper`` only the last position can relate the two; under ``marked`` each
 closing id is a position that has read the question and its session, and the first-token head
 reads the ranking off label tokens, so the id it should point at is a token that already knows
-whether its session answers (docs/gym.md, the reading level's findings).
+whether its session answers (docs/gym.md, the reading level's findings). ``restated``:
+``marked``, and the question again on the line before every closing id, so the position the
+marker read scores has the question a line away instead of a window away: each closer reads
+like a cross-encoder's ``(session, question) -> relevant?`` (docs/gym.md, finding 22).
 
 ``build_messages`` writes them as chat messages with no budget applied;
 :class:`~memsifter.ranker.prompt.PromptBuilder` renders them with the model's chat template and
@@ -36,8 +39,10 @@ Language = Literal["en", "zh"]
 LANGUAGES: tuple[str, ...] = ("en", "zh")
 Labelling = Literal["digits", "letters"]
 LABELLINGS: tuple[str, ...] = ("digits", "letters")
-Layout = Literal["paper", "marked"]
-LAYOUTS: tuple[str, ...] = ("paper", "marked")
+Layout = Literal["paper", "marked", "restated"]
+LAYOUTS: tuple[str, ...] = ("paper", "marked", "restated")
+# The layouts that close every session with its id: where the marker read can score.
+MARKED_LAYOUTS: tuple[str, ...] = ("marked", "restated")
 # Whose prompt the candidates are shown in: ours (this module), or the released MemSifter proxy's
 # training prompt (memsifter.ranker.official), rendered exactly as its authors trained it.
 TEMPLATES: tuple[str, ...] = ("memsifter", "official")
@@ -58,6 +63,11 @@ _TEXT: dict[str, dict[str, str]] = {
             "Here are {n} past chat sessions between the user and an assistant. Each one starts "
             "with its id and its date, from [Session {first}] to [Session {last}], and ends with "
             "its id again, [End of Session {first}] to [End of Session {last}]."
+        ),
+        "intro_restated": (
+            "Here are {n} past chat sessions between the user and an assistant. Each one starts "
+            "with its id and its date, from [Session {first}] to [Session {last}], and ends with "
+            "the question again and its id, [End of Session {first}] to [End of Session {last}]."
         ),
         "asked_first": "The question the sessions are ranked for:",
         "date": "Date",
@@ -96,6 +106,11 @@ _TEXT: dict[str, dict[str, str]] = {
         "intro_marked": (
             "以下是用户与助手之间的 {n} 个历史聊天会话。每个会话以编号和日期开头"
             "（从 [Session {first}] 到 [Session {last}]），并以同一编号结尾"
+            "（[End of Session {first}] 到 [End of Session {last}]）。"
+        ),
+        "intro_restated": (
+            "以下是用户与助手之间的 {n} 个历史聊天会话。每个会话以编号和日期开头"
+            "（从 [Session {first}] 到 [Session {last}]），并以问题和同一编号结尾"
             "（[End of Session {first}] 到 [End of Session {last}]）。"
         ),
         "asked_first": "需要为其排序会话的问题：",
@@ -192,8 +207,17 @@ def _turns(session: Session) -> str:
     return session.render(with_date=False)
 
 
-def _closed(block: str, position: int, labels: str, layout: str) -> str:
-    """``block`` (header and turns) as the layout shows it: closed by its id under ``marked``."""
+def restated_line(question: str, language: str) -> str:
+    """The line a ``restated`` block shows before its closing id: the question, as the prompt
+    asks it (without its date)."""
+    return _text(language)["question"].format(question=question)
+
+
+def _closed(block: str, position: int, labels: str, layout: str, restated: str = "") -> str:
+    """``block`` (header and turns) as the layout shows it: closed by its id under ``marked``,
+    by ``restated`` (:func:`restated_line`) and its id under ``restated``."""
+    if layout == "restated":
+        return f"{block}\n{restated}\n{_trailer(position, labels)}"
     return f"{block}\n{_trailer(position, labels)}" if layout == "marked" else block
 
 
@@ -203,9 +227,10 @@ def _block(
     language: str,
     labels: str = "digits",
     layout: str = "paper",
+    restated: str = "",
 ) -> str:
     block = f"{_header(position, session, language, labels)}\n{_turns(session)}"
-    return _closed(block, position, labels, layout)
+    return _closed(block, position, labels, layout, restated)
 
 
 def _messages(
@@ -224,10 +249,10 @@ def _messages(
     asked = [text["question"].format(question=question)]
     if question_date:
         asked.insert(0, text["question_date"].format(date=question_date))
-    if layout == "marked":
+    if layout in MARKED_LAYOUTS:
         parts = [
             "\n".join([text["asked_first"], *asked]),
-            text["intro_marked"].format(n=n, first=first, last=last),
+            text[f"intro_{layout}"].format(n=n, first=first, last=last),
         ]
     else:
         parts = [text["intro"].format(n=n, first=first, last=last)]
@@ -258,7 +283,8 @@ def build_messages(
     """System and user messages ranking ``sessions`` in the given order: ``sessions[i]`` is
     ``[Session i]`` (``labels``: its id in digits or letters; ``layout``: see the module doc).
     No budget is applied; use ``PromptBuilder`` for that."""
-    blocks = [_block(i, s, language, labels, layout) for i, s in enumerate(sessions)]
+    restated = restated_line(question, language)
+    blocks = [_block(i, s, language, labels, layout, restated) for i, s in enumerate(sessions)]
     return _messages(
         question, blocks, len(sessions), question_date, language, ask_think, labels, layout
     )

@@ -50,6 +50,7 @@ from memsifter.errors import DataError, PromptBudgetError
 from memsifter.ranker.messages import (
     CLOSER_OPEN,
     LANGUAGES,
+    MARKED_LAYOUTS,
     TEMPLATES,
     Labelling,
     Language,
@@ -64,6 +65,7 @@ from memsifter.ranker.messages import (
     check_labelling,
     check_layout,
     labelling_size,
+    restated_line,
 )
 from memsifter.ranker.parse import RANKING_OPEN, ParsedRanking
 from memsifter.ranker.prompt_ids import PageIds, PromptIdAssembly, _Frame, _NotSplittable
@@ -162,8 +164,13 @@ class PromptBuilder(PromptIdAssembly):
 
         if head_read not in HEAD_READS:
             raise ValueError(f"head_read must be one of {HEAD_READS}, got {head_read!r}")
-        if head_read == "marker" and (ranking_head != "first_token" or layout != "marked"):
-            raise ValueError("head_read='marker' needs ranking_head='first_token', layout='marked'")
+        if head_read == "marker" and (
+            ranking_head != "first_token" or layout not in MARKED_LAYOUTS
+        ):
+            raise ValueError(
+                "head_read='marker' needs ranking_head='first_token' and layout 'marked' or "
+                f"'restated' (got {ranking_head!r}, {layout!r})"
+            )
         if order not in ("chronological", "coarse"):
             raise ValueError(f"order must be chronological or coarse, got {order!r}")
         if order == "coarse" and coarse is None:
@@ -214,13 +221,14 @@ class PromptBuilder(PromptIdAssembly):
         self.counter = HFCounter.from_tokenizer(tokenizer)
         # The widest label any realistic prompt uses, plus the blank line between blocks. Too
         # much only wastes a little room; too little is caught by the refit loop in build.
-        widest = "[Session 99999] \n\n" + ("\n[End of Session 99999]" if layout == "marked" else "")
+        marked = layout in MARKED_LAYOUTS
+        widest = "[Session 99999] \n\n" + ("\n[End of Session 99999]" if marked else "")
         extra = self.counter.count(widest) + 2
         specials = set(getattr(tokenizer, "all_special_tokens", []) or [])
         for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
             if getattr(added, "special", False):
                 specials.add(str(added.content))
-        if layout == "marked":
+        if marked:
             # A session's text cannot forge a closing marker: the marker read finds each
             # candidate's score at its own closer, so the closers must be the builder's alone.
             specials.add(CLOSER_OPEN)
@@ -362,7 +370,12 @@ class PromptBuilder(PromptIdAssembly):
                 f"completion {self.completion_tokens})"
             )
 
-        estimate = fixed + sum(self.session_tokens(s) for s in sessions)
+        # ``restated`` shows the question again in every block: a cost per block that depends
+        # on the question, added to every page's cached count (the pages are not counted again).
+        tokens = self.session_tokens
+        if self.layout == "restated":
+            tokens = tokens.plus(self.counter.count(restated_line(question, self.language)) + 1)
+        estimate = fixed + sum(tokens(s) for s in sessions)
         cap = self.max_candidates
         if cap is not None and len(sessions) > cap and self.coarse is None:
             kind = "digit" if self.labels == "digits" else "letter"
@@ -409,7 +422,7 @@ class PromptBuilder(PromptIdAssembly):
         session_budget = budget - fixed
         for _ in range(self._MAX_REFITS):
             selection = self.coarse.select(
-                question, sessions, session_budget, self.session_tokens, max_sessions=cap
+                question, sessions, session_budget, tokens, max_sessions=cap
             )
             if not selection.sessions:
                 return self._truncated_top(question, sessions, selection, question_date, fixed)
@@ -445,14 +458,16 @@ class PromptBuilder(PromptIdAssembly):
             self.render(self._messages_of(question, blocks, n, question_date))
         )
 
-    def _blocks_of(self, ordered: Sequence[Session]) -> list[str]:
+    def _blocks_of(self, question: str, ordered: Sequence[Session]) -> list[str]:
         """The candidates' prompt blocks, in the spec's template."""
         if self.template == "official":
             from memsifter.ranker.official import session_blocks
 
             return session_blocks(ordered)
+        restated = restated_line(question, self.language)
         return [
-            _block(i, s, self.language, self.labels, self.layout) for i, s in enumerate(ordered)
+            _block(i, s, self.language, self.labels, self.layout, restated)
+            for i, s in enumerate(ordered)
         ]
 
     def _messages_of(
@@ -496,7 +511,7 @@ class PromptBuilder(PromptIdAssembly):
             except _NotSplittable:  # the question holds the placeholder: tokenize the whole
                 pass
         if blocks is None:
-            blocks = self._blocks_of(ordered)
+            blocks = self._blocks_of(question, ordered)
         messages = self._messages_of(question, blocks, len(ordered), question_date)
         if token_ids is None:
             text = self.render(messages)
@@ -574,7 +589,15 @@ class PromptBuilder(PromptIdAssembly):
                 question,
                 [session],
                 question_date,
-                blocks=[_closed(f"{header}\n{body}", 0, self.labels, self.layout)],
+                blocks=[
+                    _closed(
+                        f"{header}\n{body}",
+                        0,
+                        self.labels,
+                        self.layout,
+                        restated_line(question, self.language),
+                    )
+                ],
                 truncated_ids=cut,
                 dropped_ids=dropped_ids,
             )

@@ -39,7 +39,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from memsifter.data.types import Session, Turn
-from memsifter.ranker.messages import _closed, _dated, _label, _messages, _trailer, _turns
+from memsifter.ranker.messages import (
+    MARKED_LAYOUTS,
+    _closed,
+    _dated,
+    _label,
+    _messages,
+    _trailer,
+    _turns,
+    restated_line,
+)
 from memsifter.scopes import ScopedKey, scoped
 
 _BLOCKS = "\u2063MEMSIFTER-CANDIDATES\u2063"  # where the candidates go in a rendered template
@@ -170,7 +179,7 @@ class PromptIdAssembly:
         date, turns = _dated(session, self.language), _turns(session)
         # Under ``marked`` the page ends at the line break before its closing id, which is a
         # piece of its own (see _assemble_ids): one newline here instead of the blank line.
-        marked = self.layout == "marked"
+        marked = self.layout in MARKED_LAYOUTS
         if self.cut == "after":  # an undated label keeps its newline: "]\n" is one Qwen piece
             return (date + "\n" if date else "") + turns + ("\n" if marked else "\n\n")
         return date + "\n" + turns + ("" if marked else "\n")
@@ -233,19 +242,24 @@ class PromptIdAssembly:
         # A label misses the cache only the first time its position is shown: encode misses in
         # the same call as the frame when there is none yet (one tokenizer call per prompt).
         missing = list(dict.fromkeys(k for k in keys if k is not None and k not in self._headers))
+        # ``restated``: the question's line before every closing id, one piece of this prompt's
+        # own (cut at the line breaks around it, as the closer is), encoded in the same call.
+        restated = restated_line(question, self.language) if self.layout == "restated" else ""
+        extra = [*missing, f"\n{restated}" if before else f"{restated}\n"] if restated else missing
         if frame is None or frame.n != len(ordered):
-            frame, encoded = self._frame(question, len(ordered), question_date, missing)
+            frame, encoded = self._frame(question, len(ordered), question_date, extra)
         else:
-            encoded = self._encode(missing) if missing else []
+            encoded = self._encode(extra) if extra else []
+        restated_ids = encoded.pop() if restated else []
         for key, key_ids in zip(missing, encoded, strict=True):
             self._remember_header(key, tuple(key_ids))
         ids = list(frame.prefix_ids)
         pieces = [frame.prefix]
         blocks = []
-        marked = self.layout == "marked"
+        marked = self.layout in MARKED_LAYOUTS
         for i, session in enumerate(ordered):
             header, turns, key = headers[i], turns_of[i], keys[i]
-            shown = _closed(header + "\n" + turns, i, self.labels, self.layout)
+            shown = _closed(header + "\n" + turns, i, self.labels, self.layout, restated)
             if key is None:
                 block = shown + "\n\n"
                 ids.extend(self._encode(["\n" + block[:-1] if before else block])[0])
@@ -256,6 +270,7 @@ class PromptIdAssembly:
                 else:
                     ids.extend(self._encode([self._page_piece(session)])[0])
                 if marked:  # the closing id, cached by position like the label
+                    ids.extend(restated_ids)
                     trailer = _trailer(i, self.labels)
                     ids.extend(self._header_ids(f"\n{trailer}\n" if before else f"{trailer}\n\n"))
             blocks.append(shown)

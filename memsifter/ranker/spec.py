@@ -48,6 +48,8 @@ The reading gym found that SmolLM2 learns the marker read where it never learned
 **Layout.** ``paper`` (the default, left out of ``to_dict`` like ``digits``): the sessions, then
 the question. ``marked``: the question first and every session closed by its id, so the label
 token the head scores sits after the question and its session (:mod:`memsifter.ranker.messages`).
+``restated``: ``marked`` with the question again on the line before every closing id, so the
+marker read's position has the question a line away (docs/gym.md, finding 22).
 
 **Template.** ``memsifter`` (ours, the default, left out of ``to_dict``) or ``official``: the
 released MemSifter proxy's training prompt and parse rules, byte for byte
@@ -138,7 +140,7 @@ class PromptSpec:
                 "ranking_head: first_token reads the ranking at the position right after "
                 "<ranking>, so there is no reasoning before it: set ask_think: false"
             )
-        from memsifter.ranker.messages import LABELLINGS, LAYOUTS
+        from memsifter.ranker.messages import LABELLINGS, LAYOUTS, MARKED_LAYOUTS
 
         if self.labels not in LABELLINGS:
             raise ValueError(f"labels must be one of {LABELLINGS}, got {self.labels!r}")
@@ -149,11 +151,12 @@ class PromptSpec:
         if self.head_read not in HEAD_READS:
             raise ValueError(f"head_read must be one of {HEAD_READS}, got {self.head_read!r}")
         if self.head_read == "marker" and (
-            self.ranking_head != "first_token" or self.layout != "marked"
+            self.ranking_head != "first_token" or self.layout not in MARKED_LAYOUTS
         ):
             raise ValueError(
                 "head_read: marker scores each candidate at its own closing marker "
                 "([End of Session D]), so it needs ranking_head: first_token and layout: marked "
+                "or restated "
                 f"(got ranking_head: {self.ranking_head}, layout: {self.layout})"
             )
         if self.labels != DEFAULT_LABELS and self.ranking_head != "first_token":

@@ -126,6 +126,7 @@ from memsifter.training.sharding import (
     full_state,
     load_full_optimizer_state,
     load_full_state,
+    optimizer_state_for,
     shard,
 )
 from memsifter.training.time_budget import TimeBudget
@@ -819,11 +820,21 @@ class PLGRPOTrainer:
                 for m, p in zip(self.master, self.params, strict=True):
                     m.copy_(saved.get(names[id(p)], p.float()))
         opt = ckpt / "optimizer.pt"
+        # Written sharded or not, it is read in this run's form (a run sharded over 8 GPUs
+        # resumes on one, and the reverse); a state of other parameters is refused by name.
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         if opt.is_file() and self.root is not None:
-            saved = torch.load(opt, weights_only=True) if self.procs.is_main else {}
-            load_full_optimizer_state(self.root, self.opt, saved)
+            held: dict[str, Any] = {}
+
+            def read_optimizer() -> None:  # the main process's; a failure fails every process
+                saved = torch.load(opt, weights_only=True)
+                held.update(optimizer_state_for(saved, names, True, str(ckpt)))
+
+            self.procs.run_on_main(read_optimizer, f"reading {opt}")
+            load_full_optimizer_state(self.root, self.opt, held)
         elif opt.is_file():
-            self.opt.load_state_dict(torch.load(opt, weights_only=True))
+            saved = torch.load(opt, weights_only=True)
+            self.opt.load_state_dict(optimizer_state_for(saved, names, False, str(ckpt)))
         sched = ckpt / "scheduler.pt"
         if sched.is_file():
             self.sched.load_state_dict(torch.load(sched, weights_only=True))

@@ -156,6 +156,48 @@ def load_full_optimizer_state(root: Any, optimizer: Any, state: Mapping[str, Any
     set_optimizer_state_dict(root, optimizer, optim_state_dict=dict(state), options=options)
 
 
+def optimizer_state_for(
+    saved: Mapping[str, Any], names: Sequence[str], sharded: bool, where: str
+) -> dict[str, Any]:
+    """A checkpoint's ``optimizer.pt`` in the form this run loads, whichever run wrote it. A
+    sharded run writes the full state by parameter name (``PREFIX`` + the model's names); an
+    unsharded one writes torch's own, by position among its trainable parameters, whose names
+    in order are ``names``. So a run sharded over 8 GPUs resumes on one, and the reverse; a
+    state that names other parameters is refused by name."""
+    groups = list(saved.get("param_groups") or ())
+    state = dict(saved.get("state") or {})
+    keys = [*state, *(p for g in groups for p in g.get("params", ()))]
+    by_name = any(isinstance(k, str) for k in keys)
+    if len(groups) != 1:
+        raise DataError(
+            f"cannot resume from {where}: its optimizer state has {len(groups)} parameter "
+            "groups, and this trainer's AdamW has one"
+        )
+    want = [PREFIX + n for n in names] if by_name else list(range(len(names)))
+    have = list(groups[0].get("params", ()))
+    if sorted(map(str, have)) != sorted(map(str, want)):
+        missing = sorted(set(map(str, want)) - set(map(str, have)))
+        raise DataError(
+            f"cannot resume from {where}: its optimizer state holds {len(have)} parameters and "
+            f"this run trains {len(names)}"
+            + (f" (not there: {missing[0].removeprefix(PREFIX)})" if missing else "")
+            + ": a checkpoint of another model, adapter or set of trained layers"
+        )
+    if by_name == sharded:
+        return dict(saved)
+    if by_name:  # a sharded run's, into torch's positions
+        position = {PREFIX + n: i for i, n in enumerate(names)}
+        return {
+            "state": {position[k]: v for k, v in state.items()},
+            "param_groups": [{**groups[0], "params": list(range(len(names)))}],
+        }
+    named = [PREFIX + n for n in names]  # an unsharded run's, by name for the scatter
+    return {
+        "state": {named[int(i)]: v for i, v in state.items()},
+        "param_groups": [{**groups[0], "params": named}],
+    }
+
+
 def adapter_into(state: dict[str, Any], adapter: Mapping[str, Any], name: str) -> None:
     """A saved PEFT adapter's tensors (its file's names carry no adapter name) written into a
     full state by the model's names (``….lora_A.<name>.weight``); refuses one that does not fit."""
@@ -178,5 +220,6 @@ __all__ = [
     "full_state",
     "load_full_optimizer_state",
     "load_full_state",
+    "optimizer_state_for",
     "shard",
 ]

@@ -83,6 +83,8 @@ class ValidationEngine:
     labels: str | None = None
     # Where the head reads its scores (label | marker), from the data's spec like the labels.
     head_read: str | None = None
+    # The data's prompt layout, which the marker read needs to agree with a checkpoint's own.
+    layout: str | None = None
     # Where the head's forward runs; None: the GPU when there is one (a lent GPU's CPUs would
     # spend minutes a checkpoint), else the CPU. fp32 either way: the checkpoint's own dtype.
     device: str | None = "cpu"
@@ -100,8 +102,9 @@ class ValidationEngine:
             engine_args=args,
             threads=cfg.threads,
             ranking_head=ranking_head,
-            labels=_data_labels(cfg.data) if ranking_head == "first_token" else None,
-            head_read=_data_head_read(cfg.data) if ranking_head == "first_token" else None,
+            labels=_data_spec(cfg.data, "labels") if ranking_head == "first_token" else None,
+            head_read=_data_spec(cfg.data, "head_read") if ranking_head == "first_token" else None,
+            layout=_data_spec(cfg.data, "layout") if ranking_head == "first_token" else None,
             device=None,
         )
 
@@ -141,7 +144,7 @@ class ValidationEngine:
             "labels": self.labels if head else None,
             "head_read": self.head_read if head else None,
             # The marker read needs its layout; the prompts are rendered already either way.
-            "layout": "marked" if head and self.head_read == "marker" else None,
+            "layout": (self.layout or "marked") if head and self.head_read == "marker" else None,
         }
         params = ProxyParams(
             batch_size=self.batch_size if head else None, max_new_tokens=max_new_tokens
@@ -151,18 +154,12 @@ class ValidationEngine:
         )
 
 
-def _data_head_read(data: str | Path) -> str | None:
-    """Where the RL data's head reads its scores, or None when the folder carries no spec."""
+def _data_spec(data: str | Path, name: str) -> str | None:
+    """One field (labels, head_read, layout) of the RL data folder's prompt spec, or None when
+    the folder carries no spec."""
     from memsifter.ranker.checkpoint import has_spec, read_spec
 
-    return read_spec(data).head_read if has_spec(data) else None
-
-
-def _data_labels(data: str | Path) -> str | None:
-    """The labels of the RL data folder's prompt spec, or None when it carries none."""
-    from memsifter.ranker.checkpoint import has_spec, read_spec
-
-    return read_spec(data).labels if has_spec(data) else None
+    return getattr(read_spec(data), name) if has_spec(data) else None
 
 
 def answer_rows(

@@ -396,10 +396,15 @@ def test_json_shape_and_report(rl_folder: Path, models, tmp_path: Path) -> None:
     assert set(ci) == {"ndcg@1", "ndcg@5", "ndcg@10", "recall@1", "recall@5", "mrr"}
     assert all(isinstance(v, list) and len(v) == 2 and v[0] <= v[1] for v in ci.values())
     assert out["sample"] is None
+    # The code that made it (memsifter.provenance), in the JSON and the report's text.
+    from memsifter.provenance import code_version
+
+    assert out["code_version"] == code_version() and out["code_version"]
 
     md = cfg.md_path.read_text()
     assert "Failed parses score 0" in md
     assert "machine:" in md and "memsifter eval proxy --data" in md
+    assert f"at code version `{out['code_version']}`" in md
     assert "split `test`" in md and "`c8`, `c9`" in md
     assert "| trained-bm25 | ndcg@1 |" in md
     assert "| trained+bm25 | 3 |" in md

@@ -78,7 +78,7 @@ def _exact(builder: PromptBuilder, built: BuiltPrompt) -> None:
 
 @pytest.mark.parametrize("language", ["en", "zh"])
 @pytest.mark.parametrize("ask_think", [True, False])
-@pytest.mark.parametrize("layout", ["paper", "marked"])
+@pytest.mark.parametrize("layout", ["paper", "marked", "restated"])
 def test_ids_equal_the_tokenized_text(
     tokenizer: Any, language: str, ask_think: bool, layout: str
 ) -> None:

@@ -220,7 +220,10 @@ def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
     assert model.get_base_model().model.layers is frozen.all  # the stack is restored
 
 
-def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["marked", "restated"])
+def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(
+    tmp_path: Path, layout: str
+) -> None:
     """``head_read: marker`` through the whole loop: data rendered marked, the PL-GRPO trainer
     (each place credited with the tiers it can change) and validation reading each candidate
     at its closing marker, the checkpoint carrying the
@@ -240,9 +243,10 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) 
         world,
         ROOT / "configs/data/gym_read_first_token.yaml",
         corpus=corpus,
-        prompt={"layout": "marked", "head_read": "marker"},
+        prompt={"layout": layout, "head_read": "marker"},
     )
     assert read_spec(made["data"]).head_read == "marker"
+    assert read_spec(made["data"]).layout == layout
     out = tmp_path / "outcome"
     cfg = load_train_config(
         ROOT / "configs/train/gym_read_pl_outcome.yaml",
@@ -259,6 +263,7 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(tmp_path: Path) 
     )
     result = run_training(cfg, log=lambda _: None)
     assert read_spec(result["model"]).head_read == "marker"
+    assert read_spec(result["model"]).layout == layout  # validation read it on the data's layout
     state = json.loads((out / "epoch-0" / "checkpoint-2" / "trainer_state.json").read_text())
     assert all(e["pl_depth"] == 8 and e["grad_norm"] > 0 for e in state["log_history"])
     validation = json.loads((out / "epoch-0" / "validation.json").read_text())

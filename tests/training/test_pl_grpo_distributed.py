@@ -86,6 +86,39 @@ def test_accumulated_micro_batches_make_the_one_batch_update(
     assert _max_diff(whole.model.parameters(), split.model.parameters()) < ACCUM_ATOL
 
 
+def test_a_resume_reads_the_optimizer_state_by_name_as_a_sharded_run_writes_it(
+    gym: dict[str, Path], tmp_path: Path
+) -> None:
+    """A checkpoint whose ``optimizer.pt`` is by parameter name (the form a sharded run gathers
+    and writes) resumes in one process and ends where the uninterrupted run did; the AdamW
+    moments are the saved ones, not fresh (the control: a resume without them ends elsewhere)."""
+    from memsifter.errors import DataError
+    from memsifter.training.sharding import PREFIX, optimizer_state_for
+
+    common = [*_steps(16, 1, "group")[:-1], "epochs.save_steps=1"]
+    run = _one_process(gym, tmp_path / "run", *common)
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    names = [n for n, p in run.model.named_parameters() if p.requires_grad]
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    by_name = optimizer_state_for(saved, names, True, str(ckpt))
+    assert all(isinstance(k, str) and k.startswith(PREFIX) for k in by_name["state"])
+    torch.save(by_name, ckpt / "optimizer.pt")
+    resumed = _one_process(gym, tmp_path / "resumed", *common, train_it=False)
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert resumed.state.global_step == STEPS
+    assert _max_diff(run.model.parameters(), resumed.model.parameters()) < ATOL
+    torch.save({"state": {}, "param_groups": by_name["param_groups"]}, ckpt / "optimizer.pt")
+    fresh = _one_process(gym, tmp_path / "fresh", *common, train_it=False)
+    fresh.train(resume_from_checkpoint=str(ckpt))
+    assert _max_diff(run.model.parameters(), fresh.model.parameters()) > 100 * ATOL
+    other = {"state": {}, "param_groups": [{**by_name["param_groups"][0], "params": ["lm.x"]}]}
+    torch.save(other, ckpt / "optimizer.pt")
+    with pytest.raises(DataError, match="holds 1 parameters and this run trains"):
+        _one_process(gym, tmp_path / "other", *common, train_it=False).train(
+            resume_from_checkpoint=str(ckpt)
+        )
+
+
 def _launch(
     gym: dict[str, Path], out: Path, *overrides: str, fsdp: bool = False
 ) -> subprocess.CompletedProcess:
@@ -181,6 +214,21 @@ def test_two_sharded_processes_make_the_one_process_update_and_resume(
     again = _launch(gym, resumed, *steps, f"resume={ckpt}", fsdp=True)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-5000:]
     after = torch.load(resumed / "w.pt", weights_only=True)
+    assert _max_diff([after[n] for n in names], [two[n] for n in names]) < ATOL
+    # Across forms: the sharded checkpoint resumed in one process, and the one process's
+    # checkpoint resumed sharded, each end where the run did.
+    accumulated = [*_steps(16, 2, "batch")[:-1], *common]  # one process, both micro-batches
+    single = _one_process(gym, tmp_path / "single", *accumulated, train_it=False)
+    single.train(resume_from_checkpoint=str(ckpt))
+    assert (
+        _max_diff([p for _, p in single.model.named_parameters()], [two[n] for n in names]) < ATOL
+    )
+    across = tmp_path / "across"
+    across.mkdir()
+    theirs_ckpt = tmp_path / "one" / "checkpoint-1"
+    done = _launch(gym, across, *steps, f"resume={theirs_ckpt}", fsdp=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    after = torch.load(across / "w.pt", weights_only=True)
     assert _max_diff([after[n] for n in names], [two[n] for n in names]) < ATOL
 
 

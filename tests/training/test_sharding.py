@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from memsifter.errors import DataError
-from memsifter.training.sharding import adapter_into, check_launch
+from memsifter.training.sharding import PREFIX, adapter_into, check_launch, optimizer_state_for
 
 FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "false"}
 
@@ -55,3 +55,33 @@ def test_a_saved_adapter_lands_under_the_model_names() -> None:
     assert state["base_model.model.layers.0.q_proj.lora_A.default.weight"] == 7
     with pytest.raises(DataError, match="no place for"):
         adapter_into(state, {"base_model.model.layers.9.q_proj.lora_A.weight": 7}, "default")
+
+
+def test_an_optimizer_state_is_read_in_the_form_this_run_loads() -> None:
+    """Torch's own state (by position, an unsharded run's) and a sharded run's gathered state (by
+    name) convert into each other, tensors untouched; a state of other parameters, or of more
+    groups, is refused by name."""
+    names = ["layers.0.w", "layers.1.w", "head.w"]
+    m0, m2 = object(), object()
+    positional = {
+        "state": {0: {"exp_avg": m0}, 2: {"exp_avg": m2}},  # parameter 1 never had a gradient
+        "param_groups": [{"lr": 1e-3, "params": [0, 1, 2]}],
+    }
+    by_name = optimizer_state_for(positional, names, True, "ckpt")
+    assert by_name["state"] == {
+        PREFIX + "layers.0.w": {"exp_avg": m0},
+        PREFIX + "head.w": {"exp_avg": m2},
+    }
+    assert by_name["param_groups"] == [{"lr": 1e-3, "params": [PREFIX + n for n in names]}]
+    back = optimizer_state_for(by_name, names, False, "ckpt")
+    assert back == positional and back["state"][0]["exp_avg"] is m0
+    # Already in this run's form: as saved.
+    assert optimizer_state_for(positional, names, False, "ckpt") == positional
+    assert optimizer_state_for(by_name, names, True, "ckpt") == by_name
+    with pytest.raises(DataError, match=r"holds 3 parameters and this run trains 2 \(not there: "):
+        optimizer_state_for(by_name, ["layers.0.w", "other.w"], False, "ckpt")
+    with pytest.raises(DataError, match="holds 3 parameters and this run trains 4"):
+        optimizer_state_for(positional, [*names, "extra.w"], True, "ckpt")
+    two_groups = {**positional, "param_groups": positional["param_groups"] * 2}
+    with pytest.raises(DataError, match="2 parameter groups"):
+        optimizer_state_for(two_groups, names, False, "ckpt")
