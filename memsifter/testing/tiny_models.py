@@ -354,10 +354,10 @@ def build_tiny_smollm2(out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Pat
     return out_dir
 
 
-def marker_head_spec(model: str, labels: str = "digits") -> PromptSpec:
+def marker_head_spec(model: str, labels: str = "digits", layout: str = "marked") -> PromptSpec:
     """A first-token head spec with the marker read (``head_read: marker``) on ``model``: marked
-    layout, no think, a window wide enough for the tests' prompts."""
+    layout (or ``restated``), no think, a window wide enough for the tests' prompts."""
     return PromptSpec(
         model=model, window_tokens=8192, completion_tokens=0, ask_think=False,
-        ranking_head="first_token", labels=labels, layout="marked", head_read="marker",
+        ranking_head="first_token", labels=labels, layout=layout, head_read="marker",
     )  # fmt: skip

@@ -41,10 +41,11 @@ def _prompts(tok: Any, model: str) -> tuple[list[str], list[int]]:
     from memsifter.coarse.bm25 import BM25Filter
 
     builder = marker_head_spec(model).builder(tok, BM25Filter())
+    restated = marker_head_spec(model, layout="restated").builder(tok, BM25Filter())
     built = [
         builder.build("what about topic 3?", topic_sessions(12)),
         builder.build("topic 1?", topic_sessions(5)),
-        builder.build("and topic 4, the latest?", topic_sessions(8)),
+        restated.build("and topic 4, the latest?", topic_sessions(8)),  # the question restated
     ]
     return [b.text for b in built], [b.num_candidates for b in built]
 
@@ -364,13 +365,16 @@ def _marker_prompts(tok: Any, model: str) -> tuple[list[str], list[int]]:
     from memsifter.coarse.bm25 import BM25Filter
 
     builder = marker_head_spec(model).builder(tok, BM25Filter())
+    restated = marker_head_spec(model, layout="restated").builder(tok, BM25Filter())
     asks = [
         ("what about topic 3?", 12),
         ("which session mentions topic 1 last?", 6),
         ("topic 7 and topic 2?", 20),
         ("tell me about topic 5", 9),
     ]
-    built = [builder.build(q, topic_sessions(n)) for q, n in asks]
+    # the last two with the question restated before every closer
+    built = [(builder if i < 2 else restated).build(q, topic_sessions(n))
+             for i, (q, n) in enumerate(asks)]  # fmt: skip
     return [b.text for b in built], [b.num_candidates for b in built]
 
 
