@@ -322,11 +322,8 @@ def data_rank(
             rows,
             out,
             max_new_tokens=max_new_tokens,
-            engine=ValidationEngine(
-                threads=threads,
-                ranking_head=cfg.prompt.ranking_head,
-                labels=cfg.prompt.labels,  # an untrained base model has no spec of its own
-            ),
+            # an untrained base model has no spec of its own: the data's says how to read it
+            engine=ValidationEngine.for_spec(cfg.prompt, threads=threads),
         )
         console.print(f"wrote {len(rows)} rankings to {path} (parse rate {parse_rate:.2f})")
     except (MemSifterError, ValueError, FileNotFoundError) as e:

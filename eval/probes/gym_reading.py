@@ -588,13 +588,7 @@ def rank_with(model: str | Path, rows: list[dict[str, Any]], spec: Any) -> list[
     from memsifter.ranker.parse import parse_ranking
     from memsifter.training.validation import ValidationEngine, generate_completions
 
-    engine = ValidationEngine(
-        batch_size=8,
-        ranking_head=spec.ranking_head,
-        labels=spec.labels,
-        head_read=spec.head_read,
-        device=None,  # the GPU when there is one
-    )
+    engine = ValidationEngine.for_spec(spec, batch_size=8, device=None)  # device: a GPU if any
     texts = generate_completions(model, rows, max_new_tokens=1, engine=engine)
     return [
         list(parse_ranking(t, int(r["n_candidates"])).ids) for r, t in zip(rows, texts, strict=True)

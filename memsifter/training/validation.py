@@ -27,6 +27,7 @@ from memsifter.training.rldata.curriculum import write_rankings
 
 if TYPE_CHECKING:
     from memsifter.llm import BackendSpec
+    from memsifter.ranker.spec import PromptSpec
     from memsifter.training.config import TrainConfig
 
 # Far past any warm-up: beta(t) = 0, so the validation reward is alpha * R_ans.
@@ -88,6 +89,19 @@ class ValidationEngine:
     # Where the head's forward runs; None: the GPU when there is one (a lent GPU's CPUs would
     # spend minutes a checkpoint), else the CPU. fp32 either way: the checkpoint's own dtype.
     device: str | None = "cpu"
+
+    @classmethod
+    def for_spec(cls, spec: PromptSpec, **kwargs: Any) -> ValidationEngine:
+        """The engine that reads prompts rendered with ``spec`` (its head, labels, read and
+        layout; a checkpoint of another is refused), with ``kwargs`` for the rest."""
+        head = spec.ranking_head == "first_token"
+        return cls(
+            ranking_head=spec.ranking_head,
+            labels=spec.labels if head else None,
+            head_read=spec.head_read if head else None,
+            layout=spec.layout if head else None,
+            **kwargs,
+        )
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, ranking_head: str = "generate") -> ValidationEngine:

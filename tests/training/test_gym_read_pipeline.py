@@ -264,6 +264,13 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(
     result = run_training(cfg, log=lambda _: None)
     assert read_spec(result["model"]).head_read == "marker"
     assert read_spec(result["model"]).layout == layout  # validation read it on the data's layout
+    # The eval stage ranks the trained model on its own layout (a restated checkpoint read as
+    # marked would be refused).
+    import eval.probes.gym_reading as G
+
+    rows = G.load_split(made["data"], "validation")[:3]
+    ranked = G.rank_with(result["model"], rows, read_spec(made["data"]))
+    assert [sorted(r) for r in ranked] == [list(range(int(r["n_candidates"]))) for r in rows]
     state = json.loads((out / "epoch-0" / "checkpoint-2" / "trainer_state.json").read_text())
     assert all(e["pl_depth"] == 8 and e["grad_norm"] > 0 for e in state["log_history"])
     validation = json.loads((out / "epoch-0" / "validation.json").read_text())
@@ -279,6 +286,48 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(
     marker = (int(row["n_candidates"]), "letters")
     assert frozen.check(tok, row["prompt"], [], marker) < 1e-4
     assert frozen.autocast  # restored after the fp32 check
+
+
+def test_the_first_kinds_report_tells_update_detection_from_reading() -> None:
+    """eval/probes/gym_first_kinds.py: a first place is counted by what the generator wrote there
+    (the useful session, the asked attribute's own other update or a distractor of it, another
+    attribute's update or other, small talk), by question kind, none questions left out."""
+    from types import SimpleNamespace
+
+    from eval.probes.gym_first_kinds import first_kinds
+
+    def event(attr: str | None, kind: str, subject: str = "self") -> dict[str, Any]:
+        return {"attribute": attr, "kind": kind, "subject": subject}
+
+    sessions = [
+        {"id": "u/s0", "event": event("city", "first")},
+        {"id": "u/s1", "event": event("job", "change")},
+        {"id": "u/s2", "event": event("city", "change")},
+        {"id": "u/s3", "event": event("city", "other_change", "sister")},
+        {"id": "u/s4", "event": event(None, "smalltalk")},
+    ]
+    questions = [
+        {"id": "u/q0", "kind": "current", "attribute": "city", "useful_session_ids": ["u/s2"]},
+        {"id": "u/q1", "kind": "earlier", "attribute": "city", "useful_session_ids": ["u/s0"]},
+        {"id": "u/q2", "kind": "none", "attribute": None, "useful_session_ids": []},
+    ]
+    world = SimpleNamespace(sessions=sessions, questions=questions)
+    cands = json.dumps([{"id": s["id"]} for s in sessions])
+    rows = [{"qid": f"gym/u/q{i}", "source": "gym", "candidates": cands} for i in range(3)]
+
+    def shares(firsts: list[int]) -> dict[str, dict[str, Any]]:
+        ranks = [[f, *(j for j in range(5) if j != f)] for f in firsts]
+        return first_kinds({"qids": [r["qid"] for r in rows], "rankings": ranks}, rows, world)
+
+    reader = shares([2, 0, 4])
+    assert reader["all"]["n"] == 2 and reader["all"]["useful"] == 1.0  # the none question: out
+    detector = shares([1, 2, 0])  # an update, of the wrong attribute / the wrong time
+    assert detector["current"]["other attribute, own update"] == 1.0
+    assert detector["earlier"]["asked attribute, own update"] == 1.0
+    assert shares([3, 4, 0])["all"] == {
+        "n": 2, "useful": 0.0, "asked attribute, own update": 0.0, "asked attribute, other": 0.5,
+        "other attribute, own update": 0.0, "other attribute, other": 0.0, "small talk": 0.5,
+    }  # fmt: skip
 
 
 def test_the_first_place_report_tells_position_from_content() -> None:
