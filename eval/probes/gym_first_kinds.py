@@ -96,6 +96,7 @@ def main(
     rung: Annotated[str, typer.Option(help="the reading gym's rung")] = "small-marker",
     split: Annotated[str, typer.Option(help="the rankings' split: validation or test")] = "test",
     n: Annotated[int, typer.Option(help="validation questions a model ranks")] = 200,
+    out: Annotated[Path | None, typer.Option(help="also write the tables to this file")] = None,
 ) -> None:
     """Each ranker's first places by kind, as a markdown table per group of questions."""
     import eval.probes.gym_reading as G
@@ -129,15 +130,23 @@ def main(
         return {"qids": [str(r["qid"]) for r in mine], "rankings": ranked}
 
     report = {name: first_kinds(rankings(name), rows, world) for name in rankers}
-    print(f"`python -m eval.probes.gym_first_kinds {' '.join(sys.argv[1:])}` at code version "
-          f"`{G.code_version()}`; rung {rung}, split {split}")  # fmt: skip
+    lines = [
+        f"`python -m eval.probes.gym_first_kinds {' '.join(sys.argv[1:])}` at code version "
+        f"`{G.code_version()}`; rung {rung}, split {split}; shares of the first places"
+    ]
     for group in report[rankers[0]]:
-        n = report[rankers[0]][group]["n"]
-        print(f"\n{group} (n = {n})\n\n| ranker | " + " | ".join(KINDS) + " |")
-        print("|---" * (len(KINDS) + 1) + "|")
-        for name in rankers:
-            shares = report[name][group]
-            print(f"| {name} | " + " | ".join(f"{shares[k]:.3f}" for k in KINDS) + " |")
+        lines += [
+            f"\n{group} (n = {report[rankers[0]][group]['n']})\n",
+            "| ranker | " + " | ".join(KINDS) + " |",
+            "|---" * (len(KINDS) + 1) + "|",
+        ]
+        lines += [f"| {name} | " + " | ".join(f"{report[name][group][k]:.3f}" for k in KINDS)
+                  + " |" for name in rankers]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
 
 
 if __name__ == "__main__":
