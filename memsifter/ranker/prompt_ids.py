@@ -124,7 +124,7 @@ class PromptIdAssembly:
     language: str
     ask_think: bool
     labels: str  # how candidate ids are written: digits | letters
-    layout: str  # paper | marked (question first, every session closed by its id)
+    layout: str  # paper | marked (question first, every session closed by its id) | restated
     cut: Literal["after", "before"]
     page_ids: PageIds
     _added: tuple[str, ...]

@@ -103,7 +103,9 @@ class PromptSpec:
     order: str = "chronological"  # chronological | coarse
     ranking_head: str = "generate"  # generate | first_token (see the module doc)
     labels: str = DEFAULT_LABELS  # digits | letters: how candidate ids are written (module doc)
-    layout: str = DEFAULT_LAYOUT  # paper | marked: question first, sessions closed by their id
+    # paper | marked (question first, sessions closed by their id) | restated (and the question
+    # again before each closing id)
+    layout: str = DEFAULT_LAYOUT
     head_read: str = DEFAULT_HEAD_READ  # label | marker: where the head reads a score (module doc)
     # λ of the head's score + λ · the coarse prior (memsifter.ranker.coarse_prior); 0: the head
     # alone, left out of to_dict like the other defaults

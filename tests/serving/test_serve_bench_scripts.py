@@ -204,17 +204,18 @@ def test_a_tree_without_git_names_the_commit_its_sender_gave(
     MEMSIFTER_CODE_VERSION, whatever git the copy has; without it, git decides ("unknown"
     outside a checkout)."""
     import eval.common as benchlib
+    from memsifter import provenance  # where eval.common's git_head lives
 
-    monkeypatch.setattr(benchlib, "REPO", tmp_path)
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     monkeypatch.delenv("MEMSIFTER_CODE_VERSION", raising=False)
     assert benchlib.git_head() == "unknown"
-    monkeypatch.setattr(benchlib, "REPO", ROOT)
+    monkeypatch.setattr(provenance, "REPO", ROOT)
     head = benchlib.git_head()
     assert head not in ("unknown", "abc1234")
     monkeypatch.setenv("MEMSIFTER_CODE_VERSION", "abc1234")
     assert benchlib.git_head() == "abc1234" and not benchlib.git_dirty()
-    monkeypatch.setattr(benchlib, "REPO", tmp_path)
+    monkeypatch.setattr(provenance, "REPO", tmp_path)
     assert benchlib.git_head() == "abc1234"
 
 
