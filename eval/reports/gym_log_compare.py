@@ -53,7 +53,11 @@ def main(
     window: Annotated[int, typer.Option(help="steps a row")] = 20,
 ) -> None:
     """Training logs side by side, by windows of steps, and paired against the first."""
-    runs = {p.name.removesuffix("_log.jsonl"): load(p) for p in logs}
+    names = [p.name.removesuffix("_log.jsonl") for p in logs]
+    # Runs of one recipe on two rungs share a name: the rung's folder tells them apart.
+    if len(set(names)) < len(names):
+        names = [f"{p.parent.name}/{n}" for p, n in zip(logs, names, strict=True)]
+    runs = {n: load(p) for n, p in zip(names, logs, strict=True)}
     last = max(max(log) for log in runs.values())
     print("| run | steps | reward | entropy | grad norm | reward spread in a group |")
     print("|---|---|---|---|---|---|")
