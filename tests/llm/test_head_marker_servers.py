@@ -372,8 +372,9 @@ def _marker_prompts(tok: Any, model: str) -> tuple[list[str], list[int]]:
         ("topic 7 and topic 2?", 20),
         ("tell me about topic 5", 9),
     ]
-    # the last two with the question restated before every closer
-    built = [(builder if i < 2 else restated).build(q, topic_sessions(n))
+    # the second and fourth with the question restated before every closer (the shorter two:
+    # llama-server's slots hold 1,024 tokens each)
+    built = [(restated if i % 2 else builder).build(q, topic_sessions(n))
              for i, (q, n) in enumerate(asks)]  # fmt: skip
     return [b.text for b in built], [b.num_candidates for b in built]
 
