@@ -100,9 +100,9 @@ def main(
 ) -> None:
     """Each ranker's first places by kind, as a markdown table per group of questions."""
     import eval.probes.gym_reading as G
+    from eval.probes.gym_first_place import mergeable
     from memsifter.data.gym import load_world
     from memsifter.ranker.checkpoint import read_spec
-    from memsifter.training.loop import merged_for_eval
 
     # The candidates are the user's sessions by date whatever the layout: any build of the
     # rung's size serves (built by `python -m eval.probes.gym_reading --size S --stage data`).
@@ -122,11 +122,7 @@ def main(
                                      "validation users only (--split validation)")  # fmt: skip
         data = ROOT / "outputs/gym_reading" / rung / "data"
         mine = [r for r in G.load_split(data, "validation") if len(r["useful_positions"])][:n]
-        model: str | Path = name
-        if (Path(name) / "adapter_config.json").is_file():
-            scratch = ROOT / "outputs/gym_reading" / rung / "first_place_scratch"
-            model = merged_for_eval(Path(name), scratch / "_".join(Path(name).resolve().parts[-3:]))
-        ranked = G.rank_with(model, mine, read_spec(data))
+        ranked = G.rank_with(mergeable(name, rung), mine, read_spec(data))
         return {"qids": [str(r["qid"]) for r in mine], "rankings": ranked}
 
     report = {name: first_kinds(rankings(name), rows, world) for name in rankers}

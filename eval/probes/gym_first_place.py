@@ -46,6 +46,19 @@ def first_place_report(ranks: list[list[int]], rows: list[dict[str, Any]]) -> di
     }
 
 
+def mergeable(name: str, rung: str) -> str | Path:
+    """A model name or folder as the rankers read it: a checkpoint's adapter merged first, into
+    the rung's scratch folder."""
+    from memsifter.training.loop import merged_for_eval
+
+    if not (Path(name) / "adapter_config.json").is_file():
+        return name
+    # merged_for_eval reuses a merged folder by its checkpoint's name: one folder a run, or two
+    # runs' checkpoint-40 would read as one model.
+    scratch = ROOT / "outputs/gym_reading" / rung / "first_place_scratch"
+    return merged_for_eval(Path(name), scratch / "_".join(Path(name).resolve().parts[-3:]))
+
+
 def main(
     models: Annotated[
         list[str], typer.Argument(help="a model name or folder, or a checkpoint folder")
@@ -62,7 +75,6 @@ def main(
 
     import eval.probes.gym_reading as G
     from memsifter.ranker.checkpoint import read_spec
-    from memsifter.training.loop import merged_for_eval
 
     data = ROOT / "outputs/gym_reading" / rung / "data"
     rows = [r for r in G.load_split(data, "validation") if len(r["useful_positions"])][:n]
@@ -81,14 +93,10 @@ def main(
         "command": "python -m eval.probes.gym_first_place " + " ".join(sys.argv[1:]),
         "code_version": G.code_version(),
     }
-    scratch = ROOT / "outputs/gym_reading" / rung / "first_place_scratch"
     for name in models:
-        model: str | Path = name
-        if (Path(name) / "adapter_config.json").is_file():
-            # merged_for_eval reuses a merged folder by its checkpoint's name: one folder a
-            # run, or two runs' checkpoint-40 would read as one model.
-            model = merged_for_eval(Path(name), scratch / "_".join(Path(name).resolve().parts[-3:]))
-        report["models"][name] = first_place_report(G.rank_with(model, rows, spec), rows)
+        report["models"][name] = first_place_report(
+            G.rank_with(mergeable(name, rung), rows, spec), rows
+        )
         print(name, json.dumps(report["models"][name]), flush=True)
     out = Path(out) if out else G.RUNS / rung / "first_place.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,7 @@ from memsifter.evaluation.proxy_rankers import (
     saved_run,
 )
 from memsifter.ir_metrics import qrels_from_gold, rankings_to_run
+from memsifter.provenance import code_version
 from memsifter.ranker.checkpoint import spec_differences
 
 METRICS: dict[str, Any] = {
@@ -162,7 +163,7 @@ class ProxyEvalResult:
     command: str
     files: list[Path] = field(default_factory=list)
     # the code that ranked and scored (memsifter.provenance): a report names its version
-    code_version: str = field(default_factory=lambda: _code_version())
+    code_version: str = field(default_factory=code_version)
     # SLICE_METRIC by category and by candidate count, paired against the coarse row
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -207,12 +208,6 @@ class ProxyEvalResult:
             "command": self.command,
             "code_version": self.code_version,
         }
-
-
-def _code_version() -> str:
-    from memsifter.provenance import code_version
-
-    return code_version()
 
 
 def machine_line() -> str:
