@@ -32,4 +32,4 @@ if [ -z "${MEMSIFTER_TEST_PG_DSN:-}" ] && command -v pg_isready >/dev/null 2>&1 
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-2}"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

@@ -39,7 +39,10 @@ def accelerate_launch(
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "",  # CPU and gloo, even on a GPU machine
+        # One thread a process, whatever the caller's pool: torch sizes it from MKL_NUM_THREADS
+        # too (the test suite sets 2), and a thread count changes how a CPU's matmuls sum.
         "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
         "PYTHONPATH": str(root),
         "TOKENIZERS_PARALLELISM": "false",
     }

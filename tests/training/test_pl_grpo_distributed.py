@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,13 @@ pytest.importorskip("trl")
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "training" / "_pl_grpo_driver.py"
 STEPS = 2
-# Two processes against one accumulating the same two micro-batches: the same forwards, the
-# gradients summed in another order (measured: bit-identical here). A step moves some weight by
-# 0.002, 200 times this.
+# Two processes against one accumulating the same two micro-batches: the same forwards, and the
+# same gradients once halved (exact in float32), summed in another order. Every side runs torch on
+# one thread (memsifter.testing.launch for the launched processes, ``one_thread`` here): on
+# another thread count a CPU's matmuls sum in another order, and Adam's normalised step turns
+# those last bits of near-zero gradients into visible differences (CI measured 1.2e-5 with two
+# threads; here one thread against two gives 3.4e-5, one against one 0.0). A step moves some
+# weight by 0.002, 200 times this.
 ATOL = 1e-5
 # One micro-batch of 32 prompts against two of 16: other padding widths and batched matmuls, so
 # float32 sums differ in their last bits (measured: 4e-5 after two steps).
@@ -36,6 +41,17 @@ def gym(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return gym_rl_data(
         tmp_path_factory.mktemp("pl_dist"), world, ROOT / "configs/data/gym_first_token.yaml"
     )
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Torch on one thread, as each launched process runs: the kernels sum in the same order."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _one_process(gym: dict[str, Path], out: Path, *overrides: str, train_it: bool = True) -> Any:
@@ -131,7 +147,7 @@ def _launch(
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", ["batch"])
 def test_two_processes_make_the_one_process_update(
-    gym: dict[str, Path], tmp_path: Path, scale: str
+    gym: dict[str, Path], tmp_path: Path, scale: str, one_thread: None
 ) -> None:
     """Per process one micro-batch of 2 prompts; the reference accumulates both micro-batches
     in one process. ``batch`` scaling needs the other process's rewards (the gather)."""
@@ -172,7 +188,7 @@ def _saved(ckpt: Path, lora: bool) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_sharded_processes_make_the_one_process_update_and_resume(
-    gym: dict[str, Path], tmp_path: Path, lora: bool
+    gym: dict[str, Path], tmp_path: Path, lora: bool, one_thread: None
 ) -> None:
     """FSDP2 (configs/accelerate/fsdp.yaml's launch): two processes holding half the weights each
     make the one-process update, with the KL's reference sharded too (the one process reads it
