@@ -917,7 +917,9 @@ def layout_pairs(
     for name in names:
         ranked = rankings_of(name, qids, ROOT / "outputs/gym_reading" / other / "eval",
                              RUNS / other / "rankings", None)  # fmt: skip
-        if ranked is not None:
+        if ranked is None:
+            print(f"no pair for {name}: rung {other} has no rankings of these questions")
+        else:
             pairs[f"{name}-{name}@{other}"] = ci(values[name], score_rankings(their_rows, ranked))
     return pairs
 
