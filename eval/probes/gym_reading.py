@@ -711,7 +711,11 @@ def evaluate(
     names: list[str],
     per_user: int | None,
     records: dict[str, dict[str, Any]] | None = None,
+    against: tuple[str, Path] | None = None,
 ) -> dict[str, Any]:
+    """The rung's test table. ``against``: another rung of the same world (its name and data,
+    another layout), whose committed rankings of the same questions pair each ranker with its
+    namesake there (``outcome_kl-outcome_kl@small-marker``), clustered by user as the rest."""
     from eval.probes.gym_shortcuts import shortcut_rankings
     from memsifter.data.gym import load_world
     from memsifter.evaluation.bootstrap import paired_bootstrap
@@ -816,6 +820,8 @@ def evaluate(
         absolute = other.get("outcome_absolute")
         if absolute in values and prior.any():
             pairs[f"{name}-{absolute} (s_0 > 0 share)"] = ci(values[name], values[absolute], prior)
+    if against is not None:
+        pairs.update(layout_pairs(against, ["start", *trained], rows, values, ci))
     split_rows = {}
     for name in runs:
         if name in ("oracle",):
@@ -881,6 +887,41 @@ def evaluate(
             for n, p in trained.items()
         },
     }
+
+
+def layout_pairs(
+    against: tuple[str, Path],
+    names: list[str],
+    rows: list[dict[str, Any]],
+    values: dict[str, dict[str, np.ndarray]],
+    ci: Any,
+) -> dict[str, Any]:
+    """Each ranker here against its namesake on another rung of the same world: the same test
+    questions (by id, in the same order), each scored on its own rung's candidates and prompt,
+    from the rankings that rung committed. A ranker that rung never ranked on these questions
+    has no pair."""
+    from memsifter.evaluation.gym import score_rankings
+
+    other, data = against
+    qids = [str(r["qid"]) for r in rows]
+    theirs = {str(r["qid"]): r for r in load_split(data, "test")}
+    missing = [q for q in qids if q not in theirs]
+    if missing:
+        raise typer.BadParameter(
+            f"rung {other}'s test split lacks {len(missing)} of these {len(qids)} questions "
+            f"(first {missing[0]}): not the same world",
+            param_hint="--against-layout",
+        )
+    their_rows = [theirs[q] for q in qids]
+    pairs: dict[str, Any] = {}
+    for name in names:
+        ranked = rankings_of(name, qids, ROOT / "outputs/gym_reading" / other / "eval",
+                             RUNS / other / "rankings", None)  # fmt: skip
+        if ranked is None:
+            print(f"no pair for {name}: rung {other} has no rankings of these questions")
+        else:
+            pairs[f"{name}-{name}@{other}"] = ci(values[name], score_rankings(their_rows, ranked))
+    return pairs
 
 
 # What one evaluation wrote into a rung (the rest of a rung is its world, probes and runs).
@@ -1178,6 +1219,13 @@ def main(
             "marked with --head-read marker); another one is its own rung"
         ),
     ] = None,
+    against_layout: Annotated[
+        str | None,
+        typer.Option(
+            help="eval: pair each ranker with its namesake on this layout's rung (same size "
+            "and read; its data is built here, its rankings are its committed ones)"
+        ),
+    ] = None,
 ) -> None:
     """The reading gym: one rung of the ladder (data, probe, train, eval)."""
     for value, allowed, opt in (
@@ -1187,6 +1235,7 @@ def main(
         (probe_read, ("label", "marker", None), "--probe-read"),
         (head_read, ("label", "marker"), "--head-read"),
         (layout, (*LAYOUTS, None), "--layout"),
+        (against_layout, (*LAYOUTS, None), "--against-layout"),
         *((s, STAGES, "--stage") for s in stage or ()),
     ):
         if value not in allowed:
@@ -1286,7 +1335,26 @@ def main(
                 fresh.setdefault("runs", {})[recipe] = runs[recipe]
                 rung_file.write_text(json.dumps(fresh, indent=1) + "\n")
     if "eval" in stages:
-        rung.update(evaluate(size, data, out, names, per_user or None, rung.get("runs", {})))
+        against = None
+        if against_layout is not None:
+            if against_layout == layout or world:
+                raise typer.BadParameter(
+                    f"{against_layout!r} is this rung's own layout"
+                    if not world
+                    else "the pairs are on the rung's own world, not --world",
+                    param_hint="--against-layout",
+                )
+            if head_read == "marker" and against_layout not in MARKED_LAYOUTS:
+                raise typer.BadParameter(
+                    f"{against_layout!r} has no closing markers for --head-read marker: choose "
+                    f"from {list(MARKED_LAYOUTS)}",
+                    param_hint="--against-layout",
+                )
+            other = rung_name(size, against_layout, head_read)
+            against = (other, build_data(world_path, out.parent / other, against_layout, head_read))
+        rung.update(
+            evaluate(size, data, out, names, per_user or None, rung.get("runs", {}), against)
+        )
         fold_earlier(before, rung)
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     with rung_lock(out):

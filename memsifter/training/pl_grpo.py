@@ -388,8 +388,10 @@ class PLGRPOTrainer:
         # exactly), not a second model's whole forward.
         # Sharded, the trunk's hooks would read layers outside their units' forward: no trunk.
         self.trunk = frozen_trunk(self.model) if self.lora and not self.sharded else 0
+        # Under LoRA the start model is the policy with its adapter off, sharded or not: only a
+        # full fine-tune keeps a frozen copy for the KL's reference.
         self.ref = None
-        if self.g.beta > 0 and not self.trunk:
+        if self.g.beta > 0 and not self.lora:
             import copy
 
             self.ref = copy.deepcopy(self.model).eval()
@@ -555,7 +557,11 @@ class PLGRPOTrainer:
         }  # fmt: skip
 
     def _ref_scores(self, prompts: list[str], ns: list[int]) -> Any:
-        """The KL reference's scores: the start model's copy (sharded like the policy)."""
+        """The KL reference's scores: under LoRA the policy's with the adapter off (sharded or
+        not), else the start model's copy (sharded like the policy)."""
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._scorer(prompts, ns)()
         if self.ref_root is not None:
             return self.ref_root(self.tok, prompts, ns, self.labels, self.read)
         return head_scores(self.ref, self.tok, prompts, ns, labels=self.labels, read=self.read)

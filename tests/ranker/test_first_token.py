@@ -577,17 +577,20 @@ def test_beta_adds_the_first_place_kl_to_the_start(gym_head: dict[str, Path]) ->
     assert not torch.allclose(now, start)  # the policy moved; the reference did not follow
 
 
-def test_with_lora_on_the_top_layers_the_kl_reference_is_the_adapter_off(
-    gym_head: dict[str, Path],
+@pytest.mark.parametrize("top_layers", [1, 2], ids=["top-layer", "every-layer"])
+def test_under_lora_the_kl_reference_is_the_adapter_off(
+    gym_head: dict[str, Path], top_layers: int
 ) -> None:
-    """LoRA on the top layer of the 2-layer gym proxy: no copy of the model is kept, the trunk
-    below the adapter is shared, and the KL is logged, growing from 0 as the policy moves."""
+    """LoRA on the 2-layer gym proxy: no copy of the model is kept. On the top layer the trunk
+    below the adapter is shared; on every layer (no frozen trunk) the reference is the policy's
+    forward with the adapter off. The KL is logged, growing from 0 as the policy moves (a
+    reference that followed the policy would keep it at 0)."""
     t = _trainer(
-        gym_head, "kl-lora", 3, "grpo.beta=0.5", "grpo.learning_rate=0.05",
-        "model.lora.r=4", "model.lora.top_layers=1", "model.lora.dropout=0.0",
+        gym_head, f"kl-lora-{top_layers}", 3, "grpo.beta=0.5", "grpo.learning_rate=0.05",
+        "model.lora.r=4", f"model.lora.top_layers={top_layers}", "model.lora.dropout=0.0",
         "model.lora.target_modules=[q_proj,v_proj]",
     )  # fmt: skip
-    assert t.ref is None and t.trunk == 1
+    assert t.ref is None and t.trunk == 2 - top_layers
     t.train()
     kls = [e["kl"] for e in t.state.log_history if "kl" in e]
     assert len(kls) == 3 and abs(kls[0]) < 1e-6 and kls[-1] > 1e-6

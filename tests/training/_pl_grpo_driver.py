@@ -51,7 +51,8 @@ def main() -> None:
         torch.save(weights, f"{out}/w.pt")
         Path(f"{out}/log.json").write_text(json.dumps(trainer.state.log_history))
         local = {n: type(p).__name__ for n, p in trainer.model.named_parameters()}
-        facts = {"world": procs.world, "sharded": trainer.root is not None, "params": local}
+        facts = {"world": procs.world, "sharded": trainer.root is not None, "params": local,
+                 "reference_copy": trainer.ref is not None}  # fmt: skip
         Path(f"{out}/run.json").write_text(json.dumps(facts))
     procs.barrier()
 

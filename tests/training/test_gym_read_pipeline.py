@@ -169,6 +169,52 @@ def test_rankings_come_from_the_cache_the_model_or_the_committed_record_in_that_
     assert json.loads((kept / "run.json").read_text())["code_version"] == "here"
 
 
+def test_a_layout_pair_reads_the_other_rungs_committed_rankings_of_the_same_questions(
+    read_world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--against-layout``: each ranker here against its namesake on the other rung, scored on
+    that rung's rows from its committed rankings of the same question ids; a ranker it never
+    ranked has no pair, and questions it does not have are refused by count."""
+    import typer
+
+    import eval.probes.gym_reading as gym_reading
+    from memsifter.evaluation.bootstrap import paired_bootstrap
+    from memsifter.evaluation.gym import score_rankings
+
+    monkeypatch.setattr(gym_reading, "ROOT", tmp_path)
+    monkeypatch.setattr(gym_reading, "RUNS", tmp_path / "runs")
+    data = read_world["data"]
+    rows = [r for r in gym_reading.load_split(data, "test") if r["useful_positions"]][:12]
+    qids = [str(r["qid"]) for r in rows]
+
+    def ordered(useful_first: bool) -> list[list[int]]:
+        out = []
+        for r in rows:
+            rest = [i for i in range(int(r["n_candidates"])) if i not in r["useful_positions"]]
+            out.append(list(r["useful_positions"]) + rest if useful_first else rest)
+        return out
+
+    kept = tmp_path / "runs" / "other" / "rankings"
+    kept.mkdir(parents=True)
+    record = {"qids": qids, "rankings": ordered(True), "code_version": "there"}
+    (kept / "start.json").write_text(json.dumps(record))
+    values = {"start": score_rankings(rows, ordered(False))}
+
+    def ci(a: Any, b: Any) -> Any:
+        return paired_bootstrap(a, b, clusters=qids)
+
+    pairs = gym_reading.layout_pairs(("other", data), ["start", "outcome"], rows, values, ci)
+    assert list(pairs) == ["start-start@other"]  # outcome was never ranked there
+    assert pairs["start-start@other"]["ndcg@1_useful"]["mean"] == pytest.approx(-1.0)
+    # The same rankings on both sides: a pair of zeros (the pair reads both sides).
+    values = {"start": score_rankings(rows, ordered(True))}
+    same = gym_reading.layout_pairs(("other", data), ["start"], rows, values, ci)
+    assert same["start-start@other"]["ndcg@1_useful"]["mean"] == 0.0
+    stray = [*rows, {**rows[0], "qid": "gym/not-there"}]
+    with pytest.raises(typer.BadParameter, match="lacks 1 of these 13 questions"):
+        gym_reading.layout_pairs(("other", data), ["start"], stray, values, ci)
+
+
 def _top_adapted(proxy: Path) -> tuple[Any, Any, int]:
     """The proxy with a LoRA adapter on its top layer, initialised away from the zero start so
     that the top layer changes the scores (a check against it then compares something)."""

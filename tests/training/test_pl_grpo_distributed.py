@@ -191,10 +191,10 @@ def test_two_sharded_processes_make_the_one_process_update_and_resume(
     gym: dict[str, Path], tmp_path: Path, lora: bool, one_thread: None
 ) -> None:
     """FSDP2 (configs/accelerate/fsdp.yaml's launch): two processes holding half the weights each
-    make the one-process update, with the KL's reference sharded too (the one process reads it
-    from its frozen trunk under LoRA); a checkpoint is gathered to an ordinary model folder or
-    adapter, the same as the one process writes, and a sharded resume from it ends where the
-    run did."""
+    make the one-process update, with the KL's reference sharded too (under LoRA the policy with
+    its adapter off, as the one process reads it from its frozen trunk); a checkpoint is
+    gathered to an ordinary model folder or adapter, the same as the one process writes, and a
+    sharded resume from it ends where the run did."""
     common = ["epochs.save_steps=1", "grpo.beta=0.05", *(LORA if lora else ())]
     steps = [*_steps(16, 1, "batch")[:-1], *common]
     out = tmp_path / "sharded"
@@ -205,6 +205,8 @@ def test_two_sharded_processes_make_the_one_process_update_and_resume(
     # Sharded indeed: each process held DTensor shards, not the model.
     assert facts["world"] == 2 and facts["sharded"]
     assert set(facts["params"].values()) == {"DTensor"}
+    # The KL's reference: under LoRA the policy with its adapter off, never a second copy.
+    assert facts["reference_copy"] is not lora
     two = torch.load(out / "w.pt", weights_only=True)
     one = _one_process(gym, tmp_path / "one", *_steps(16, 2, "batch")[:-1], *common)
     start = _one_process(gym, tmp_path / "start", *steps, train_it=False)
