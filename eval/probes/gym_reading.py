@@ -1254,6 +1254,20 @@ def main(
             "restated",
             param_hint="--layout",
         )
+    if against_layout is not None:
+        if against_layout == layout or world:
+            raise typer.BadParameter(
+                f"{against_layout!r} is this rung's own layout"
+                if not world
+                else "the pairs are on the rung's own world, not --world",
+                param_hint="--against-layout",
+            )
+        if head_read == "marker" and against_layout not in MARKED_LAYOUTS:
+            raise typer.BadParameter(
+                f"{against_layout!r} has no closing markers for --head-read marker: choose "
+                f"from {list(MARKED_LAYOUTS)}",
+                param_hint="--against-layout",
+            )
     name = rung_name(size, layout, head_read)
     world_path = world_config(size)
     if world:  # a simpler world for a probe: its own rung, named after its file
@@ -1337,19 +1351,6 @@ def main(
     if "eval" in stages:
         against = None
         if against_layout is not None:
-            if against_layout == layout or world:
-                raise typer.BadParameter(
-                    f"{against_layout!r} is this rung's own layout"
-                    if not world
-                    else "the pairs are on the rung's own world, not --world",
-                    param_hint="--against-layout",
-                )
-            if head_read == "marker" and against_layout not in MARKED_LAYOUTS:
-                raise typer.BadParameter(
-                    f"{against_layout!r} has no closing markers for --head-read marker: choose "
-                    f"from {list(MARKED_LAYOUTS)}",
-                    param_hint="--against-layout",
-                )
             other = rung_name(size, against_layout, head_read)
             against = (other, build_data(world_path, out.parent / other, against_layout, head_read))
         rung.update(

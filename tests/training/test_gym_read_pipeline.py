@@ -215,6 +215,29 @@ def test_a_layout_pair_reads_the_other_rungs_committed_rankings_of_the_same_ques
         gym_reading.layout_pairs(("other", data), ["start"], stray, values, ci)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layout", "restated", "--against-layout", "restated"], "this rung's own layout"),
+        (["--layout", "restated", "--against-layout", "paper"], "no closing markers"),
+        (["--world", "configs/gym/bench_world.yaml", "--against-layout", "restated"], "--world"),
+    ],
+)
+def test_against_layout_is_refused_where_it_pairs_nothing(args: list[str], message: str) -> None:
+    """Refused before anything is built: a rung against itself, a layout the marker read cannot
+    read, a probe world."""
+    import typer
+    from typer.testing import CliRunner
+
+    import eval.probes.gym_reading as gym_reading
+
+    app = typer.Typer()
+    app.command()(gym_reading.main)
+    done = CliRunner().invoke(app, ["--head-read", "marker", "--stage", "eval", *args])
+    assert done.exit_code == 2, done.output
+    assert message in " ".join(done.output.replace("│", " ").split()), done.output
+
+
 def _top_adapted(proxy: Path) -> tuple[Any, Any, int]:
     """The proxy with a LoRA adapter on its top layer, initialised away from the zero start so
     that the top layer changes the scores (a check against it then compares something)."""
