@@ -667,9 +667,15 @@ def permuted_rows(
                 "useful_positions": [
                     i for i, sid in enumerate(built.candidate_ids) if sid in useful
                 ],
+                "candidate_ids": list(built.candidate_ids),
             }
         )
     return out
+
+
+def shown_ids(row: dict[str, Any]) -> list[str]:
+    """A prompt row's candidate session ids, in the order its prompt shows them."""
+    return [c["id"] for c in json.loads(row["candidates"])]
 
 
 def rankings_of(
@@ -775,8 +781,14 @@ def evaluate(
                 bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
             ]
             firsts = [k[0] for k in rk if k]
+            # Content, not position: the same session first whatever the order it was shown in.
+            same = [
+                bool(k and o) and p["candidate_ids"][k[0]] == shown_ids(r)[o[0]]
+                for k, o, p, r in zip(rk, runs[name], prow, rows, strict=True)
+            ]
             permuted[name] = {
                 "ndcg@1_useful": float(np.mean(hits)),
+                "same_first_session": float(np.mean(same)),
                 "n": len(hits),
                 "most_common_first_share": max(np.bincount(firsts)) / len(firsts)
                 if firsts
@@ -1120,6 +1132,11 @@ def _rung_table(rung: dict[str, Any]) -> list[str]:
             lines.append(
                 f"- `{name}`: NDCG@1 {_f(v['ndcg@1_useful'])} (n = {v['n']}); the most "
                 f"common first label takes {_f(v['most_common_first_share'])} of the prompts"
+                + (
+                    f"; the same session first as in date order on {_f(v['same_first_session'])}"
+                    if "same_first_session" in v
+                    else ""
+                )
             )
     if rung.get("curves"):
         lines += ["", "Validation NDCG@1 (useful) by step (validation users, n as logged):", ""]
