@@ -673,11 +673,6 @@ def permuted_rows(
     return out
 
 
-def shown_ids(row: dict[str, Any]) -> list[str]:
-    """A prompt row's candidate session ids, in the order its prompt shows them."""
-    return [c["id"] for c in json.loads(row["candidates"])]
-
-
 def rankings_of(
     name: str, qids: list[str], cache: Path, kept: Path, make: Any
 ) -> list[list[int]] | None:
@@ -727,6 +722,7 @@ def evaluate(
     from memsifter.evaluation.bootstrap import paired_bootstrap
     from memsifter.evaluation.gym import means, score_rankings
     from memsifter.ranker.checkpoint import read_spec
+    from memsifter.rewards.columns import sessions_from_column
 
     spec = read_spec(data)
     rows = sample_per_user([r for r in load_split(data, "test") if r["useful_positions"]], per_user)
@@ -783,7 +779,8 @@ def evaluate(
             firsts = [k[0] for k in rk if k]
             # Content, not position: the same session first whatever the order it was shown in.
             same = [
-                bool(k and o) and p["candidate_ids"][k[0]] == shown_ids(r)[o[0]]
+                bool(k and o)
+                and p["candidate_ids"][k[0]] == sessions_from_column(r["candidates"])[o[0]].id
                 for k, o, p, r in zip(rk, runs[name], prow, rows, strict=True)
             ]
             permuted[name] = {
