@@ -103,7 +103,10 @@ def learning_settings(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     # A recipe selects checkpoints by its own reward's metric (a labels run cannot select by
     # the outcome it is the ablation of): part of the reward, not of the settings compared.
     cfg["epochs"].pop("select_metric")
-    return str(cfg["reward"]), {k: v for k, v in cfg.items() if k not in PLACEMENT}
+    settings = {k: v for k, v in cfg.items() if k not in PLACEMENT}
+    # which copy of the data is placement, but the order its train prompts show is learnt
+    settings["train_shuffle_share"] = record.get("train_shuffle_share", 0.0)
+    return str(cfg["reward"]), settings
 
 
 def ablations(records: dict[str, dict[str, Any]], names: list[str]) -> dict[str, dict[str, str]]:
@@ -184,17 +187,22 @@ def rung_name(size: str, layout: str, read: str = "label") -> str:
     return size if layout == recipe_layout() else f"{size}-{layout}"
 
 
-def build_data(world: str, out: Path, layout: str, read: str = "label") -> Path:
+def build_data(
+    world: str, out: Path, layout: str, read: str = "label", train_shuffle: float = 0.0
+) -> Path:
+    """The rung's RL data; with ``train_shuffle``, a copy beside it whose train prompts show
+    that share of their candidates in a random order (validation and test are the rung's)."""
     from memsifter.models import resolve_model
     from memsifter.training.rldata.build import load_rl_data_config, prepare_rl_data
 
-    data = out / "data"
+    data = out / ("data" if not train_shuffle else f"data-train_shuffle{train_shuffle:g}")
     if not (data / "prompt_spec.json").is_file():
         cfg = load_rl_data_config(ROOT / DATA_RECIPE)
         cfg = dataclasses.replace(
             cfg,
             prompt=dataclasses.replace(cfg.prompt, model=MODEL, layout=layout, head_read=read),
             sources=[dataclasses.replace(s, path=str(ROOT / world)) for s in cfg.sources],
+            train_shuffle_share=train_shuffle,
         )
         resolve_model(MODEL)  # converts the GGUF once, before any worker needs it
         prepare_rl_data(cfg, data)
@@ -1240,6 +1248,14 @@ def main(
             "and read; its data is built here, its rankings are its committed ones)"
         ),
     ] = None,
+    train_shuffle: Annotated[
+        float,
+        typer.Option(
+            help="train: this share of the train prompts show their candidates in a seeded "
+            "random order (order augmentation; a RECIPE+VARIANT run). Validation and test keep "
+            "the date order"
+        ),
+    ] = 0.0,
 ) -> None:
     """The reading gym: one rung of the ladder (data, probe, train, eval)."""
     for value, allowed, opt in (
@@ -1256,6 +1272,19 @@ def main(
             raise typer.BadParameter(f"{value!r}: choose from {list(allowed)}", param_hint=opt)
     recipe = [run_name(r) for r in recipe or ()]
     stages = stage or list(STAGES)
+    if train_shuffle:
+        if not 0.0 < train_shuffle <= 1.0:
+            raise typer.BadParameter(
+                f"{train_shuffle}: a share in (0, 1]", param_hint="--train-shuffle"
+            )
+        plain = [r for r in recipe if r == recipe_of(r)]
+        if "train" not in stages or not recipe or plain:
+            raise typer.BadParameter(
+                "the shuffled-order data trains its own runs: --stage train with "
+                f"RECIPE+VARIANT names (got {plain or recipe or 'every recipe'}), so a recipe's "
+                "date-order run keeps its name",
+                param_hint="--train-shuffle",
+            )
     names = recipe or list(RECIPES)
 
     from memsifter.data.gym import load_world
@@ -1354,8 +1383,15 @@ def main(
         rung_file.write_text(json.dumps(rung, indent=1) + "\n")
     if "train" in stages:
         runs = rung.setdefault("runs", {})
+        train_data = (
+            build_data(world_path, out, layout, head_read, train_shuffle) if train_shuffle else data
+        )
         for recipe in names:
-            runs[recipe] = {**train(recipe, data, out, max_steps, sets=overrides), **this_run}
+            runs[recipe] = {
+                **train(recipe, train_data, out, max_steps, sets=overrides),
+                **({"train_shuffle_share": train_shuffle} if train_shuffle else {}),
+                **this_run,
+            }
             (out / "train" / recipe / "result.json").write_text(json.dumps(runs[recipe]) + "\n")
             runs[recipe]["logs"] = copy_logs(recipe, out / "train" / recipe, name)
             with rung_lock(out):

@@ -41,6 +41,8 @@ cut from the prompt are kept, with ``gold_in_prompt = 0``; their NDCG is 0. Colu
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,7 @@ from memsifter.data import MemoryDataset, load_dataset
 from memsifter.data.splits import SPLITS
 from memsifter.data.types import Query
 from memsifter.data.units import to_units
-from memsifter.errors import DataError
+from memsifter.errors import DataError, PromptBudgetError
 from memsifter.ranker.prompt import BuiltPrompt, PromptBuilder
 from memsifter.rewards.columns import reward_columns
 from memsifter.training.rldata.curriculum import (
@@ -155,11 +157,43 @@ def _coarse_order(built: BuiltPrompt, query: Query, coarse: CoarseFilter) -> tup
     return tuple(position[sid] for sid in coarse.score(query.question, shown).ids)
 
 
+def shown_shuffled(
+    built: BuiltPrompt, query: Query, builder: PromptBuilder, coarse: CoarseFilter, seed: int
+) -> BuiltPrompt:
+    """``built``'s candidates (the same blocks, what the coarse filter dropped still dropped)
+    shown in a random order seeded by ``seed`` and the question id; its coarse order moves
+    with them. Label i still sits at position i, so the prompt's length is unchanged."""
+    order = list(range(built.num_candidates))
+    random.Random(f"train-order:{seed}:{query.qid}").shuffle(order)
+    by_id = {s.id: s for s in query.haystack}
+    shown = [by_id[built.candidate_ids[j]] for j in order]
+    again = builder.build_shown(query.question, shown, query.question_date)
+    if again.n_tokens > again.budget_tokens:
+        raise PromptBudgetError(
+            f"question {query.qid!r}: its candidates in a shuffled order take {again.n_tokens} "
+            f"tokens, over the budget of {again.budget_tokens} that their built order fits"
+        )
+    moved = {old: new for new, old in enumerate(order)}
+    return dataclasses.replace(
+        again,
+        dropped_ids=built.dropped_ids,
+        truncated_ids=built.truncated_ids,
+        coarse_order=tuple(moved[p] for p in _coarse_order(built, query, coarse)),
+    )
+
+
 def build_row(
-    query: Query, source: str, builder: PromptBuilder, coarse: CoarseFilter
+    query: Query,
+    source: str,
+    builder: PromptBuilder,
+    coarse: CoarseFilter,
+    shuffle_seed: int | None = None,
 ) -> dict[str, Any]:
-    """One dataset row (see the module doc for the columns)."""
+    """One dataset row (see the module doc for the columns). With ``shuffle_seed``, its
+    candidates are shown in a seeded random order (:func:`shown_shuffled`)."""
     built = builder.build_query(query)
+    if shuffle_seed is not None and built.num_candidates > 1:
+        built = shown_shuffled(built, query, builder, coarse, shuffle_seed)
     gold = set(query.gold_session_ids)
     gold_positions = [i for i, sid in enumerate(built.candidate_ids) if sid in gold]
     useful = set(query.meta.get("useful_session_ids", ()))
@@ -180,6 +214,8 @@ def build_row(
         "prompt_tokens": built.n_tokens,
         "n_dropped": len(built.dropped_ids),
         "truncated": bool(built.truncated_ids),
+        # not a column: counted in the card
+        "shuffled": shuffle_seed is not None and built.num_candidates > 1,
     }
 
 
@@ -219,6 +255,7 @@ def _split_rows(rows: list[dict[str, Any]]) -> dict[str, int | float]:
         "rows": len(rows),
         "no_gold_in_prompt": sum(r["gold_in_prompt"] == 0 for r in rows),
         "truncated": sum(r["truncated"] for r in rows),
+        "shuffled": sum(r["shuffled"] for r in rows),
         "prompt_tokens_max": max((r["prompt_tokens"] for r in rows), default=0),
         "candidates_mean": round(sum(r["n_candidates"] for r in rows) / max(len(rows), 1), 2),
     }
@@ -259,7 +296,12 @@ def build_rl_dataset(
             for split in SPLITS:
                 built = []
                 for q in plan.queries[split]:
-                    built.append(build_row(q, name, builder, coarse))
+                    shuffle = split == "train" and (
+                        hash_fraction(cfg.seed, f"train-order/{name}/{q.qid}")
+                        < cfg.train_shuffle_share
+                    )
+                    seed = cfg.seed if shuffle else None
+                    built.append(build_row(q, name, builder, coarse, shuffle_seed=seed))
                     progress.advance(task)
                 per_source[name][split] = built
                 rows[split].extend(built)

@@ -129,6 +129,16 @@ def render_card(result: RLDataResult) -> str:
                 f"{c['truncated']} | {sel} |"
             )
     lines.append("")
+    if cfg.train_shuffle_share:
+        shuffled = sum(s.counts["train"].get("shuffled", 0) for s in result.sources)
+        pool = sum(s.counts["train"]["rows"] for s in result.sources)
+        lines += [
+            f"Order augmentation (`train_shuffle_share: {cfg.train_shuffle_share}`): {shuffled} "
+            f"of the {pool} train rows (before selection) show their candidates in a seeded "
+            f"random order; the other train rows, validation and test show them in "
+            f"{cfg.prompt.order} order, the order the proxy is served.",
+            "",
+        ]
     for s in result.sources:
         how = {
             "listed": "conversations listed in the recipe",

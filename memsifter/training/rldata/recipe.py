@@ -96,10 +96,19 @@ class RLDataConfig:
     prompt: PromptSpec = field(default_factory=PromptSpec)
     seed: int = 0  # hash split and curriculum tie-breaks / random sampling
     curriculum: CurriculumSettings = field(default_factory=CurriculumSettings)
+    # The share of train prompts shown with their candidates in a seeded random order (the same
+    # candidates and blocks, other labels; chosen by a hash of the question id): an augmentation
+    # against position habits. The rest of train, validation and test keep the spec's order,
+    # which is the order the proxy is served (docs/gym.md, finding 25).
+    train_shuffle_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.sources:
             raise ValueError("the recipe names no sources")
+        if not 0.0 <= self.train_shuffle_share <= 1.0:
+            raise ValueError(
+                f"train_shuffle_share must be a share in [0, 1], got {self.train_shuffle_share}"
+            )
         names = [s.name for s in self.sources]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
