@@ -681,6 +681,24 @@ def permuted_rows(
     return out
 
 
+def same_first_session(
+    permuted: list[list[int]],
+    date_order: list[list[int]],
+    prow: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+) -> list[bool]:
+    """Content, not position: for each question, whether a ranker put the same *session* first
+    with the candidates in a random order (``permuted``, positions of ``prow``'s
+    ``candidate_ids``) as in date order (``date_order``, positions of ``rows``' candidates). An
+    empty ranking agrees with nothing."""
+    from memsifter.rewards.columns import sessions_from_column
+
+    return [
+        bool(k and o) and p["candidate_ids"][k[0]] == sessions_from_column(r["candidates"])[o[0]].id
+        for k, o, p, r in zip(permuted, date_order, prow, rows, strict=True)
+    ]
+
+
 def rankings_of(
     name: str, qids: list[str], cache: Path, kept: Path, make: Any
 ) -> list[list[int]] | None:
@@ -730,7 +748,6 @@ def evaluate(
     from memsifter.evaluation.bootstrap import paired_bootstrap
     from memsifter.evaluation.gym import means, score_rankings
     from memsifter.ranker.checkpoint import read_spec
-    from memsifter.rewards.columns import sessions_from_column
 
     spec = read_spec(data)
     rows = sample_per_user([r for r in load_split(data, "test") if r["useful_positions"]], per_user)
@@ -785,12 +802,7 @@ def evaluate(
                 bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
             ]
             firsts = [k[0] for k in rk if k]
-            # Content, not position: the same session first whatever the order it was shown in.
-            same = [
-                bool(k and o)
-                and p["candidate_ids"][k[0]] == sessions_from_column(r["candidates"])[o[0]].id
-                for k, o, p, r in zip(rk, runs[name], prow, rows, strict=True)
-            ]
+            same = same_first_session(rk, runs[name], prow, rows)
             permuted[name] = {
                 "ndcg@1_useful": float(np.mean(hits)),
                 "same_first_session": float(np.mean(same)),

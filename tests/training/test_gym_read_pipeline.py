@@ -139,6 +139,39 @@ def test_reward_ablations_pair_by_what_was_trained_not_by_name() -> None:
     assert gym_reading.ablations(records, ["outcome_kl", "labels"]) == {}
 
 
+def test_same_first_session_follows_the_session_not_the_label() -> None:
+    """A content ranker names the same session first in both orders; a position habit (label 0
+    first whatever is shown) agrees only where the shuffle left that session at label 0."""
+    import eval.probes.gym_reading as gym_reading
+    from memsifter.data.types import Session, Turn
+    from memsifter.rewards.columns import sessions_to_column
+
+    def column(ids: list[str]) -> str:
+        return sessions_to_column([Session(i, (Turn("user", "hi"),)) for i in ids])
+
+    rows = [{"candidates": column(["a", "b", "c"])}] * 3
+    prow = [
+        {"candidate_ids": ["c", "a", "b"]},  # a moved to label 1
+        {"candidate_ids": ["a", "c", "b"]},  # a stayed at label 0
+        {"candidate_ids": ["b", "c", "a"]},
+    ]
+    date_first_a = [[0, 1, 2]] * 3
+    content = [[1, 0, 2], [0, 1, 2], [2, 0, 1]]  # a first, wherever it is shown
+    habit = [[0, 1, 2]] * 3  # label 0 first
+    assert gym_reading.same_first_session(content, date_first_a, prow, rows) == [True] * 3
+    assert gym_reading.same_first_session(habit, date_first_a, prow, rows) == [
+        False,
+        True,
+        False,
+    ]
+    # an empty answer (in either order) agrees with nothing
+    assert gym_reading.same_first_session([[], *content[1:]], [[0], [], [0]], prow, rows) == [
+        False,
+        False,
+        True,
+    ]
+
+
 def test_rankings_come_from_the_cache_the_model_or_the_committed_record_in_that_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
