@@ -137,6 +137,24 @@ def ablations(records: dict[str, dict[str, Any]], names: list[str]) -> dict[str,
     return pairs
 
 
+def order_twins(records: dict[str, dict[str, Any]], names: list[str]) -> dict[str, str]:
+    """Each run among ``names`` trained with shuffled train orders (``--train-shuffle``) -> its
+    date-order twin: the run with the same reward and every other learning setting, trained on
+    the date-ordered prompts. Paired by what was trained, as :func:`ablations`."""
+    kinds: dict[str, tuple[str, dict[str, Any], float]] = {}
+    for name in names:
+        if "config" in records.get(name, {}):
+            reward, settings = learning_settings(records[name])
+            kinds[name] = (reward, settings, settings.pop("train_shuffle_share"))
+    return {
+        name: other
+        for name, (reward, settings, share) in kinds.items()
+        if share
+        for other, (other_reward, other_settings, other_share) in kinds.items()
+        if not other_share and (other_reward, other_settings) == (reward, settings)
+    }
+
+
 def run_name(value: str) -> str:
     if recipe_of(value) not in RECIPES:
         raise typer.BadParameter(
@@ -790,6 +808,7 @@ def evaluate(
     # Content, not position: the trained rankers again, on the same questions with their
     # candidates shown in a seeded random order.
     permuted: dict[str, Any] = {}
+    permuted_values: dict[str, dict[str, np.ndarray]] = {}
     if trained:
         prow = permuted_rows(size, rows, spec, seed=1)
         # The start too: what a ranker keeps out of date order is measured against it.
@@ -803,6 +822,10 @@ def evaluate(
             ]
             firsts = [k[0] for k in rk if k]
             same = same_first_session(rk, runs[name], prow, rows)
+            permuted_values[name] = {
+                "ndcg@1_useful": np.array(hits, float),
+                "same_first_session": np.array(same, float),
+            }
             permuted[name] = {
                 "ndcg@1_useful": float(np.mean(hits)),
                 "same_first_session": float(np.mean(same)),
@@ -849,6 +872,14 @@ def evaluate(
         absolute = other.get("outcome_absolute")
         if absolute in values and prior.any():
             pairs[f"{name}-{absolute} (s_0 > 0 share)"] = ci(values[name], values[absolute], prior)
+    # Order augmentation against its date-order twin: in date order, and in the random order
+    # (there also whether the same session comes first: reading, not position).
+    for name, twin in order_twins(records or {}, list(trained)).items():
+        pairs[f"{name}-{twin}"] = ci(values[name], values[twin])
+        if name in permuted_values and twin in permuted_values:
+            pairs[f"{name}-{twin} (random order)"] = ci(
+                permuted_values[name], permuted_values[twin]
+            )
     if against is not None:
         pairs.update(layout_pairs(against, ["start", *trained], rows, values, ci))
     split_rows = {}
@@ -893,10 +924,12 @@ def evaluate(
             for n, v in split_rows.items()
         },
         "cluster_ci95": {
-            p: {m: d[m]["ci95"] for m in headline if m in d} for p, d in pairs.items()
+            p: {m: d[m]["ci95"] for m in (*headline, "same_first_session") if m in d}
+            for p, d in pairs.items()
         },
         "cluster_mean": {
-            p: {m: d[m]["mean"] for m in headline if m in d} for p, d in pairs.items()
+            p: {m: d[m]["mean"] for m in (*headline, "same_first_session") if m in d}
+            for p, d in pairs.items()
         },
         "bootstrap": "cluster bootstrap over test users, 10,000 resamples",
         "sample": (

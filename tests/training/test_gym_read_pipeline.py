@@ -172,6 +172,54 @@ def test_same_first_session_follows_the_session_not_the_label() -> None:
     ]
 
 
+def test_order_augmentation_pairs_with_its_date_order_twin() -> None:
+    import eval.probes.gym_reading as gym_reading
+
+    def run(recipe: str, *over: str, share: float = 0.0) -> dict[str, Any]:
+        record = {"config": gym_reading.RECIPES[recipe], "overrides": list(over)}
+        return {**record, "train_shuffle_share": share} if share else record
+
+    records = {
+        "outcome_kl": run("outcome_kl", "epochs.max_steps=120"),
+        "outcome_kl+shuffle50": run("outcome_kl", "epochs.max_steps=120", share=0.5),
+        "outcome_kl+long": run("outcome_kl", "epochs.max_steps=200"),
+        "outcome_kl+long_shuffle": run("outcome_kl", "epochs.max_steps=200", share=1.0),
+    }
+    assert gym_reading.order_twins(records, list(records)) == {
+        "outcome_kl+shuffle50": "outcome_kl",
+        "outcome_kl+long_shuffle": "outcome_kl+long",
+    }
+    # The share is learnt: a labels run with the KL recipe's values pairs with outcome_kl as
+    # its reward ablation only when it saw the same orders.
+    kl = ["grpo.beta=0.05", "grpo.learning_rate=5e-4", "grpo.num_generations=64",
+          "grpo.per_device_train_batch_size=512", "epochs.max_steps=120", "epochs.save_steps=40"]  # fmt: skip
+    for share, paired in ((0.0, {"outcome_kl": {"labels": "labels+kl"}}), (0.5, {})):
+        both = {"outcome_kl": records["outcome_kl"], "labels+kl": run("labels", *kl, share=share)}
+        assert gym_reading.ablations(both, list(both)) == paired
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--recipe", "outcome_kl", "--train-shuffle", "0.5"], "RECIPE+VARIANT"),
+        (["--recipe", "outcome_kl+s", "--train-shuffle", "1.5"], "a share in (0, 1]"),
+    ],
+)
+def test_train_shuffle_is_refused_where_it_would_overwrite_or_is_no_share(
+    args: list[str], message: str
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    import eval.probes.gym_reading as gym_reading
+
+    app = typer.Typer()
+    app.command()(gym_reading.main)
+    done = CliRunner().invoke(app, ["--head-read", "marker", "--stage", "train", *args])
+    assert done.exit_code == 2, done.output
+    assert message in " ".join(done.output.replace("│", " ").split()), done.output
+
+
 def test_rankings_come_from_the_cache_the_model_or_the_committed_record_in_that_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
