@@ -191,8 +191,14 @@ def test_order_augmentation_pairs_with_its_date_order_twin() -> None:
     }
     # The share is learnt: a labels run with the KL recipe's values pairs with outcome_kl as
     # its reward ablation only when it saw the same orders.
-    kl = ["grpo.beta=0.05", "grpo.learning_rate=5e-4", "grpo.num_generations=64",
-          "grpo.per_device_train_batch_size=512", "epochs.max_steps=120", "epochs.save_steps=40"]  # fmt: skip
+    kl = [
+        "grpo.beta=0.05",
+        "grpo.learning_rate=5e-4",
+        "grpo.num_generations=64",
+        "grpo.per_device_train_batch_size=512",
+        "epochs.max_steps=120",
+        "epochs.save_steps=40",
+    ]
     for share, paired in ((0.0, {"outcome_kl": {"labels": "labels+kl"}}), (0.5, {})):
         both = {"outcome_kl": records["outcome_kl"], "labels+kl": run("labels", *kl, share=share)}
         assert gym_reading.ablations(both, list(both)) == paired
