@@ -648,43 +648,43 @@ def sample_per_user(rows: list[dict[str, Any]], per_user: int | None) -> list[di
     return [r for i, r in enumerate(rows) if i in keep]
 
 
-def shuffled_order(seed: int = 0) -> Any:
-    """A stand-in coarse filter whose "ranking" is a seeded random permutation: with
-    ``order: coarse`` the builder shows candidates in that order, so a ranker that answers a
-    position habit (not the content) loses its score."""
+def shuffled_positions(seed: int, question: str, haystack: Any, shown: Any) -> list[int]:
+    """A seeded random order of the shown candidates ``shown`` (ids, in their shown order):
+    ``order[j]`` is the shown position put at j. Each of the user's sessions draws a number
+    seeded by the question and the whole haystack, and the candidates go by it, high first (the
+    order every committed permuted ranking was made on)."""
     import random
 
-    from memsifter.coarse.base import CoarseFilter, rank_by_scores
-
-    class ShuffledOrder(CoarseFilter):
-        name = "shuffled"
-
-        def score(self, query: str, sessions: Any) -> Any:
-            rng = random.Random(f"{seed}/{query}/{','.join(s.id for s in sessions)}")
-            scores = np.array([rng.random() for _ in sessions])
-            return rank_by_scores(sessions, scores, "shuffled")
-
-    return ShuffledOrder()
+    rng = random.Random(f"{seed}/{question}/{','.join(s.id for s in haystack)}")
+    score = {s.id: rng.random() for s in haystack}
+    return sorted(range(len(shown)), key=lambda j: -score[shown[j]])
 
 
 def permuted_rows(
     size: str, rows: list[dict[str, Any]], spec: Any, seed: int
 ) -> list[dict[str, Any]]:
-    """The same test questions rendered with their candidates in a seeded random order (the
-    spec otherwise unchanged), with the useful sessions' new positions."""
+    """The same test questions with the same candidates (what the coarse filter cut stays cut)
+    shown in a seeded random order, with the useful sessions' new positions."""
     from transformers import AutoTokenizer
 
+    from memsifter.coarse import build_filter
     from memsifter.data.gym import load_gym
     from memsifter.models import resolve_model
+    from memsifter.training.rldata.build import shown_in_order
 
     dataset = load_gym(ROOT / world_config(size))
     queries = {f"gym/{q.qid}": q for q in dataset.queries}
     tok = AutoTokenizer.from_pretrained(resolve_model(spec.model).path)
-    builder = dataclasses.replace(spec, order="coarse").builder(tok, coarse=shuffled_order(seed))
+    coarse = build_filter(spec.coarse)
+    builder = spec.builder(tok, coarse)
     out = []
     for r in rows:
         q = queries[str(r["qid"])]
         built = builder.build_query(q)
+        if built.text != r["prompt"]:
+            raise RuntimeError(f"{r['qid']}: the rung's data was built with another prompt")
+        order = shuffled_positions(seed, q.question, q.haystack, built.candidate_ids)
+        built = shown_in_order(built, q, builder, coarse, order)
         useful = set(q.meta["useful_session_ids"])
         out.append(
             {

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,20 +158,24 @@ def _coarse_order(built: BuiltPrompt, query: Query, coarse: CoarseFilter) -> tup
     return tuple(position[sid] for sid in coarse.score(query.question, shown).ids)
 
 
-def shown_shuffled(
-    built: BuiltPrompt, query: Query, builder: PromptBuilder, coarse: CoarseFilter, seed: int
+def shown_in_order(
+    built: BuiltPrompt,
+    query: Query,
+    builder: PromptBuilder,
+    coarse: CoarseFilter,
+    order: Sequence[int],
 ) -> BuiltPrompt:
-    """``built``'s candidates (the same blocks, what the coarse filter dropped still dropped)
-    shown in a random order seeded by ``seed`` and the question id; its coarse order moves
-    with them. Label i still sits at position i, so the prompt's length is unchanged."""
-    order = list(range(built.num_candidates))
-    random.Random(f"train-order:{seed}:{query.qid}").shuffle(order)
+    """``built``'s candidates (the same blocks; what the coarse filter dropped stays dropped)
+    shown in ``order``: ``order[j]`` is the built position shown at position j. Its coarse
+    order moves with them. Label i still sits at position i, so the length is unchanged."""
+    if sorted(order) != list(range(built.num_candidates)):
+        raise ValueError(f"{list(order)} is not an order of {built.num_candidates} candidates")
     by_id = {s.id: s for s in query.haystack}
     shown = [by_id[built.candidate_ids[j]] for j in order]
     again = builder.build_shown(query.question, shown, query.question_date)
     if again.n_tokens > again.budget_tokens:
         raise PromptBudgetError(
-            f"question {query.qid!r}: its candidates in a shuffled order take {again.n_tokens} "
+            f"question {query.qid!r}: its candidates in another order take {again.n_tokens} "
             f"tokens, over the budget of {again.budget_tokens} that their built order fits"
         )
     moved = {old: new for new, old in enumerate(order)}
@@ -180,6 +185,16 @@ def shown_shuffled(
         truncated_ids=built.truncated_ids,
         coarse_order=tuple(moved[p] for p in _coarse_order(built, query, coarse)),
     )
+
+
+def shown_shuffled(
+    built: BuiltPrompt, query: Query, builder: PromptBuilder, coarse: CoarseFilter, seed: int
+) -> BuiltPrompt:
+    """``built``'s candidates in a random order seeded by ``seed`` and the question id (the
+    train split's order augmentation, ``train_shuffle_share``): :func:`shown_in_order`."""
+    order = list(range(built.num_candidates))
+    random.Random(f"train-order:{seed}:{query.qid}").shuffle(order)
+    return shown_in_order(built, query, builder, coarse, order)
 
 
 def build_row(
