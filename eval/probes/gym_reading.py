@@ -826,6 +826,11 @@ def evaluate(
                 "ndcg@1_useful": np.array(hits, float),
                 "same_first_session": np.array(same, float),
             }
+            # Where the first choice moves: by question kind, and among the questions the
+            # ranker answered right in date order (a content ranker keeps those first).
+            right = np.array([bool(k) and k[0] in r["useful_positions"] for k, r in
+                              zip(runs[name], rows, strict=True)])  # fmt: skip
+            kinds = np.array([str(q.get("kind")) for q in qfacts])
             permuted[name] = {
                 "ndcg@1_useful": float(np.mean(hits)),
                 "same_first_session": float(np.mean(same)),
@@ -833,6 +838,19 @@ def evaluate(
                 "most_common_first_share": max(np.bincount(firsts)) / len(firsts)
                 if firsts
                 else None,
+                "same_first_session_if_right_in_date_order": {
+                    "share": float(np.mean(np.array(same)[right])) if right.any() else None,
+                    "n": int(right.sum()),
+                },
+                "by_kind": {
+                    kind: {
+                        "ndcg@1_useful_date_order": float(np.mean(right[kinds == kind])),
+                        "ndcg@1_useful": float(np.mean(np.array(hits)[kinds == kind])),
+                        "same_first_session": float(np.mean(np.array(same)[kinds == kind])),
+                        "n": int((kinds == kind).sum()),
+                    }
+                    for kind in sorted(set(kinds))
+                },
             }
     # A fixed habit shows as one label put first on most prompts (LoCoMo's trained rankers
     # answered label 0 first on 283 of 283).
@@ -1188,6 +1206,19 @@ def _rung_table(rung: dict[str, Any]) -> list[str]:
                     else ""
                 )
             )
+            kept = v.get("same_first_session_if_right_in_date_order")
+            if kept:
+                lines.append(
+                    f"  - of the {kept['n']} it answered right in date order, the same session "
+                    f"first on {_f(kept['share'])}; by kind (NDCG@1 date → random order, the "
+                    "same session first): "
+                    + "; ".join(
+                        f"{kind} {_f(k['ndcg@1_useful_date_order'])} → "
+                        f"{_f(k['ndcg@1_useful'])}, {_f(k['same_first_session'])} "
+                        f"(n = {k['n']})"
+                        for kind, k in v["by_kind"].items()
+                    )
+                )
     if rung.get("curves"):
         lines += ["", "Validation NDCG@1 (useful) by step (validation users, n as logged):", ""]
         for name, pts in rung["curves"].items():
