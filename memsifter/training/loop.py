@@ -3,7 +3,9 @@
 Each epoch trains GRPO from the current start model and saves a checkpoint every
 ``epochs.save_steps`` (and at its last step); every checkpoint is validated on the held-out
 split; the ``epochs.top_k`` best by ``epochs.select_metric`` are averaged in fp32 (LoRA merged
-first) and the next epoch starts from that average, unless the average scores below the epoch's
+first; a checkpoint that validated below the epoch's start is left out,
+:func:`checkpoints_to_average`) and the next epoch starts from that average, unless the average
+scores below the epoch's
 start model on validation (``epochs.keep_start_if_better``): then the start is kept. Before each
 later epoch the curriculum re-scores the whole train pool with the new start model and selects
 that epoch's prompts (``epochs.rescore_curriculum``). The last kept model is the run's model.
@@ -125,6 +127,19 @@ def rank_checkpoints(results: dict[str, Any], metric: str) -> list[str]:
         (n for n in results if n.startswith("checkpoint-")),
         key=lambda n: (-results[n][metric], -int(n.split("-")[1])),
     )
+
+
+def checkpoints_to_average(results: dict[str, Any], metric: str, top_k: int) -> list[str]:
+    """The top ``top_k`` checkpoints by ``metric`` (:func:`rank_checkpoints`), leaving out any
+    that validated strictly below the epoch's start model when it was validated: averaged in, a
+    policy that collapsed after it learned (a format failure on every answer) breaks the good
+    checkpoints' weights, so the average can fall below either. When every checkpoint is below
+    the start, the best one alone (the start is then kept; :func:`keep_or_advance`)."""
+    ranked = rank_checkpoints(results, metric)
+    if "start" not in results:
+        return ranked[:top_k]
+    floor = results["start"][metric]
+    return [n for n in ranked[:top_k] if results[n][metric] >= floor] or ranked[:1]
 
 
 def keep_or_advance(results: dict[str, Any], metric: str, start: str, averaged: str) -> str:
@@ -490,7 +505,7 @@ def _validate_and_average(
 
     # -- average the top-k checkpoints: the next epoch's start -------------------------------
     metric = cfg.epochs.select_metric.replace("ndcg@", "ndcg_")
-    top = rank_checkpoints(results, metric)[: cfg.epochs.top_k]
+    top = checkpoints_to_average(results, metric, cfg.epochs.top_k)
     if not top:
         raise RuntimeError(f"epoch {epoch} produced no checkpoints to average in {edir}")
     averaged = edir / "averaged"

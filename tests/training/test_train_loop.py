@@ -154,12 +154,16 @@ def test_epochs_validate_average_and_chain(run) -> None:
         assert all(r["questions"] == 2 for r in results.values())
         assert (edir / "rankings" / "averaged.jsonl").exists()
         assert (edir / "rankings" / "checkpoint-1.jsonl").exists()
-        # The average is the element-wise mean of the two checkpoints (top_k=2 of 2).
+        # The average is the element-wise mean of the checkpoints it chose (top_k=2 of 2, less
+        # one that validated below the start).
+        from memsifter.training.loop import checkpoints_to_average
+
+        top = json.loads((out / "run_state.json").read_text())[edir.name]["top"]
+        assert top == checkpoints_to_average(results, "reward", 2)
         avg = load_file(edir / "averaged" / "model.safetensors")
-        a = load_file(edir / "checkpoint-1" / "model.safetensors")
-        b = load_file(edir / "checkpoint-2" / "model.safetensors")
+        parts = [load_file(edir / name / "model.safetensors") for name in top]
         for name in avg:
-            torch.testing.assert_close(avg[name], (a[name] + b[name]) / 2)
+            torch.testing.assert_close(avg[name], sum(p[name] for p in parts) / len(parts))
     # Epoch 0 starts from the SFT model; epoch 1 from what epoch 0 carried forward: its average
     # unless the start model validated strictly higher.
     from memsifter.training.loop import keep_or_advance
@@ -204,6 +208,35 @@ def test_epochs_validate_average_and_chain(run) -> None:
 
 def _start(out: Path, epoch: int, state: dict) -> str:
     return str(out / "sft" / "final") if epoch == 0 else state[f"epoch-{epoch - 1}"]["next"]
+
+
+def test_a_checkpoint_below_the_start_is_not_averaged_in() -> None:
+    """Seen on a 2-core AMD machine: the generate recipe's CI run validated 1.000 at step 20,
+    then collapsed to unparseable answers (-1.000 at step 40); averaging the two gave a model
+    that parsed nothing."""
+    from memsifter.training.loop import checkpoints_to_average
+
+    res = {
+        "start": {"reward": 0.19},
+        "checkpoint-20": {"reward": 1.0},
+        "checkpoint-40": {"reward": -1.0},
+        "checkpoint-60": {"reward": 0.19},  # a tie with the start stays
+    }
+    assert checkpoints_to_average(res, "reward", 2) == ["checkpoint-20", "checkpoint-60"]
+    assert checkpoints_to_average(res, "reward", 3) == ["checkpoint-20", "checkpoint-60"]
+    below = {
+        "start": {"reward": 0.5},
+        "checkpoint-1": {"reward": 0.1},
+        "checkpoint-2": {"reward": 0.2},
+    }
+    assert checkpoints_to_average(below, "reward", 2) == ["checkpoint-2"]  # the best alone
+    del res["start"]  # not validated: the plain top k
+    assert checkpoints_to_average(res, "reward", 2) == ["checkpoint-20", "checkpoint-60"]
+    assert checkpoints_to_average(res, "reward", 3) == [
+        "checkpoint-20",
+        "checkpoint-60",
+        "checkpoint-40",
+    ]
 
 
 def test_keep_or_advance_keeps_only_a_strictly_better_start() -> None:
