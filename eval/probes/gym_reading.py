@@ -811,6 +811,7 @@ def evaluate(
     permuted_values: dict[str, dict[str, np.ndarray]] = {}
     if trained:
         prow = permuted_rows(size, rows, spec, seed=1)
+        kinds = np.array([str(q.get("kind")) for q in qfacts])
         # The start too: what a ranker keeps out of date order is measured against it.
         for name, model in {"start": MODEL, **trained}.items():
             make = None if model is None else (lambda m=model: rank_with(m, prow, spec))
@@ -821,32 +822,29 @@ def evaluate(
                 bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
             ]
             firsts = [k[0] for k in rk if k]
-            same = same_first_session(rk, runs[name], prow, rows)
-            permuted_values[name] = {
-                "ndcg@1_useful": np.array(hits, float),
-                "same_first_session": np.array(same, float),
-            }
+            hit = np.array(hits, float)
+            same = np.array(same_first_session(rk, runs[name], prow, rows), float)
+            permuted_values[name] = {"ndcg@1_useful": hit, "same_first_session": same}
             # Where the first choice moves: by question kind, and among the questions the
             # ranker answered right in date order (a content ranker keeps those first).
             right = np.array([bool(k) and k[0] in r["useful_positions"] for k, r in
                               zip(runs[name], rows, strict=True)])  # fmt: skip
-            kinds = np.array([str(q.get("kind")) for q in qfacts])
             permuted[name] = {
-                "ndcg@1_useful": float(np.mean(hits)),
+                "ndcg@1_useful": float(np.mean(hit)),
                 "same_first_session": float(np.mean(same)),
                 "n": len(hits),
                 "most_common_first_share": max(np.bincount(firsts)) / len(firsts)
                 if firsts
                 else None,
                 "same_first_session_if_right_in_date_order": {
-                    "share": float(np.mean(np.array(same)[right])) if right.any() else None,
+                    "share": float(np.mean(same[right])) if right.any() else None,
                     "n": int(right.sum()),
                 },
                 "by_kind": {
                     kind: {
                         "ndcg@1_useful_date_order": float(np.mean(right[kinds == kind])),
-                        "ndcg@1_useful": float(np.mean(np.array(hits)[kinds == kind])),
-                        "same_first_session": float(np.mean(np.array(same)[kinds == kind])),
+                        "ndcg@1_useful": float(np.mean(hit[kinds == kind])),
+                        "same_first_session": float(np.mean(same[kinds == kind])),
                         "n": int((kinds == kind).sum()),
                     }
                     for kind in sorted(set(kinds))

@@ -207,7 +207,8 @@ def build_row(
     """One dataset row (see the module doc for the columns). With ``shuffle_seed``, its
     candidates are shown in a seeded random order (:func:`shown_shuffled`)."""
     built = builder.build_query(query)
-    if shuffle_seed is not None and built.num_candidates > 1:
+    shuffled = shuffle_seed is not None and built.num_candidates > 1
+    if shuffled:
         built = shown_shuffled(built, query, builder, coarse, shuffle_seed)
     gold = set(query.gold_session_ids)
     gold_positions = [i for i, sid in enumerate(built.candidate_ids) if sid in gold]
@@ -230,7 +231,7 @@ def build_row(
         "n_dropped": len(built.dropped_ids),
         "truncated": bool(built.truncated_ids),
         # not a column: counted in the card
-        "shuffled": shuffle_seed is not None and built.num_candidates > 1,
+        "shuffled": shuffled,
     }
 
 
