@@ -197,19 +197,33 @@ def recipe_layout() -> str:
     return load_rl_data_config(ROOT / DATA_RECIPE).prompt.layout
 
 
-def rung_name(size: str, layout: str, read: str = "label") -> str:
-    """The rung's folder and key: the size, the layout when it is not the recipe's, and the
-    head's read when it is the marker read (which implies layout marked, or names restated)."""
+def rung_name(size: str, layout: str, read: str = "label", order: str = "chronological") -> str:
+    """The rung's folder and key: the size, the layout when it is not the recipe's, the
+    head's read when it is the marker read (which implies layout marked, or names restated),
+    and the candidate order when it is not the dates' (``-newest``: newest first)."""
     if read == "marker":
-        return f"{size}-marker" if layout == "marked" else f"{size}-{layout}-marker"
-    return size if layout == recipe_layout() else f"{size}-{layout}"
+        name = f"{size}-marker" if layout == "marked" else f"{size}-{layout}-marker"
+    else:
+        name = size if layout == recipe_layout() else f"{size}-{layout}"
+    return name if order == "chronological" else f"{name}-{ORDER_SUFFIX[order]}"
+
+
+# A rung's candidate order other than the dates' (PromptSpec.order), as its name's suffix.
+ORDER_SUFFIX = {"newest_first": "newest"}
+ORDERS = ("chronological", *ORDER_SUFFIX)
 
 
 def build_data(
-    world: str, out: Path, layout: str, read: str = "label", train_shuffle: float = 0.0
+    world: str,
+    out: Path,
+    layout: str,
+    read: str = "label",
+    train_shuffle: float = 0.0,
+    order: str = "chronological",
 ) -> Path:
-    """The rung's RL data; with ``train_shuffle``, a copy beside it whose train prompts show
-    that share of their candidates in a random order (validation and test are the rung's)."""
+    """The rung's RL data, its candidates in ``order``; with ``train_shuffle``, a copy beside it
+    whose train prompts show that share of their candidates in a random order (validation and
+    test are the rung's)."""
     from memsifter.models import resolve_model
     from memsifter.training.rldata.build import load_rl_data_config, prepare_rl_data
 
@@ -218,7 +232,9 @@ def build_data(
         cfg = load_rl_data_config(ROOT / DATA_RECIPE)
         cfg = dataclasses.replace(
             cfg,
-            prompt=dataclasses.replace(cfg.prompt, model=MODEL, layout=layout, head_read=read),
+            prompt=dataclasses.replace(
+                cfg.prompt, model=MODEL, layout=layout, head_read=read, order=order
+            ),
             sources=[dataclasses.replace(s, path=str(ROOT / world)) for s in cfg.sources],
             train_shuffle_share=train_shuffle,
         )
@@ -988,7 +1004,7 @@ def layout_pairs(
         raise typer.BadParameter(
             f"rung {other}'s test split lacks {len(missing)} of these {len(qids)} questions "
             f"(first {missing[0]}): not the same world",
-            param_hint="--against-layout",
+            param_hint="--against-layout / --against-order",
         )
     their_rows = [theirs[q] for q in qids]
     pairs: dict[str, Any] = {}
@@ -1073,9 +1089,9 @@ def _title(rung: dict[str, Any]) -> str:
     return "A simpler world (probes only)"
 
 
-def _key(rung: dict[str, Any]) -> tuple[str, str, str, str]:
-    read = rung.get("head_read", "label")
-    return rung["size"], rung.get("layout", _OLD_PROMPT), rung["world_config"], read
+def _key(rung: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    read, order = rung.get("head_read", "label"), rung.get("order", "chronological")
+    return rung["size"], rung.get("layout", _OLD_PROMPT), rung["world_config"], read, order
 
 
 def render(results: dict[str, Any]) -> str:
@@ -1322,6 +1338,20 @@ def main(
             "and read; its data is built here, its rankings are its committed ones)"
         ),
     ] = None,
+    order: Annotated[
+        str,
+        typer.Option(
+            help=f"{' | '.join(ORDERS)}: the candidates' order in every split's prompts "
+            "(PromptSpec.order); newest_first is its own rung"
+        ),
+    ] = "chronological",
+    against_order: Annotated[
+        str | None,
+        typer.Option(
+            help="eval: pair each ranker with its namesake on the rung of this order (with "
+            "--against-layout, of that layout too)"
+        ),
+    ] = None,
     train_shuffle: Annotated[
         float,
         typer.Option(
@@ -1340,6 +1370,8 @@ def main(
         (head_read, ("label", "marker"), "--head-read"),
         (layout, (*LAYOUTS, None), "--layout"),
         (against_layout, (*LAYOUTS, None), "--against-layout"),
+        (order, ORDERS, "--order"),
+        (against_order, (*ORDERS, None), "--against-order"),
         *((s, STAGES, "--stage") for s in stage or ()),
     ):
         if value not in allowed:
@@ -1371,6 +1403,13 @@ def main(
             "restated",
             param_hint="--layout",
         )
+    if against_order is not None and (against_order == order or world):
+        raise typer.BadParameter(
+            f"{against_order!r} is this rung's own order"
+            if not world
+            else "the pairs are on the rung's own world, not --world",
+            param_hint="--against-order",
+        )
     if against_layout is not None:
         if against_layout == layout or world:
             raise typer.BadParameter(
@@ -1385,7 +1424,7 @@ def main(
                 f"from {list(MARKED_LAYOUTS)}",
                 param_hint="--against-layout",
             )
-    name = rung_name(size, layout, head_read)
+    name = rung_name(size, layout, head_read, order)
     world_path = world_config(size)
     if world:  # a simpler world for a probe: its own rung, named after its file
         if set(stages) - {"data", "probe"}:
@@ -1396,15 +1435,17 @@ def main(
         world_path = world
         name = f"{Path(world).stem}-{layout}"
         name += "-marker" if head_read == "marker" else ""
+        name += f"-{ORDER_SUFFIX[order]}" if order != "chronological" else ""
     out = ROOT / "outputs/gym_reading" / name
     out.mkdir(parents=True, exist_ok=True)
-    data = build_data(world_path, out, layout, head_read)
+    data = build_data(world_path, out, layout, head_read, order=order)
     rung_file = out / "rung.json"
     world = load_world(ROOT / world_path)
     rung: dict[str, Any] = {
         "size": size,
         "layout": layout,
         "head_read": head_read,
+        **({"order": order} if order != "chronological" else {}),
         "level": world.config.level,
         "world_config": world_path,
         "model": MODEL,
@@ -1458,7 +1499,9 @@ def main(
     if "train" in stages:
         runs = rung.setdefault("runs", {})
         train_data = (
-            build_data(world_path, out, layout, head_read, train_shuffle) if train_shuffle else data
+            build_data(world_path, out, layout, head_read, train_shuffle, order)
+            if train_shuffle
+            else data
         )
         for recipe in names:
             runs[recipe] = {
@@ -1474,9 +1517,13 @@ def main(
                 rung_file.write_text(json.dumps(fresh, indent=1) + "\n")
     if "eval" in stages:
         against = None
-        if against_layout is not None:
-            other = rung_name(size, against_layout, head_read)
-            against = (other, build_data(world_path, out.parent / other, against_layout, head_read))
+        if against_layout is not None or against_order is not None:
+            their_layout, their_order = against_layout or layout, against_order or order
+            other = rung_name(size, their_layout, head_read, their_order)
+            their_data = build_data(
+                world_path, out.parent / other, their_layout, head_read, order=their_order
+            )
+            against = (other, their_data)
         rung.update(
             evaluate(size, data, out, names, per_user or None, rung.get("runs", {}), against)
         )

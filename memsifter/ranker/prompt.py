@@ -20,6 +20,7 @@ Chinese; ids in digits, or for the first-token head in letters, ``[Session A]``)
   first, as a prior to correct (a CPU-scale option of :class:`~memsifter.ranker.spec.PromptSpec`,
   which says which one a model was trained with). ``BuiltPrompt.coarse_order`` keeps the coarse
   ranking, as positions, for ``ParsedRanking.complete``, whenever the coarse filter ranked.
+  ``order="newest_first"`` is the chronological order reversed (the same blocks, mirrored).
 * **Thinking.** With a template that has Qwen3's ``enable_thinking`` switch the template is
   rendered with it on and the model opens ``<think>`` by itself; other (instruct) templates
   get the same instructions, which tell the model to begin its reply with ``<think>``.
@@ -139,7 +140,7 @@ class PromptBuilder(PromptIdAssembly):
         language: Language = "en",
         thinking: bool | None = None,
         ask_think: bool = True,
-        order: Literal["chronological", "coarse"] = "chronological",
+        order: Literal["chronological", "newest_first", "coarse"] = "chronological",
         chat_template_kwargs: dict[str, Any] | None = None,
         ranking_head: str = "generate",
         labels: Labelling = "digits",
@@ -171,8 +172,8 @@ class PromptBuilder(PromptIdAssembly):
                 "head_read='marker' needs ranking_head='first_token' and layout 'marked' or "
                 f"'restated' (got {ranking_head!r}, {layout!r})"
             )
-        if order not in ("chronological", "coarse"):
-            raise ValueError(f"order must be chronological or coarse, got {order!r}")
+        if order not in ("chronological", "newest_first", "coarse"):
+            raise ValueError(f"order must be chronological, newest_first or coarse, got {order!r}")
         if order == "coarse" and coarse is None:
             raise ValueError("order='coarse' needs a coarse filter to order the candidates")
         if template not in TEMPLATES:
@@ -402,7 +403,7 @@ class PromptBuilder(PromptIdAssembly):
                 )
                 built = self._assemble(
                     question,
-                    _chronological(sessions, ids),
+                    self._dated(sessions, ids),
                     question_date,
                     ranking=ranked,
                     frame=frame,
@@ -431,7 +432,7 @@ class PromptBuilder(PromptIdAssembly):
                 by_id = {s.id: s for s in sessions}
                 ordered = [by_id[sid] for sid in selection.ranking.ids if sid in kept]
             else:
-                ordered = _chronological([s for s in sessions if s.id in kept], ids)
+                ordered = self._dated([s for s in sessions if s.id in kept], ids)
             built = self._assemble(question, ordered, question_date, selection, frame=frame)
             if built.n_tokens <= budget:
                 return built
@@ -457,6 +458,11 @@ class PromptBuilder(PromptIdAssembly):
         return self.counter.count(
             self.render(self._messages_of(question, blocks, n, question_date))
         )
+
+    def _dated(self, sessions: Sequence[Session], input_order: Sequence[str]) -> list[Session]:
+        """``sessions`` in the spec's date order: oldest first, or with ``newest_first`` the
+        same timeline reversed."""
+        return _chronological(sessions, input_order, newest_first=self.order == "newest_first")
 
     def _blocks_of(self, question: str, ordered: Sequence[Session]) -> list[str]:
         """The candidates' prompt blocks, in the spec's template."""
@@ -617,14 +623,18 @@ class PromptBuilder(PromptIdAssembly):
         )
 
 
-def _chronological(sessions: Sequence[Session], input_order: Sequence[str]) -> list[Session]:
+def _chronological(
+    sessions: Sequence[Session], input_order: Sequence[str], newest_first: bool = False
+) -> list[Session]:
     """Oldest first, ties in input order; input order throughout when a date is missing, since
     an undated session has no place in the timeline."""
     rank = {sid: i for i, sid in enumerate(input_order)}
     by_input = sorted(sessions, key=lambda s: rank[s.id])
-    if any(s.date is None for s in by_input):
-        return by_input
-    return sorted(by_input, key=lambda s: _comparable(s.date))  # type: ignore[arg-type]
+    if not any(s.date is None for s in by_input):
+        by_input.sort(key=lambda s: _comparable(s.date))  # type: ignore[arg-type]
+    # ``newest_first`` is the same timeline read backwards (ties too), so the two orders of a
+    # prompt are exact mirrors.
+    return by_input[::-1] if newest_first else by_input
 
 
 def _comparable(value: datetime) -> datetime:

@@ -17,8 +17,11 @@ one), belong to :mod:`memsifter.ranker.checkpoint`.
 leak the coarse filter's opinion. ``coarse``: candidates are shown in the coarse filter's order,
 best first, as a prior for the proxy to correct. It is our CPU-scale option: a 135M model
 trained for minutes on 2 cores cannot learn relevance from scratch, but it can learn when to
-move a candidate ahead of the coarse filter's choice. Whichever is used is part of the spec and
-is served the same way.
+move a candidate ahead of the coarse filter's choice. ``newest_first``: dates order reversed, so
+ids still leak nothing of the coarse filter, and a causal model's read of a candidate has seen
+every *newer* session (what "the latest", "before X" and "in force when" are decided by) instead
+of every older one (docs/gym.md, finding 26). Whichever is used is part of the spec and is served
+the same way.
 
 **Ranking head.** ``generate`` (the paper's form): the proxy writes
 ``<think>…</think><ranking>…</ranking>`` and the parser reads it. ``first_token``: the prompt
@@ -78,8 +81,8 @@ if TYPE_CHECKING:
     from memsifter.ranker.parse import ParsedRanking
     from memsifter.ranker.prompt import PromptBuilder
 
-CandidateOrder = Literal["chronological", "coarse"]
-CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "coarse")
+CandidateOrder = Literal["chronological", "newest_first", "coarse"]
+CANDIDATE_ORDERS: tuple[str, ...] = ("chronological", "newest_first", "coarse")
 RANKING_HEADS: tuple[str, ...] = ("generate", "first_token")
 DEFAULT_LABELS = "digits"
 DEFAULT_LAYOUT = "paper"
@@ -100,7 +103,7 @@ class PromptSpec:
     unit: str = "session"  # session | page
     turns_per_page: int = 4  # with unit: page
     coarse: str = "bm25"  # the coarse filter that cuts (and with order: coarse, orders)
-    order: str = "chronological"  # chronological | coarse
+    order: str = "chronological"  # chronological | newest_first | coarse
     ranking_head: str = "generate"  # generate | first_token (see the module doc)
     labels: str = DEFAULT_LABELS  # digits | letters: how candidate ids are written (module doc)
     # paper | marked (question first, sessions closed by their id) | restated (and the question

@@ -173,6 +173,37 @@ def test_order_is_chronological_not_input_order(tok: Any) -> None:
     assert builder.build(QUESTION, undated).candidate_ids == tuple(s.id for s in undated)
 
 
+def test_newest_first_mirrors_the_timeline_after_the_same_cut(
+    sessions: list[Session], tok: Any
+) -> None:
+    """``order="newest_first"``: the chronological prompt's candidates reversed, ties and the
+    undated fallback included, and after a cut the same sessions kept (the cut is the coarse
+    filter's, the order only the shown one)."""
+    turns = (Turn("user", "hello"),)
+    dated = [
+        Session("late", turns, datetime(2023, 5, 2, 1, tzinfo=timezone.utc)),
+        Session("naive", turns, datetime(2023, 5, 1)),
+        Session("tie", turns, datetime(2023, 5, 1)),
+    ]
+    newest = PromptBuilder(tok, 8000, 500, order="newest_first")
+    assert newest.build(QUESTION, dated).candidate_ids == ("late", "tie", "naive")
+    undated = [*dated, Session("undated", turns)]
+    assert newest.build(QUESTION, undated).candidate_ids == tuple(s.id for s in undated[::-1])
+    full = PromptBuilder(tok, 8000, 500).build(QUESTION, sessions).n_tokens
+    order = ["s2", "s0", "s4", "s1", "s3"]
+    window = full - 120 + 64
+    chrono = PromptBuilder(tok, window, 64, coarse=FixedOrder(order)).build(QUESTION, sessions)
+    built = PromptBuilder(tok, window, 64, coarse=FixedOrder(order), order="newest_first").build(
+        QUESTION, sessions
+    )
+    assert built.dropped_ids and built.candidate_ids == chrono.candidate_ids[::-1]
+    assert built.n_tokens == _count(tok, built.text) <= built.budget_tokens
+    # The coarse order names the same sessions, at the mirrored positions.
+    assert [built.candidate_ids[p] for p in built.coarse_order] == [
+        chrono.candidate_ids[p] for p in chrono.coarse_order
+    ]
+
+
 def test_coarse_cut_respects_the_budget(sessions: list[Session], tok: Any) -> None:
     full = PromptBuilder(tok, 8000, 500).build(QUESTION, sessions).n_tokens
     order = ["s2", "s0", "s4", "s1", "s3"]
@@ -279,7 +310,7 @@ def test_coarse_order_single_session_and_bad_settings(tok: Any) -> None:
     assert built.candidate_ids == ("only",)
     with pytest.raises(ValueError, match="needs a coarse filter"):
         PromptBuilder(tok, 8000, 500, order="coarse")
-    with pytest.raises(ValueError, match="order must be chronological or coarse"):
+    with pytest.raises(ValueError, match="order must be chronological, newest_first or coarse"):
         PromptBuilder(tok, 8000, 500, coarse=FixedOrder([]), order="random")  # type: ignore[arg-type]
 
 

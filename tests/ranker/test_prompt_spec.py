@@ -32,7 +32,7 @@ def test_defaults_and_budget() -> None:
     assert spec.order == "chronological" and spec.unit == "session" and spec.ask_think
     assert spec.budget_tokens == spec.window_tokens - spec.completion_tokens
     assert PromptSpec(window_tokens=1024, completion_tokens=48).budget_tokens == 976
-    assert CANDIDATE_ORDERS == ("chronological", "coarse")
+    assert CANDIDATE_ORDERS == ("chronological", "newest_first", "coarse")
 
 
 @pytest.mark.parametrize(
