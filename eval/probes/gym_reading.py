@@ -834,13 +834,12 @@ def evaluate(
             rk = cached(f"{name}_permuted", make)
             if rk is None:
                 continue
-            hits = [
-                bool(k) and k[0] in r["useful_positions"] for k, r in zip(rk, prow, strict=True)
-            ]
+            permuted_values[name] = permuted_scores(rk, runs[name], prow, rows)
+            hit, same = (
+                permuted_values[name]["ndcg@1_useful"],
+                permuted_values[name]["same_first_session"],
+            )
             firsts = [k[0] for k in rk if k]
-            hit = np.array(hits, float)
-            same = np.array(same_first_session(rk, runs[name], prow, rows), float)
-            permuted_values[name] = {"ndcg@1_useful": hit, "same_first_session": same}
             # Where the first choice moves: by question kind, and among the questions the
             # ranker answered right in date order (a content ranker keeps those first).
             right = np.array([bool(k) and k[0] in r["useful_positions"] for k, r in
@@ -848,7 +847,7 @@ def evaluate(
             permuted[name] = {
                 "ndcg@1_useful": float(np.mean(hit)),
                 "same_first_session": float(np.mean(same)),
-                "n": len(hits),
+                "n": len(hit),
                 "most_common_first_share": max(np.bincount(firsts)) / len(firsts)
                 if firsts
                 else None,
@@ -913,7 +912,9 @@ def evaluate(
                 permuted_values[name], permuted_values[twin]
             )
     if against is not None:
-        pairs.update(layout_pairs(against, ["start", *trained], rows, values, ci))
+        pairs.update(
+            layout_pairs(against, ["start", *trained], rows, values, ci, size, permuted_values)
+        )
     split_rows = {}
     for name in runs:
         if name in ("oracle",):
@@ -983,18 +984,37 @@ def evaluate(
     }
 
 
+def permuted_scores(
+    permuted: list[list[int]],
+    date_order: list[list[int]],
+    prow: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+) -> dict[str, np.ndarray]:
+    """A ranker's random-order scores: whether its first place there is useful, and whether it
+    is the session it put first in the rung's own order."""
+    hits = [bool(k) and k[0] in r["useful_positions"] for k, r in zip(permuted, prow, strict=True)]
+    same = same_first_session(permuted, date_order, prow, rows)
+    return {"ndcg@1_useful": np.array(hits, float), "same_first_session": np.array(same, float)}
+
+
 def layout_pairs(
     against: tuple[str, Path],
     names: list[str],
     rows: list[dict[str, Any]],
     values: dict[str, dict[str, np.ndarray]],
     ci: Any,
+    size: str | None = None,
+    permuted_values: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """Each ranker here against its namesake on another rung of the same world: the same test
     questions (by id, in the same order), each scored on its own rung's candidates and prompt,
     from the rankings that rung committed. A ranker that rung never ranked on these questions
-    has no pair."""
+    has no pair. With ``size`` and this rung's ``permuted_values``, each ranker is also paired
+    in the random order (a seeded order of the candidate set, so two rungs that show the same
+    candidates in another order are shown the same random-order prompt), there also whether
+    the same session comes first as in the rung's own order."""
     from memsifter.evaluation.gym import score_rankings
+    from memsifter.ranker.checkpoint import read_spec
 
     other, data = against
     qids = [str(r["qid"]) for r in rows]
@@ -1007,14 +1027,24 @@ def layout_pairs(
             param_hint="--against-layout / --against-order",
         )
     their_rows = [theirs[q] for q in qids]
+    cache, kept = ROOT / "outputs/gym_reading" / other / "eval", RUNS / other / "rankings"
+    their_prow = None
     pairs: dict[str, Any] = {}
     for name in names:
-        ranked = rankings_of(name, qids, ROOT / "outputs/gym_reading" / other / "eval",
-                             RUNS / other / "rankings", None)  # fmt: skip
+        ranked = rankings_of(name, qids, cache, kept, None)
         if ranked is None:
             print(f"no pair for {name}: rung {other} has no rankings of these questions")
-        else:
-            pairs[f"{name}-{name}@{other}"] = ci(values[name], score_rankings(their_rows, ranked))
+            continue
+        pairs[f"{name}-{name}@{other}"] = ci(values[name], score_rankings(their_rows, ranked))
+        shuffled = rankings_of(f"{name}_permuted", qids, cache, kept, None)
+        if size is None or name not in (permuted_values or {}) or shuffled is None:
+            continue
+        if their_prow is None:
+            their_prow = permuted_rows(size, their_rows, read_spec(data), seed=1)
+        pairs[f"{name}-{name}@{other} (random order)"] = ci(
+            permuted_values[name],  # type: ignore[index]
+            permuted_scores(shuffled, ranked, their_prow, their_rows),
+        )
     return pairs
 
 

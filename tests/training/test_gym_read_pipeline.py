@@ -170,6 +170,15 @@ def test_same_first_session_follows_the_session_not_the_label() -> None:
         False,
         True,
     ]
+    # The random-order scores a pair of rungs is compared on: a useful first place there (by
+    # the permuted prompt's own positions), and the same session first as in date order.
+    prow = [{**r, "useful_positions": [1]} for r in prow]  # a is useful in the first only
+    scores = gym_reading.permuted_scores(content, date_first_a, prow, rows)
+    assert scores["ndcg@1_useful"].tolist() == [1.0, 0.0, 0.0]
+    assert scores["same_first_session"].tolist() == [1.0, 1.0, 1.0]
+    assert gym_reading.permuted_scores(habit, date_first_a, prow, rows)[
+        "same_first_session"
+    ].tolist() == [0.0, 1.0, 0.0]
 
 
 def test_order_augmentation_pairs_with_its_date_order_twin() -> None:
@@ -202,6 +211,22 @@ def test_order_augmentation_pairs_with_its_date_order_twin() -> None:
     for share, paired in ((0.0, {"outcome_kl": {"labels": "labels+kl"}}), (0.5, {})):
         both = {"outcome_kl": records["outcome_kl"], "labels+kl": run("labels", *kl, share=share)}
         assert gym_reading.ablations(both, list(both)) == paired
+
+
+def test_a_rung_is_named_by_its_order_only_when_it_is_not_the_dates() -> None:
+    """The date-order rungs keep their committed names (and results keys); newest first is
+    its own rung beside them."""
+    import eval.probes.gym_reading as gym_reading
+
+    name = gym_reading.rung_name
+    assert name("small", "restated", "marker") == "small-restated-marker"
+    assert name("small", "restated", "marker", "chronological") == "small-restated-marker"
+    assert name("small", "restated", "marker", "newest_first") == "small-restated-marker-newest"
+    assert name("small", "marked", "marker", "newest_first") == "small-marker-newest"
+    key = gym_reading._key
+    old = {"size": "small", "layout": "restated", "world_config": "w", "head_read": "marker"}
+    assert key(old) == key({**old, "order": "chronological"})
+    assert key(old) != key({**old, "order": "newest_first"})
 
 
 @pytest.mark.parametrize(
@@ -308,11 +333,15 @@ def test_a_layout_pair_reads_the_other_rungs_committed_rankings_of_the_same_ques
         (["--layout", "restated", "--against-layout", "restated"], "this rung's own layout"),
         (["--layout", "restated", "--against-layout", "paper"], "no closing markers"),
         (["--world", "configs/gym/bench_world.yaml", "--against-layout", "restated"], "--world"),
+        (["--against-order", "chronological"], "this rung's own order"),
+        (["--order", "newest_first", "--against-order", "newest_first"], "this rung's own order"),
+        (["--order", "oldest_first"], "choose from ['chronological', 'newest_first']"),
+        (["--world", "configs/gym/bench_world.yaml", "--against-order", "newest_first"], "--world"),
     ],
 )
 def test_against_layout_is_refused_where_it_pairs_nothing(args: list[str], message: str) -> None:
-    """Refused before anything is built: a rung against itself, a layout the marker read cannot
-    read, a probe world."""
+    """Refused before anything is built: a rung against itself (by layout or by order), a
+    layout the marker read cannot read, a probe world, an order that is no rung's."""
     import typer
     from typer.testing import CliRunner
 
