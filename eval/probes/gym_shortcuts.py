@@ -223,7 +223,11 @@ def shortcut_rankings(
     for scoring beside trained rankers (``eval/probes/gym_reading.py``): the rule's pick first, then
     the rest latest first; a rule with no pick (or a position past the end) ranks latest first,
     so its NDCG@1 here can exceed the audit's, which counts no pick as a miss. ``rows`` are rows of
-    ``memsifter data rl`` on ``world`` (``qid`` = ``<source>/<question id>``)."""
+    ``memsifter data rl`` on ``world`` (``qid`` = ``<source>/<question id>``).
+
+    The rules read the candidates by date whatever order the prompt shows them in (``latest``
+    is the newest session, not the last label; a newest-first prompt would otherwise turn every
+    "latest" rule into "earliest"); ``position p`` is the shown label p."""
     from memsifter.rewards.columns import sessions_from_column
 
     attribute = {q["id"]: q["attribute"] for q in world.questions}
@@ -231,10 +235,14 @@ def shortcut_rankings(
     out: dict[str, list[list[int]]] = defaultdict(list)
     span = max((len(sessions_from_column(r["candidates"])) for r in rows), default=0)
     for row in rows:
-        hs = sessions_from_column(row["candidates"])
+        shown = sessions_from_column(row["candidates"])
+        dated = sorted(range(len(shown)), key=lambda i: (shown[i].date is None, shown[i].date, i))
+        hs = [shown[i] for i in dated]
         ask = Ask(str(row["question"]), attribute[str(row["qid"]).split("/", 1)[1]], hs)
-        latest_first = list(range(len(hs)))[::-1]
-        picks = {name: rule(ask) for name, rule in table.items()}
+        latest_first = dated[::-1]
+        picks = {
+            name: None if (i := rule(ask)) is None else dated[i] for name, rule in table.items()
+        }
         if positions:
             picks |= {f"position {p}": p if p < len(hs) else None for p in range(span)}
         for name, pick in picks.items():

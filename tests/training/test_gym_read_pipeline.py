@@ -573,3 +573,34 @@ def test_an_evaluation_keeps_the_rows_of_recipes_it_did_not_rerank() -> None:
         {"rungs": [{**other, "size": "small", "world_config": "w", "level": "read"}]}
     )
     assert "### Earlier evaluation: `run outcome` at `v1` (one a user)" in text
+
+
+def test_the_shortcuts_read_dates_not_labels(read_world: dict[str, Path]) -> None:
+    """A rule's "latest" is the newest session whatever order the prompt shows: the same rows
+    with their candidates newest first pick the same sessions (only ``position p`` follows the
+    label)."""
+    import eval.probes.gym_reading as gym_reading
+    from eval.probes.gym_shortcuts import shortcut_rankings
+    from memsifter.data.gym import load_world
+    from memsifter.rewards.columns import sessions_from_column, sessions_to_column
+
+    world = load_world(ROOT / "configs/gym/read_ci.yaml")
+    rows = [r for r in gym_reading.load_split(read_world["data"], "test") if r["useful_positions"]]
+    flipped = [
+        {**r, "candidates": sessions_to_column(sessions_from_column(r["candidates"])[::-1])}
+        for r in rows
+    ]
+
+    def picked(rs: list[dict[str, Any]]) -> dict[str, list[str]]:
+        ranked = shortcut_rankings(world, rs, positions=True)
+        return {
+            name: [
+                sessions_from_column(r["candidates"])[k[0]].id for k, r in zip(rk, rs, strict=True)
+            ]
+            for name, rk in ranked.items()
+        }
+
+    dated, newest = picked(rows), picked(flipped)
+    rules = [n for n in dated if not n.startswith("position ")]
+    assert len(rules) >= 8 and all(dated[n] == newest[n] for n in rules)
+    assert dated["position 0"] != newest["position 0"]
