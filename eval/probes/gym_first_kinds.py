@@ -104,12 +104,20 @@ def main(
     from memsifter.data.gym import load_world
     from memsifter.ranker.checkpoint import read_spec
 
-    # The candidates are the user's sessions by date whatever the layout: any build of the
-    # rung's size serves (built by `python -m eval.probes.gym_reading --size S --stage data`).
+    # The rankings are positions in the rung's own prompts: its own data maps them to sessions.
+    # A date-order rung of this size shows the same sessions by date whatever the layout, so
+    # any such build serves; another order (`-newest`) needs its own.
     size = rung.split("-")[0]
-    built = sorted((ROOT / "outputs/gym_reading").glob(f"{size}*/data/{split}.parquet"))
+    own = ROOT / "outputs/gym_reading" / rung / "data" / f"{split}.parquet"
+    dated = [
+        p
+        for p in sorted((ROOT / "outputs/gym_reading").glob(f"{size}*/data/{split}.parquet"))
+        if not p.parent.parent.name.endswith(tuple(f"-{s}" for s in G.ORDER_SUFFIX.values()))
+    ]
+    ordered = rung.endswith(tuple(f"-{s}" for s in G.ORDER_SUFFIX.values()))
+    built = [own] if own.is_file() else ([] if ordered else dated)
     if not built:
-        raise typer.BadParameter(f"no {size} rung's data is built here: run its data stage")
+        raise typer.BadParameter(f"no data of rung {rung} is built here: run its data stage")
     world = load_world(ROOT / G.world_config(size))
     rows = G.load_split(built[0].parent, split)
 
