@@ -1137,8 +1137,9 @@ def render(results: dict[str, Any]) -> str:
     ]
     for rung in results["rungs"]:
         lines += [
-            f"## {_title(rung)}, layout {_key(rung)[1]}, head read {_key(rung)[3]} "
-            f"(`{rung['world_config']}`, "
+            f"## {_title(rung)}, layout {_key(rung)[1]}, head read {_key(rung)[3]}"
+            + ("" if _key(rung)[4] == "chronological" else f", candidates {_key(rung)[4]}")
+            + f" (`{rung['world_config']}`, "
             f"level `{rung['level']}`)",
             "",
             f"`{rung['command']}` at code version `{rung['code_version']}`; {rung['machine']}.",
