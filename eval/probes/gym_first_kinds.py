@@ -108,14 +108,15 @@ def main(
     # A date-order rung of this size shows the same sessions by date whatever the layout, so
     # any such build serves; another order (`-newest`) needs its own.
     size = rung.split("-")[0]
+    other_order = tuple(f"-{suffix}" for suffix in G.ORDER_SUFFIX.values())
     own = ROOT / "outputs/gym_reading" / rung / "data" / f"{split}.parquet"
-    dated = [
-        p
-        for p in sorted((ROOT / "outputs/gym_reading").glob(f"{size}*/data/{split}.parquet"))
-        if not p.parent.parent.name.endswith(tuple(f"-{s}" for s in G.ORDER_SUFFIX.values()))
-    ]
-    ordered = rung.endswith(tuple(f"-{s}" for s in G.ORDER_SUFFIX.values()))
-    built = [own] if own.is_file() else ([] if ordered else dated)
+    if own.is_file():
+        built = [own]
+    elif rung.endswith(other_order):
+        built = []
+    else:
+        everything = (ROOT / "outputs/gym_reading").glob(f"{size}*/data/{split}.parquet")
+        built = sorted(p for p in everything if not p.parent.parent.name.endswith(other_order))
     if not built:
         raise typer.BadParameter(f"no data of rung {rung} is built here: run its data stage")
     world = load_world(ROOT / G.world_config(size))

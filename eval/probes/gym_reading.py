@@ -197,6 +197,11 @@ def recipe_layout() -> str:
     return load_rl_data_config(ROOT / DATA_RECIPE).prompt.layout
 
 
+# A rung's candidate order other than the dates' (PromptSpec.order), as its name's suffix.
+ORDER_SUFFIX = {"newest_first": "newest"}
+ORDERS = ("chronological", *ORDER_SUFFIX)
+
+
 def rung_name(size: str, layout: str, read: str = "label", order: str = "chronological") -> str:
     """The rung's folder and key: the size, the layout when it is not the recipe's, the
     head's read when it is the marker read (which implies layout marked, or names restated),
@@ -206,11 +211,6 @@ def rung_name(size: str, layout: str, read: str = "label", order: str = "chronol
     else:
         name = size if layout == recipe_layout() else f"{size}-{layout}"
     return name if order == "chronological" else f"{name}-{ORDER_SUFFIX[order]}"
-
-
-# A rung's candidate order other than the dates' (PromptSpec.order), as its name's suffix.
-ORDER_SUFFIX = {"newest_first": "newest"}
-ORDERS = ("chronological", *ORDER_SUFFIX)
 
 
 def build_data(

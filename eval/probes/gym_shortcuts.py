@@ -228,6 +228,7 @@ def shortcut_rankings(
     The rules read the candidates by date whatever order the prompt shows them in (``latest``
     is the newest session, not the last label; a newest-first prompt would otherwise turn every
     "latest" rule into "earliest"); ``position p`` is the shown label p."""
+    from memsifter.ranker.prompt import chronological
     from memsifter.rewards.columns import sessions_from_column
 
     attribute = {q["id"]: q["attribute"] for q in world.questions}
@@ -236,8 +237,9 @@ def shortcut_rankings(
     span = max((len(sessions_from_column(r["candidates"])) for r in rows), default=0)
     for row in rows:
         shown = sessions_from_column(row["candidates"])
-        dated = sorted(range(len(shown)), key=lambda i: (shown[i].date is None, shown[i].date, i))
-        hs = [shown[i] for i in dated]
+        hs = chronological(shown, [x.id for x in shown])
+        at = {x.id: i for i, x in enumerate(shown)}
+        dated = [at[x.id] for x in hs]
         ask = Ask(str(row["question"]), attribute[str(row["qid"]).split("/", 1)[1]], hs)
         latest_first = dated[::-1]
         picks = {

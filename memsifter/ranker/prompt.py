@@ -462,7 +462,7 @@ class PromptBuilder(PromptIdAssembly):
     def _dated(self, sessions: Sequence[Session], input_order: Sequence[str]) -> list[Session]:
         """``sessions`` in the spec's date order: oldest first, or with ``newest_first`` the
         same timeline reversed."""
-        return _chronological(sessions, input_order, newest_first=self.order == "newest_first")
+        return chronological(sessions, input_order, newest_first=self.order == "newest_first")
 
     def _blocks_of(self, question: str, ordered: Sequence[Session]) -> list[str]:
         """The candidates' prompt blocks, in the spec's template."""
@@ -623,11 +623,11 @@ class PromptBuilder(PromptIdAssembly):
         )
 
 
-def _chronological(
+def chronological(
     sessions: Sequence[Session], input_order: Sequence[str], newest_first: bool = False
 ) -> list[Session]:
-    """Oldest first, ties in input order; input order throughout when a date is missing, since
-    an undated session has no place in the timeline."""
+    """Oldest first (``newest_first``: reversed), ties in input order; input order throughout
+    when a date is missing, since an undated session has no place in the timeline."""
     rank = {sid: i for i, sid in enumerate(input_order)}
     by_input = sorted(sessions, key=lambda s: rank[s.id])
     if not any(s.date is None for s in by_input):
