@@ -19,7 +19,10 @@ under ``outputs/gym_reading/<size>/``; a killed run picks up at the last checkpo
    pointing needs, at which learning rate and layers), never a row of the table;
 3. ``train``: each recipe of :data:`RECIPES` with ``memsifter train`` from SmolLM2 (the head's
    Plackett–Luce GRPO), R_ans (``outcome``), R_ret on the annotator labels (``labels``) and R_ans
-   without s_0 (``outcome_absolute``);
+   without s_0 (``outcome_absolute``). ``--ranking-head generate`` is the paper's form on its own
+   rung (``<size>-generate``, data ``configs/data/gym_read_generate.yaml``): the proxy writes
+   ``<ranking>3, 0, 7</ranking>`` and TRL's GRPO trains the written ids (recipe ``generate``,
+   a format SFT on BM25's order first; evaluated against that SFT start as ``generate_sft``);
 4. ``eval``: every ranker on the **test users** (they never choose anything): BM25, each
    shortcut rule of the audit (``eval/probes/gym_shortcuts.py``), the start model, each trained
    model
@@ -55,12 +58,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 MODEL = "smollm2-135m-instruct"
 DATA_RECIPE = "configs/data/gym_read_first_token.yaml"
+# The paper's form, the proxy writing its ranking (TRL's GRPO on the generated ids): its own rung
+# (``--ranking-head generate``, suffix ``-generate``), on its own data (digits, the parser's ids).
+GENERATE_DATA_RECIPE = "configs/data/gym_read_generate.yaml"
+RANKING_HEADS = ("first_token", "generate")
 RECIPES: dict[str, str] = {
     "outcome": "configs/train/gym_read_pl_outcome.yaml",
     "outcome_kl": "configs/train/gym_read_pl_outcome_kl.yaml",
     "labels": "configs/train/gym_read_pl_labels.yaml",
     "outcome_absolute": "configs/train/gym_read_pl_outcome_absolute.yaml",
+    "generate": "configs/train/gym_read_generate.yaml",
 }
+# The recipes that train a written ranking: only on a generate rung, and only they there.
+GENERATE_RECIPES = ("generate",)
 SIZES = ("ci", "small", "medium", "locomo")
 STAGES = ("data", "probe", "train", "eval")
 # validation NDCG@1 (useful session) a run must reach for "steps to learn": the issue's goal
@@ -202,15 +212,23 @@ ORDER_SUFFIX = {"newest_first": "newest"}
 ORDERS = ("chronological", *ORDER_SUFFIX)
 
 
-def rung_name(size: str, layout: str, read: str = "label", order: str = "chronological") -> str:
+def rung_name(
+    size: str,
+    layout: str,
+    read: str = "label",
+    order: str = "chronological",
+    head: str = "first_token",
+) -> str:
     """The rung's folder and key: the size, the layout when it is not the recipe's, the
     head's read when it is the marker read (which implies layout marked, or names restated),
-    and the candidate order when it is not the dates' (``-newest``: newest first)."""
+    the candidate order when it is not the dates' (``-newest``: newest first), and
+    ``-generate`` when the proxy writes its ranking instead of the first-token head's."""
     if read == "marker":
         name = f"{size}-marker" if layout == "marked" else f"{size}-{layout}-marker"
     else:
         name = size if layout == recipe_layout() else f"{size}-{layout}"
-    return name if order == "chronological" else f"{name}-{ORDER_SUFFIX[order]}"
+    name = name if order == "chronological" else f"{name}-{ORDER_SUFFIX[order]}"
+    return name if head == "first_token" else f"{name}-generate"
 
 
 def build_data(
@@ -220,16 +238,19 @@ def build_data(
     read: str = "label",
     train_shuffle: float = 0.0,
     order: str = "chronological",
+    head: str = "first_token",
 ) -> Path:
     """The rung's RL data, its candidates in ``order``; with ``train_shuffle``, a copy beside it
     whose train prompts show that share of their candidates in a random order (validation and
-    test are the rung's)."""
+    test are the rung's). ``head: generate`` renders the paper's form (a written ranking)."""
     from memsifter.models import resolve_model
     from memsifter.training.rldata.build import load_rl_data_config, prepare_rl_data
 
     data = out / ("data" if not train_shuffle else f"data-train_shuffle{train_shuffle:g}")
     if not (data / "prompt_spec.json").is_file():
-        cfg = load_rl_data_config(ROOT / DATA_RECIPE)
+        cfg = load_rl_data_config(
+            ROOT / (GENERATE_DATA_RECIPE if head == "generate" else DATA_RECIPE)
+        )
         cfg = dataclasses.replace(
             cfg,
             prompt=dataclasses.replace(
@@ -631,7 +652,9 @@ def rank_with(model: str | Path, rows: list[dict[str, Any]], spec: Any) -> list[
     from memsifter.training.validation import ValidationEngine, generate_completions
 
     engine = ValidationEngine.for_spec(spec, batch_size=8, device=None)  # device: a GPU if any
-    texts = generate_completions(model, rows, max_new_tokens=1, engine=engine)
+    # The head's one position, or a written ranking's whole budget (as validation gives it).
+    budget = spec.completion_tokens if spec.ranking_head == "generate" else 1
+    texts = generate_completions(model, rows, max_new_tokens=budget, engine=engine)
     return [
         list(parse_ranking(t, int(r["n_candidates"])).ids) for r, t in zip(rows, texts, strict=True)
     ]
@@ -816,6 +839,15 @@ def evaluate(
         ranked = cached(name, make)
         if ranked is not None:
             trained[name], runs[name] = model, ranked
+    # A run that began with an SFT (the written ranking's format start; no label) is measured
+    # against that start too: the untrained model writes no ranking, so GRPO moved the SFT's.
+    for name in list(trained):
+        sft = out / "train" / name / "sft" / "final"
+        make = (lambda f=sft: rank_with(f, rows, spec)) if sft.is_dir() else None
+        ranked = cached(f"{name}_sft", make)
+        if ranked is not None:
+            trained[f"{name}_sft"] = sft if sft.is_dir() else None
+            runs[f"{name}_sft"] = ranked
     runs["oracle"] = [
         list(r["useful_positions"])
         + [i for i in range(int(r["n_candidates"])) if i not in r["useful_positions"]]
@@ -895,6 +927,8 @@ def evaluate(
         pairs[f"{name}-start"] = ci(values[name], values["start"])
         pairs[f"{name}-best_shortcut"] = ci(values[name], short_values[best_shortcut])
         pairs[f"{name}-bm25"] = ci(values[name], values["bm25"])
+        if f"{name}_sft" in values:
+            pairs[f"{name}-{name}_sft"] = ci(values[name], values[f"{name}_sft"])
     # The outcome reward against the labels and the absolute score: runs trained with the same
     # learning settings and the other reward (``ablations``), so only the reward differs.
     for name, other in ablations(records or {}, list(trained)).items():
@@ -1119,9 +1153,10 @@ def _title(rung: dict[str, Any]) -> str:
     return "A simpler world (probes only)"
 
 
-def _key(rung: dict[str, Any]) -> tuple[str, str, str, str, str]:
+def _key(rung: dict[str, Any]) -> tuple[str, str, str, str, str, str]:
     read, order = rung.get("head_read", "label"), rung.get("order", "chronological")
-    return rung["size"], rung.get("layout", _OLD_PROMPT), rung["world_config"], read, order
+    head = rung.get("ranking_head", "first_token")
+    return rung["size"], rung.get("layout", _OLD_PROMPT), rung["world_config"], read, order, head
 
 
 def render(results: dict[str, Any]) -> str:
@@ -1137,7 +1172,12 @@ def render(results: dict[str, Any]) -> str:
     ]
     for rung in results["rungs"]:
         lines += [
-            f"## {_title(rung)}, layout {_key(rung)[1]}, head read {_key(rung)[3]}"
+            f"## {_title(rung)}, layout {_key(rung)[1]}, "
+            + (
+                "a written ranking (the paper's form, TRL GRPO)"
+                if _key(rung)[5] == "generate"
+                else f"head read {_key(rung)[3]}"
+            )
             + ("" if _key(rung)[4] == "chronological" else f", candidates {_key(rung)[4]}")
             + f" (`{rung['world_config']}`, "
             f"level `{rung['level']}`)",
@@ -1383,6 +1423,14 @@ def main(
             "--against-layout, of that layout too)"
         ),
     ] = None,
+    ranking_head: Annotated[
+        str,
+        typer.Option(
+            help=f"{' | '.join(RANKING_HEADS)}: the first-token head, or the paper's form (the "
+            f"proxy writes its ranking; {GENERATE_DATA_RECIPE}, recipes "
+            f"{', '.join(GENERATE_RECIPES)}); generate is its own rung"
+        ),
+    ] = "first_token",
     train_shuffle: Annotated[
         float,
         typer.Option(
@@ -1403,6 +1451,7 @@ def main(
         (against_layout, (*LAYOUTS, None), "--against-layout"),
         (order, ORDERS, "--order"),
         (against_order, (*ORDERS, None), "--against-order"),
+        (ranking_head, RANKING_HEADS, "--ranking-head"),
         *((s, STAGES, "--stage") for s in stage or ()),
     ):
         if value not in allowed:
@@ -1422,7 +1471,25 @@ def main(
                 "date-order run keeps its name",
                 param_hint="--train-shuffle",
             )
-    names = recipe or list(RECIPES)
+    generate = ranking_head == "generate"
+    wrong = [r for r in recipe if (recipe_of(r) in GENERATE_RECIPES) != generate]
+    if wrong:
+        raise typer.BadParameter(
+            f"{', '.join(wrong)}: "
+            + (
+                "a first-token head's recipe on the written ranking's rung"
+                if generate
+                else "trains a written ranking: it needs --ranking-head generate"
+            ),
+            param_hint="--recipe",
+        )
+    if generate and (head_read != "label" or "probe" in stages or train_shuffle):
+        raise typer.BadParameter(
+            "the written ranking has no head to read a marker with, to probe or to train on "
+            "shuffled orders: --head-read, --stage probe and --train-shuffle are the head's",
+            param_hint="--ranking-head",
+        )
+    names = recipe or [r for r in RECIPES if (r in GENERATE_RECIPES) == generate]
 
     from memsifter.data.gym import load_world
     from memsifter.machine import machine_facts, machine_line
@@ -1455,7 +1522,7 @@ def main(
                 f"from {list(MARKED_LAYOUTS)}",
                 param_hint="--against-layout",
             )
-    name = rung_name(size, layout, head_read, order)
+    name = rung_name(size, layout, head_read, order, ranking_head)
     world_path = world_config(size)
     if world:  # a simpler world for a probe: its own rung, named after its file
         if set(stages) - {"data", "probe"}:
@@ -1469,7 +1536,7 @@ def main(
         name += f"-{ORDER_SUFFIX[order]}" if order != "chronological" else ""
     out = ROOT / "outputs/gym_reading" / name
     out.mkdir(parents=True, exist_ok=True)
-    data = build_data(world_path, out, layout, head_read, order=order)
+    data = build_data(world_path, out, layout, head_read, order=order, head=ranking_head)
     rung_file = out / "rung.json"
     world = load_world(ROOT / world_path)
     rung: dict[str, Any] = {
@@ -1477,6 +1544,7 @@ def main(
         "layout": layout,
         "head_read": head_read,
         **({"order": order} if order != "chronological" else {}),
+        **({"ranking_head": ranking_head} if generate else {}),
         "level": world.config.level,
         "world_config": world_path,
         "model": MODEL,
@@ -1550,9 +1618,14 @@ def main(
         against = None
         if against_layout is not None or against_order is not None:
             their_layout, their_order = against_layout or layout, against_order or order
-            other = rung_name(size, their_layout, head_read, their_order)
+            other = rung_name(size, their_layout, head_read, their_order, ranking_head)
             their_data = build_data(
-                world_path, out.parent / other, their_layout, head_read, order=their_order
+                world_path,
+                out.parent / other,
+                their_layout,
+                head_read,
+                order=their_order,
+                head=ranking_head,
             )
             against = (other, their_data)
         rung.update(

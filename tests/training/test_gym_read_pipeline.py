@@ -227,6 +227,10 @@ def test_a_rung_is_named_by_its_order_only_when_it_is_not_the_dates() -> None:
     old = {"size": "small", "layout": "restated", "world_config": "w", "head_read": "marker"}
     assert key(old) == key({**old, "order": "chronological"})
     assert key(old) != key({**old, "order": "newest_first"})
+    # The written ranking (the paper's form) is its own rung too; the head's keep their keys.
+    assert name("ci", "paper", "label", "chronological", "generate") == "ci-generate"
+    assert key(old) == key({**old, "ranking_head": "first_token"})
+    assert key(old) != key({**old, "ranking_head": "generate"})
 
 
 @pytest.mark.parametrize(
@@ -337,6 +341,10 @@ def test_a_layout_pair_reads_the_other_rungs_committed_rankings_of_the_same_ques
         (["--order", "newest_first", "--against-order", "newest_first"], "this rung's own order"),
         (["--order", "oldest_first"], "choose from ['chronological', 'newest_first']"),
         (["--world", "configs/gym/bench_world.yaml", "--against-order", "newest_first"], "--world"),
+        (["--ranking-head", "generate"], "--head-read, --stage probe and --train-shuffle"),
+        (["--ranking-head", "generate", "--recipe", "outcome"], "first-token head's recipe"),
+        (["--recipe", "generate"], "it needs --ranking-head generate"),
+        (["--ranking-head", "listwise"], "choose from ['first_token', 'generate']"),
     ],
 )
 def test_against_layout_is_refused_where_it_pairs_nothing(args: list[str], message: str) -> None:
@@ -604,3 +612,41 @@ def test_the_shortcuts_read_dates_not_labels(read_world: dict[str, Path]) -> Non
     rules = [n for n in dated if not n.startswith("position ")]
     assert len(rules) >= 8 and all(dated[n] == newest[n] for n in rules)
     assert dated["position 0"] != newest["position 0"]
+
+
+def test_a_run_with_an_sft_start_is_paired_with_that_start(
+    read_world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The written ranking's recipe starts from a format SFT (``--ranking-head generate``): the
+    eval ranks that start as ``<run>_sft`` and pairs the run with it, from committed rankings
+    when the checkpoints are gone; a run without an SFT start gets no such row."""
+    import eval.probes.gym_reading as gym_reading
+
+    monkeypatch.setattr(gym_reading, "RUNS", tmp_path / "runs")
+    out = tmp_path / "ci-generate"
+    rows = [r for r in gym_reading.load_split(read_world["data"], "test") if r["useful_positions"]]
+    qids = [str(r["qid"]) for r in rows]
+    useful_first = [
+        list(r["useful_positions"])
+        + [i for i in range(int(r["n_candidates"])) if i not in r["useful_positions"]]
+        for r in rows
+    ]
+    wrong_first = [
+        [i for i in range(int(r["n_candidates"])) if i not in r["useful_positions"]] for r in rows
+    ]
+    (out / "eval").mkdir(parents=True)
+    (out / "eval" / "start.json").write_text(json.dumps(wrong_first))
+    kept = tmp_path / "runs" / out.name / "rankings"
+    kept.mkdir(parents=True)
+    for name, rankings in (("generate", useful_first), ("generate_sft", wrong_first)):
+        record = {"qids": qids, "rankings": rankings, "code_version": "gpu"}
+        (kept / f"{name}.json").write_text(json.dumps(record))
+    table = gym_reading.evaluate("ci", read_world["data"], out, ["generate"], per_user=None)
+    assert table["rankers"]["generate"]["ndcg@1_useful"] == 1.0
+    assert table["rankers"]["generate_sft"]["ndcg@1_useful"] == 0.0
+    assert table["cluster_mean"]["generate-generate_sft"]["ndcg@1_useful"] == pytest.approx(1.0)
+    assert table["models"]["generate_sft"] == "not here: its committed rankings"
+    (kept / "generate_sft.json").unlink()
+    table = gym_reading.evaluate("ci", read_world["data"], out, ["generate"], per_user=None)
+    assert "generate_sft" not in table["rankers"]
+    assert "generate-generate_sft" not in table["cluster_ci95"]
