@@ -622,8 +622,8 @@ def steps_to_learn(curve: list[tuple[int, float]]) -> int | None:
 
 
 def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
-    """The run's log history (per step: reward, entropy, loss, seconds) and its validation,
-    committed beside the table."""
+    """The run's log history (per step: reward, entropy, loss, seconds), its SFT start's when
+    it has one, and its validation, committed beside the table."""
     dest = RUNS / size
     dest.mkdir(parents=True, exist_ok=True)
     written = []
@@ -635,6 +635,12 @@ def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
         log_history = json.loads(states[-1].read_text())["log_history"]
         path = dest / f"{name}_log.jsonl"
         path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in log_history))
+        written.append(str(path.relative_to(ROOT)))
+    sft = run_dir / "sft" / "trainer_state.json"
+    if sft.is_file():  # the format start of a written ranking's recipe
+        path = dest / f"{name}_sft_log.jsonl"
+        history = json.loads(sft.read_text())["log_history"]
+        path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in history))
         written.append(str(path.relative_to(ROOT)))
     vfile = run_dir / "epoch-0" / "validation.json"
     if vfile.is_file():
