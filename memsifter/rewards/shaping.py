@@ -90,7 +90,9 @@ class ShapingSchedule:
         frac = step / n
         if self.schedule == "linear":
             return self.beta0 * (1.0 - frac)
-        return self.beta0 * 0.5 * (1.0 + math.cos(math.pi * frac))
+        # The factor first: beta(0) is beta_0 exactly, where beta_0 * 0.5 first would round a
+        # subnormal beta_0 to 0 (a property test drew 5e-324).
+        return self.beta0 * (0.5 * (1.0 + math.cos(math.pi * frac)))
 
     def combine(self, r_ans: float, r_ret: float, step: int) -> float:
         """alpha * R_ans + beta(step) * R_ret; exactly alpha * R_ans once beta is 0."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from memsifter.ir_metrics import evaluate_rankings
@@ -211,6 +211,7 @@ def test_schedule_shapes_differ_and_validate() -> None:
     st.integers(0, 500),
     st.sampled_from(["linear", "cosine"]),
 )
+@example(0.0, 0.0, 1.0, 5e-324, 0, "cosine")  # a subnormal beta_0 once rounded to 0 at step 0
 def test_shaping_at_beta_zero_is_alpha_r_ans(
     alpha: float, r_ans: float, r_ret: float, beta0: float, extra: int, schedule: str
 ) -> None:
