@@ -621,6 +621,12 @@ def steps_to_learn(curve: list[tuple[int, float]]) -> int | None:
     return next((s for s, v in curve if v >= LEARNED), None)
 
 
+def _write_history(path: Path, history: list[dict[str, Any]]) -> str:
+    """A trainer's log history as JSONL, one entry a line; the path as committed."""
+    path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in history))
+    return str(path.relative_to(ROOT))
+
+
 def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
     """The run's log history (per step: reward, entropy, loss, seconds), its SFT start's when
     it has one, and its validation, committed beside the table."""
@@ -633,15 +639,11 @@ def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
     )
     if states:
         log_history = json.loads(states[-1].read_text())["log_history"]
-        path = dest / f"{name}_log.jsonl"
-        path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in log_history))
-        written.append(str(path.relative_to(ROOT)))
+        written.append(_write_history(dest / f"{name}_log.jsonl", log_history))
     sft = run_dir / "sft" / "trainer_state.json"
     if sft.is_file():  # the format start of a written ranking's recipe
-        path = dest / f"{name}_sft_log.jsonl"
         history = json.loads(sft.read_text())["log_history"]
-        path.write_text("".join(json.dumps(e, sort_keys=True) + "\n" for e in history))
-        written.append(str(path.relative_to(ROOT)))
+        written.append(_write_history(dest / f"{name}_sft_log.jsonl", history))
     vfile = run_dir / "epoch-0" / "validation.json"
     if vfile.is_file():
         path = dest / f"{name}_validation.json"
