@@ -382,6 +382,7 @@ def probe(
     pool: int = 0,
     target: str = "useful",
     read: str | None = None,
+    warm_marker: int = 0,
 ) -> dict[str, Any]:
     """Cross-entropy of the head's first place against the useful set (log of the summed
     probability of the useful labels), LoRA on the top ``top_layers`` layers as the recipes
@@ -390,7 +391,13 @@ def probe(
     candidate instead, a positive control of the machinery. ``pool > 0``: a seeded pool of
     that many training prompts, their frozen layers' output cached once
     (:class:`FrozenPrefix`), and the steps drawn from it: the same updates at a fraction of the
-    cost a step, so many more steps (and passes over the pool) fit the budget."""
+    cost a step, so many more steps (and passes over the pool) fit the budget.
+
+    ``warm_marker > 0`` (label read only): the first that many steps train the marker read
+    alone, so each closer learns whether its session answers; the label read is trained after
+    them, the marker read's loss kept beside it, and validation scores both reads. It asks
+    whether the last position can learn to copy the label of a closer that already knows
+    its relevance (the written ranking must point exactly so)."""
     import random
 
     import torch
@@ -449,7 +456,13 @@ def probe(
     rng = random.Random(0)
 
     read = read or spec.head_read  # the data's own read unless the probe overrides it
-    if read == "marker":
+    if warm_marker and (read != "label" or spec.layout not in MARKED_LAYOUTS or not pool):
+        raise ValueError(
+            f"--probe-warm-marker trains the marker read before the label read: it needs the "
+            f"label read, closing markers and the cached pool (got read {read!r}, layout "
+            f"{spec.layout!r}, --probe-pool {pool})"
+        )
+    if read == "marker" or warm_marker:
         read_id = marker_token_id(tok)
     positions: dict[str, list[int]] = {}
 
@@ -459,7 +472,7 @@ def probe(
             positions[key] = marker_positions(tok, key, int(r["n_candidates"]), spec.labels)
         return positions[key]
 
-    def scores(rows: list[dict[str, Any]]) -> Any:
+    def scores(rows: list[dict[str, Any]], how: str = read) -> Any:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast == "bf16"):
             return head_scores(
                 model,
@@ -467,22 +480,36 @@ def probe(
                 [r["prompt"] for r in rows],
                 [int(r["n_candidates"]) for r in rows],
                 labels=spec.labels,
-                read=read,
+                read=how,
             )
 
-    def evaluate() -> float:
+    def evaluate(how: str = read) -> float:
         model.eval()
         hits = 0
         with torch.no_grad():
             for i in range(0, len(val), 8):
                 rows = val[i : i + 8]
-                top = scores(rows).argmax(-1).tolist()
+                top = scores(rows, how).argmax(-1).tolist()
                 hits += sum(t in r["useful_positions"] for t, r in zip(top, rows, strict=True))
         model.train()
         return hits / len(val)
 
-    curve = [(0, evaluate())]
-    log(f"probe step 0: validation NDCG@1 {curve[-1][1]:.3f} (n = {len(val)})")
+    marker_curve: list[tuple[int, float]] = []
+
+    def evaluated(step: int) -> str:
+        """Validation at ``step``: the probe's read, and the marker read beside it when the
+        marker read was trained first."""
+        curve.append((step, evaluate()))
+        if not warm_marker:
+            return f"validation NDCG@1 {curve[-1][1]:.3f}"
+        marker_curve.append((step, evaluate("marker")))
+        return (
+            f"validation NDCG@1 label read {curve[-1][1]:.3f}, "
+            f"marker read {marker_curve[-1][1]:.3f}"
+        )
+
+    curve: list[tuple[int, float]] = []
+    log(f"probe step 0: {evaluated(0)} (n = {len(val)})")
     every = max(1, steps // 6)
     frozen = None
     if pool and top_layers >= layers:
@@ -496,7 +523,7 @@ def probe(
         frozen = FrozenPrefix(model, top_layers, device, autocast == "bf16")
         labels_all = label_token_ids(tok, max(int(r["n_candidates"]) for r in train), spec.labels)
         diff = frozen.check(tok, val[0]["prompt"], labels_all)
-        if read == "marker":
+        if read == "marker" or warm_marker:
             n0 = int(val[0]["n_candidates"])
             diff = max(diff, frozen.check(tok, val[0]["prompt"], [], (n0, spec.labels)))
         if diff > 1e-3:
@@ -508,20 +535,29 @@ def probe(
                   for r in train]  # fmt: skip
         log(f"cached {len(train)} prompts in {time.perf_counter() - t_cache:.0f} s")
 
-    def cached_loss(rows: list[int]) -> Any:
-        """The batch's loss from cached prefixes, backpropagated a prompt at a time."""
+    def pointing_loss(logits: Any, r: dict[str, Any], size: int) -> Any:
+        logp = torch.log_softmax(logits, -1)
+        return -torch.logsumexp(logp[list(r["useful_positions"])], -1) / size
+
+    def cached_loss(rows: list[int], reads: tuple[str, ...]) -> Any:
+        """The batch's loss from cached prefixes (summed over ``reads``), backpropagated a
+        prompt at a time; the first read's alone is returned, the one the log follows."""
         total = 0.0
         for i in rows:
             r = train[i]
             n = int(r["n_candidates"])
-            if read == "marker":
-                logits = frozen.logits_at(cached[i], where(r))[:, read_id]  # type: ignore[union-attr]
-            else:
-                logits = frozen.logits(cached[i])[labels_all[:n]]  # type: ignore[union-attr]
-            logp = torch.log_softmax(logits, -1)
-            loss = -torch.logsumexp(logp[list(r["useful_positions"])], -1) / len(rows)
-            loss.backward()
-            total += float(loss)
+            losses = [
+                pointing_loss(
+                    frozen.logits_at(cached[i], where(r))[:, read_id]  # type: ignore[union-attr]
+                    if how == "marker"
+                    else frozen.logits(cached[i])[labels_all[:n]],  # type: ignore[union-attr]
+                    r,
+                    len(rows),
+                )
+                for how in reads
+            ]
+            sum(losses).backward()
+            total += float(losses[0].detach())
         return total
 
     t0 = time.perf_counter()
@@ -532,7 +568,11 @@ def probe(
     for step in range(1, steps + 1):
         opt.zero_grad()
         if frozen is not None:
-            window.append(cached_loss(rng.sample(range(len(train)), batch)))
+            if step <= warm_marker:
+                reads: tuple[str, ...] = ("marker",)
+            else:
+                reads = (read, "marker") if warm_marker else (read,)
+            window.append(cached_loss(rng.sample(range(len(train)), batch), reads))
         else:
             rows = rng.sample(train, batch)
             logp = torch.log_softmax(scores(rows).clamp_min(-1e4), -1)
@@ -543,12 +583,12 @@ def probe(
             loss.backward()
             window.append(float(loss))
         opt.step()
-        if step % every == 0 or step == steps:
-            curve.append((step, evaluate()))
+        if step % every == 0 or step == steps or step == warm_marker:
+            which = "marker" if step <= warm_marker else read
             log(
-                f"probe step {step}: mean train loss {sum(window) / len(window):.3f} over the "
-                f"last {len(window)} steps, validation NDCG@1 {curve[-1][1]:.3f}, "
-                f"{time.perf_counter() - t0:.0f} s"
+                f"probe step {step}: mean train loss ({which} read) "
+                f"{sum(window) / len(window):.3f} over the last {len(window)} steps, "
+                f"{evaluated(step)}, {time.perf_counter() - t0:.0f} s"
             )
             window = []
     return {
@@ -567,6 +607,7 @@ def probe(
         "split": "validation",
         "n_questions": len(val),
         "curve": curve,
+        **({"warm_marker_steps": warm_marker, "marker_curve": marker_curve} if warm_marker else {}),
         "seconds": round(time.perf_counter() - t0),
     }
 
@@ -1216,6 +1257,13 @@ def render(results: dict[str, Any]) -> str:
                 f"question a user, n = {p['n_questions']}: {text} ({p['seconds']} s; loss by "
                 f"step in `{p.get('log', '-')}`).",
             ]
+            if p.get("warm_marker_steps"):
+                marker = ", ".join(f"{s}: {v:.3f}" for s, v in p["marker_curve"])
+                lines[-1] = lines[-1][:-1] + (
+                    f"; steps 1-{p['warm_marker_steps']} trained the marker read alone, the "
+                    "later ones the label read with the marker read's loss beside it; the "
+                    f"marker read's validation NDCG@1 at the same steps: {marker}."
+                )
             if p.get("command") and p["command"] != rung["command"]:
                 lines += [
                     "",
@@ -1386,6 +1434,13 @@ def main(
             help="useful, or last: the newest candidate, a positive control that needs no reading"
         ),
     ] = "useful",
+    probe_warm_marker: Annotated[
+        int,
+        typer.Option(
+            help="label read: train the marker read alone for this many steps first, then the "
+            "label read with the marker read's loss beside it (needs --probe-pool)"
+        ),
+    ] = 0,
     probe_read: Annotated[
         str | None,
         typer.Option(
@@ -1577,6 +1632,7 @@ def main(
         key += f"-pool{probe_pool}" if probe_pool else ""
         key += "" if probe_target == "useful" else f"-target_{probe_target}"
         key += f"-read_{probe_read}" if probe_read else ""
+        key += f"-warm_marker{probe_warm_marker}" if probe_warm_marker else ""
         log_file = RUNS / name / f"probe_{key}_log.txt"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("w", encoding="utf-8") as fh:
@@ -1598,6 +1654,7 @@ def main(
                 pool=probe_pool,
                 target=probe_target,
                 read=probe_read,
+                warm_marker=probe_warm_marker,
             )
         result["log"] = str(log_file.relative_to(ROOT))
         result.update(this_run)

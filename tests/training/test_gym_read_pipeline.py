@@ -650,3 +650,62 @@ def test_a_run_with_an_sft_start_is_paired_with_that_start(
     table = gym_reading.evaluate("ci", read_world["data"], out, ["generate"], per_user=None)
     assert "generate_sft" not in table["rankers"]
     assert "generate-generate_sft" not in table["cluster_ci95"]
+
+
+def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--probe-warm-marker N``: the first N steps train the marker read alone, the steps after
+    them the label read with the marker read's loss beside it, and validation scores both
+    reads at every checkpoint. Refused by name without closers, without the cached pool, or
+    with the marker read as the probe's own read."""
+    import yaml
+
+    import eval.probes.gym_reading as gym_reading
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    corpus = (*read_corpus(), *["[End of Session A]\n yes, yes"] * 200)
+    made = gym_rl_data(
+        tmp_path / "restated",
+        world,
+        ROOT / "configs/data/gym_read_first_token.yaml",
+        corpus=corpus,
+        prompt={"layout": "restated", "head_read": "marker"},
+    )
+    monkeypatch.setattr(gym_reading, "MODEL", str(made["proxy"]))
+    lines: list[str] = []
+    result = gym_reading.probe(
+        made["data"], tmp_path, steps=4, lr=1e-3, top_layers=1, batch=2, autocast="none",
+        log=lines.append, pool=6, read="label", warm_marker=2,
+    )  # fmt: skip
+    assert result["warm_marker_steps"] == 2
+    assert [s for s, _ in result["curve"]] == [0, 1, 2, 3, 4]
+    assert [s for s, _ in result["marker_curve"]] == [0, 1, 2, 3, 4]
+    steps = [line for line in lines if line.startswith("probe step ") and "train loss" in line]
+    assert [("(marker read)" in s, "(label read)" in s) for s in steps] == [
+        (True, False),
+        (True, False),
+        (False, True),
+        (False, True),
+    ], steps
+    assert all("label read" in s and "marker read" in s for s in steps)
+    for kwargs, message in (
+        ({"pool": 0, "read": "label"}, "--probe-pool 0"),
+        ({"pool": 6, "read": "marker"}, "got read 'marker'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            gym_reading.probe(
+                made["data"], tmp_path, steps=1, lr=1e-3, top_layers=1, batch=2,
+                autocast="none", log=lines.append, warm_marker=1, **kwargs,
+            )  # fmt: skip
+    paper = gym_rl_data(
+        tmp_path / "paper", world, ROOT / "configs/data/gym_read_first_token.yaml",
+        corpus=read_corpus(),
+    )  # fmt: skip
+    monkeypatch.setattr(gym_reading, "MODEL", str(paper["proxy"]))
+    with pytest.raises(ValueError, match="layout 'paper'"):
+        gym_reading.probe(
+            paper["data"], tmp_path, steps=1, lr=1e-3, top_layers=1, batch=2, autocast="none",
+            log=lines.append, pool=6, read="label", warm_marker=1,
+        )  # fmt: skip
