@@ -16,7 +16,10 @@ under ``outputs/gym_reading/<size>/``; a killed run picks up at the last checkpo
 2. ``probe``: supervised pointing, the noiseless upper bound on what the budget allows:
    cross-entropy of the head's first place against the useful session(s), on train users,
    validation NDCG@1 by step. It uses the useful label, so it is a probe (how many steps
-   pointing needs, at which learning rate and layers), never a row of the table;
+   pointing needs, at which learning rate and layers), never a row of the table.
+   ``--probe-read`` reads the scores at the label or at each closer; ``--probe-warm-marker N``
+   trains the closers first and the label read after them (can the last position copy the
+   label of a closer that already knows its relevance, as a written ranking must?);
 3. ``train``: each recipe of :data:`RECIPES` with ``memsifter train`` from SmolLM2 (the head's
    Plackett–Luce GRPO), R_ans (``outcome``), R_ret on the annotator labels (``labels``) and R_ans
    without s_0 (``outcome_absolute``). ``--ranking-head generate`` is the paper's form on its own

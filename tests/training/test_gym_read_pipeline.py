@@ -413,6 +413,24 @@ def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
     assert model.get_base_model().model.layers is frozen.all  # the stack is restored
 
 
+def _marker_data(out: Path, layout: str) -> dict[str, Path]:
+    """The CI reading world's RL data for the marker read on ``layout``, with the tiny proxy."""
+    import yaml
+
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    # The read token must be one token of the tiny proxy's tokenizer, like every label.
+    corpus = (*read_corpus(), *["[End of Session A]\n yes, yes"] * 200)
+    return gym_rl_data(
+        out,
+        world,
+        ROOT / "configs/data/gym_read_first_token.yaml",
+        corpus=corpus,
+        prompt={"layout": layout, "head_read": "marker"},
+    )
+
+
 @pytest.mark.parametrize("layout", ["marked", "restated"])
 def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(
     tmp_path: Path, layout: str
@@ -421,23 +439,12 @@ def test_the_marker_read_trains_and_validates_on_the_tiny_proxy(
     (each place credited with the tiers it can change) and validation reading each candidate
     at its closing marker, the checkpoint carrying the
     read (served with the other read, it is refused by name)."""
-    import yaml
 
     from memsifter.ranker.checkpoint import PromptSpecError, read_spec, resolve_spec
-    from memsifter.testing.gym import gym_rl_data, read_corpus
     from memsifter.training.config import load_train_config
     from memsifter.training.loop import run_training
 
-    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
-    # The read token must be one token of the tiny proxy's tokenizer, like every label.
-    corpus = (*read_corpus(), *["[End of Session A]\n yes, yes"] * 200)
-    made = gym_rl_data(
-        tmp_path / "marker",
-        world,
-        ROOT / "configs/data/gym_read_first_token.yaml",
-        corpus=corpus,
-        prompt={"layout": layout, "head_read": "marker"},
-    )
+    made = _marker_data(tmp_path / "marker", layout)
     assert read_spec(made["data"]).head_read == "marker"
     assert read_spec(made["data"]).layout == layout
     out = tmp_path / "outcome"
@@ -665,14 +672,7 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
     from memsifter.testing.gym import gym_rl_data, read_corpus
 
     world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
-    corpus = (*read_corpus(), *["[End of Session A]\n yes, yes"] * 200)
-    made = gym_rl_data(
-        tmp_path / "restated",
-        world,
-        ROOT / "configs/data/gym_read_first_token.yaml",
-        corpus=corpus,
-        prompt={"layout": "restated", "head_read": "marker"},
-    )
+    made = _marker_data(tmp_path / "restated", "restated")
     monkeypatch.setattr(gym_reading, "MODEL", str(made["proxy"]))
     lines: list[str] = []
     result = gym_reading.probe(
