@@ -417,6 +417,20 @@ def probe(
     )
 
     spec = read_spec(data)
+    read = read or spec.head_read  # the data's own read unless the probe overrides it
+    # Refused before the model loads: a warm phase needs closers and the cached pool, and
+    # leaves steps for the label read.
+    if warm_marker and (read != "label" or spec.layout not in MARKED_LAYOUTS or not pool):
+        raise ValueError(
+            f"--probe-warm-marker trains the marker read before the label read: it needs the "
+            f"label read, closing markers and the cached pool (got read {read!r}, layout "
+            f"{spec.layout!r}, --probe-pool {pool})"
+        )
+    if not 0 <= warm_marker < steps:
+        raise ValueError(
+            f"--probe-warm-marker {warm_marker}: a number of steps in [0, {steps}) (--probe-steps "
+            f"{steps}), so the label read trains after it"
+        )
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a lent GPU runs the same probe
     path = resolve_model(MODEL).path
     tok = AutoTokenizer.from_pretrained(path)
@@ -458,13 +472,6 @@ def probe(
     val = targeted(val[:40])
     rng = random.Random(0)
 
-    read = read or spec.head_read  # the data's own read unless the probe overrides it
-    if warm_marker and (read != "label" or spec.layout not in MARKED_LAYOUTS or not pool):
-        raise ValueError(
-            f"--probe-warm-marker trains the marker read before the label read: it needs the "
-            f"label read, closing markers and the cached pool (got read {read!r}, layout "
-            f"{spec.layout!r}, --probe-pool {pool})"
-        )
     if read == "marker" or warm_marker:
         read_id = marker_token_id(tok)
     positions: dict[str, list[int]] = {}
@@ -1249,6 +1256,14 @@ def render(results: dict[str, Any]) -> str:
             lines += _rung_table({k: v for k, v in old.items() if k != "curves"})
         for name, p in sorted(rung.get("probes", {}).items()):
             text = ", ".join(f"{s}: {v:.3f}" for s, v in p["curve"])
+            warm = ""
+            if p.get("warm_marker_steps"):
+                marker = ", ".join(f"{s}: {v:.3f}" for s, v in p["marker_curve"])
+                warm = (
+                    f"; steps 1-{p['warm_marker_steps']} trained the marker read alone, the "
+                    "later ones the label read with the marker read's loss beside it; the "
+                    f"marker read's validation NDCG@1 at the same steps: {marker}"
+                )
             lines += [
                 "",
                 f"Supervised pointing probe `{name}` (a probe, not a recipe: it trains on the "
@@ -1258,15 +1273,8 @@ def render(results: dict[str, Any]) -> str:
                 f"layers, lr {p['lr']}, batch {p['batch']}, autocast "
                 f"{p.get('autocast', 'none')}; validation NDCG@1 against that target, one "
                 f"question a user, n = {p['n_questions']}: {text} ({p['seconds']} s; loss by "
-                f"step in `{p.get('log', '-')}`).",
+                f"step in `{p.get('log', '-')}`){warm}.",
             ]
-            if p.get("warm_marker_steps"):
-                marker = ", ".join(f"{s}: {v:.3f}" for s, v in p["marker_curve"])
-                lines[-1] = lines[-1][:-1] + (
-                    f"; steps 1-{p['warm_marker_steps']} trained the marker read alone, the "
-                    "later ones the label read with the marker read's loss beside it; the "
-                    f"marker read's validation NDCG@1 at the same steps: {marker}."
-                )
             if p.get("command") and p["command"] != rung["command"]:
                 lines += [
                     "",

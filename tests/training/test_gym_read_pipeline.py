@@ -693,6 +693,7 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
     for kwargs, message in (
         ({"pool": 0, "read": "label"}, "--probe-pool 0"),
         ({"pool": 6, "read": "marker"}, "got read 'marker'"),
+        ({"pool": 6, "read": "label"}, r"in \[0, 1\)"),  # no step left for the label read
     ):
         with pytest.raises(ValueError, match=message):
             gym_reading.probe(
