@@ -470,6 +470,7 @@ def probe(
     # One question from each of 40 users: users, not questions, are the independent unit.
     val = sample_per_user([r for r in load_split(data, "validation") if r["useful_positions"]], 1)
     val = targeted(val[:40])
+    coarse_first = sum(r["coarse_order"][0] in r["useful_positions"] for r in val) / len(val)
     rng = random.Random(0)
 
     if read == "marker" or warm_marker:
@@ -617,6 +618,8 @@ def probe(
         "split": "validation",
         "n_questions": len(val),
         "curve": curve,
+        # The coarse filter's first session on the same questions: the bar a recipe must pass.
+        **({"coarse_ndcg@1": round(coarse_first, 3)} if target == "useful" else {}),
         **({"warm_marker_steps": warm_marker, "marker_curve": marker_curve} if warm_marker else {}),
         "seconds": round(time.perf_counter() - t0),
     }
@@ -1273,7 +1276,14 @@ def render(results: dict[str, Any]) -> str:
                 f"layers, lr {p['lr']}, batch {p['batch']}, autocast "
                 f"{p.get('autocast', 'none')}; validation NDCG@1 against that target, one "
                 f"question a user, n = {p['n_questions']}: {text} ({p['seconds']} s; loss by "
-                f"step in `{p.get('log', '-')}`){warm}.",
+                f"step in `{p.get('log', '-')}`){warm}"
+                + (
+                    f"; the coarse filter's first session on the same questions: "
+                    f"{p['coarse_ndcg@1']:.3f}"
+                    if "coarse_ndcg@1" in p
+                    else ""
+                )
+                + ".",
             ]
             if p.get("command") and p["command"] != rung["command"]:
                 lines += [

@@ -682,6 +682,18 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
     assert result["warm_marker_steps"] == 2
     assert [s for s, _ in result["curve"]] == [0, 1, 2, 3, 4]
     assert [s for s, _ in result["marker_curve"]] == [0, 1, 2, 3, 4]
+    # The coarse filter's bar on the probe's own validation questions (one a user, 40 at most).
+    val = gym_reading.sample_per_user(
+        [r for r in gym_reading.load_split(made["data"], "validation") if r["useful_positions"]],
+        1,
+    )[:40]
+    assert result["n_questions"] == len(val)
+    first = [r["coarse_order"][0] in r["useful_positions"] for r in val]
+    assert result["coarse_ndcg@1"] == round(sum(first) / len(val), 3)
+    assert "coarse filter's first session on the same questions" in gym_reading.render(
+        {"rungs": [{"size": "small", "world_config": "w", "level": "read", "command": "c",
+                    "code_version": "v", "machine": "-", "probes": {"p": {**result, "log": "x"}}}]}
+    )  # fmt: skip
     steps = [line for line in lines if line.startswith("probe step ") and "train loss" in line]
     assert [("(marker read)" in s, "(label read)" in s) for s in steps] == [
         (True, False),
