@@ -386,6 +386,7 @@ def probe(
     target: str = "useful",
     read: str | None = None,
     warm_marker: int = 0,
+    copy_from: str = "useful",
 ) -> dict[str, Any]:
     """Cross-entropy of the head's first place against the useful set (log of the summed
     probability of the useful labels), LoRA on the top ``top_layers`` layers as the recipes
@@ -400,7 +401,10 @@ def probe(
     alone, so each closer learns whether its session answers; the label read is trained after
     them, the marker read's loss kept beside it, and validation scores both reads. It asks
     whether the last position can learn to copy the label of a closer that already knows
-    its relevance (the written ranking must point exactly so)."""
+    its relevance (the written ranking must point exactly so). ``copy_from: marker`` trains
+    the label read on the marker read's own first choice instead of the useful label (the
+    marker loss beside it keeps the label): can the model teach its written first id from
+    its own closers, as a recipe with no label would have to?"""
     import random
 
     import torch
@@ -426,6 +430,11 @@ def probe(
             f"label read, closing markers and the cached pool (got read {read!r}, layout "
             f"{spec.layout!r}, --probe-pool {pool})"
         )
+    if copy_from not in ("useful", "marker") or (copy_from == "marker" and not warm_marker):
+        raise ValueError(
+            f"--probe-copy-from {copy_from!r}: useful, or marker (the marker read's own first "
+            f"choice, which needs --probe-warm-marker to have trained it; got {warm_marker})"
+        )
     if not 0 <= warm_marker < steps:
         raise ValueError(
             f"--probe-warm-marker {warm_marker}: a number of steps in [0, {steps}) (--probe-steps "
@@ -437,6 +446,7 @@ def probe(
     tok.pad_token = tok.pad_token or tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     layers = model.config.num_hidden_layers
+    torch.manual_seed(0)  # LoRA's A is drawn at random: two probes start from the same adapter
     model = get_peft_model(
         model,
         LoraConfig(
@@ -557,14 +567,20 @@ def probe(
         for i in rows:
             r = train[i]
             n = int(r["n_candidates"])
+            logits = {
+                how: frozen.logits_at(cached[i], where(r))[:, read_id]  # type: ignore[union-attr]
+                if how == "marker"
+                else frozen.logits(cached[i])[labels_all[:n]]  # type: ignore[union-attr]
+                for how in reads
+            }
+            # The label read's target: the useful set, or the closers' own first choice.
+            copied = (
+                {**r, "useful_positions": [int(logits["marker"].argmax())]}
+                if copy_from == "marker" and "marker" in logits
+                else r
+            )
             losses = [
-                pointing_loss(
-                    frozen.logits_at(cached[i], where(r))[:, read_id]  # type: ignore[union-attr]
-                    if how == "marker"
-                    else frozen.logits(cached[i])[labels_all[:n]],  # type: ignore[union-attr]
-                    r,
-                    len(rows),
-                )
+                pointing_loss(logits[how], copied if how == "label" else r, len(rows))
                 for how in reads
             ]
             sum(losses).backward()
@@ -595,9 +611,11 @@ def probe(
             window.append(float(loss))
         opt.step()
         if step % every == 0 or step == steps or step == warm_marker:
-            which = "marker" if step <= warm_marker else read
+            which = "marker read" if step <= warm_marker else f"{read} read"
+            if copy_from == "marker" and step > warm_marker:
+                which += " against the marker read's first choice"
             log(
-                f"probe step {step}: mean train loss ({which} read) "
+                f"probe step {step}: mean train loss ({which}) "
                 f"{sum(window) / len(window):.3f} over the last {len(window)} steps, "
                 f"{evaluated(step)}, {time.perf_counter() - t0:.0f} s"
             )
@@ -621,6 +639,7 @@ def probe(
         # The coarse filter's first session on the same questions: the bar a recipe must pass.
         **({"coarse_ndcg@1": round(coarse_first, 3)} if target == "useful" else {}),
         **({"warm_marker_steps": warm_marker, "marker_curve": marker_curve} if warm_marker else {}),
+        **({"copy_from": copy_from} if copy_from != "useful" else {}),
         "seconds": round(time.perf_counter() - t0),
     }
 
@@ -1264,7 +1283,13 @@ def render(results: dict[str, Any]) -> str:
                 marker = ", ".join(f"{s}: {v:.3f}" for s, v in p["marker_curve"])
                 warm = (
                     f"; steps 1-{p['warm_marker_steps']} trained the marker read alone, the "
-                    "later ones the label read with the marker read's loss beside it; the "
+                    "later ones the label read"
+                    + (
+                        " on the marker read's own first choice (not the label)"
+                        if p.get("copy_from") == "marker"
+                        else ""
+                    )
+                    + " with the marker read's loss beside it; the "
                     f"marker read's validation NDCG@1 at the same steps: {marker}"
                 )
             lines += [
@@ -1462,6 +1487,14 @@ def main(
             "label read with the marker read's loss beside it (needs --probe-pool)"
         ),
     ] = 0,
+    probe_copy_from: Annotated[
+        str,
+        typer.Option(
+            help="useful | marker: after --probe-warm-marker, train the label read on the useful "
+            "label, or on the marker read's own first choice (the model teaching its written "
+            "first id from its own closers)"
+        ),
+    ] = "useful",
     probe_read: Annotated[
         str | None,
         typer.Option(
@@ -1654,6 +1687,7 @@ def main(
         key += "" if probe_target == "useful" else f"-target_{probe_target}"
         key += f"-read_{probe_read}" if probe_read else ""
         key += f"-warm_marker{probe_warm_marker}" if probe_warm_marker else ""
+        key += "" if probe_copy_from == "useful" else f"-copy_{probe_copy_from}"
         log_file = RUNS / name / f"probe_{key}_log.txt"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("w", encoding="utf-8") as fh:
@@ -1676,6 +1710,7 @@ def main(
                 target=probe_target,
                 read=probe_read,
                 warm_marker=probe_warm_marker,
+                copy_from=probe_copy_from,
             )
         result["log"] = str(log_file.relative_to(ROOT))
         result.update(this_run)

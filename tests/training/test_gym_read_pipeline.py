@@ -702,15 +702,37 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
         (False, True),
     ], steps
     assert all("label read" in s and "marker read" in s for s in steps)
+    # --probe-copy-from marker: the same warm phase, then the label read trained on the marker
+    # read's own first choice. The same seed makes the warm phases equal, so the first label
+    # step's loss differs only through its target.
+    copied: list[str] = []
+    again = gym_reading.probe(
+        made["data"], tmp_path, steps=4, lr=1e-3, top_layers=1, batch=2, autocast="none",
+        log=copied.append, pool=6, read="label", warm_marker=2, copy_from="marker",
+    )  # fmt: skip
+    assert again["copy_from"] == "marker" and "copy_from" not in result
+    steps_copied = [c for c in copied if c.startswith("probe step ") and "train loss" in c]
+    # The warm phase is the same run (the adapter is seeded); the seconds may differ.
+    assert [c.rsplit(", ", 1)[0] for c in steps_copied[:2]] == [
+        c.rsplit(", ", 1)[0] for c in steps[:2]
+    ]
+    assert all("against the marker read's first choice" in c for c in steps_copied[2:])
+    assert steps_copied[2].split(" over ")[0] != steps[2].split(" over ")[0]
+    assert "on the marker read's own first choice" in gym_reading.render(
+        {"rungs": [{"size": "small", "world_config": "w", "level": "read", "command": "c",
+                    "code_version": "v", "machine": "-", "probes": {"p": {**again, "log": "x"}}}]}
+    )  # fmt: skip
     for kwargs, message in (
         ({"pool": 0, "read": "label"}, "--probe-pool 0"),
         ({"pool": 6, "read": "marker"}, "got read 'marker'"),
         ({"pool": 6, "read": "label"}, r"in \[0, 1\)"),  # no step left for the label read
+        ({"pool": 6, "read": "label", "warm_marker": 0, "copy_from": "marker"}, "got 0"),
+        ({"pool": 6, "read": "label", "copy_from": "label"}, "copy-from 'label'"),
     ):
         with pytest.raises(ValueError, match=message):
             gym_reading.probe(
                 made["data"], tmp_path, steps=1, lr=1e-3, top_layers=1, batch=2,
-                autocast="none", log=lines.append, warm_marker=1, **kwargs,
+                autocast="none", log=lines.append, **{"warm_marker": 1, **kwargs},
             )  # fmt: skip
     paper = gym_rl_data(
         tmp_path / "paper", world, ROOT / "configs/data/gym_read_first_token.yaml",
