@@ -1562,6 +1562,7 @@ def main(
         (size, SIZES, "--size"),
         (probe_autocast, ("none", "bf16"), "--probe-autocast"),
         (probe_target, ("useful", "last"), "--probe-target"),
+        (probe_copy_from, ("useful", "marker"), "--probe-copy-from"),
         (probe_read, ("label", "marker", None), "--probe-read"),
         (head_read, ("label", "marker"), "--head-read"),
         (layout, (*LAYOUTS, None), "--layout"),

@@ -413,6 +413,16 @@ def test_the_frozen_prefix_probe_is_the_full_model_and_trains_only_the_top(
     assert model.get_base_model().model.layers is frozen.all  # the stack is restored
 
 
+def _rendered_probe(record: dict[str, Any]) -> str:
+    """The results page with one probe record on a bare rung."""
+    import eval.probes.gym_reading as gym_reading
+
+    rung = {"size": "small", "world_config": "w", "level": "read", "command": "c",
+            "code_version": "v", "machine": "-"}  # fmt: skip
+    rung["probes"] = {"p": {**record, "log": "x"}}
+    return gym_reading.render({"rungs": [rung]})
+
+
 def _marker_data(out: Path, layout: str) -> dict[str, Path]:
     """The CI reading world's RL data for the marker read on ``layout``, with the tiny proxy."""
     import yaml
@@ -690,10 +700,7 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
     assert result["n_questions"] == len(val)
     first = [r["coarse_order"][0] in r["useful_positions"] for r in val]
     assert result["coarse_ndcg@1"] == round(sum(first) / len(val), 3)
-    assert "coarse filter's first session on the same questions" in gym_reading.render(
-        {"rungs": [{"size": "small", "world_config": "w", "level": "read", "command": "c",
-                    "code_version": "v", "machine": "-", "probes": {"p": {**result, "log": "x"}}}]}
-    )  # fmt: skip
+    assert "coarse filter's first session on the same questions" in _rendered_probe(result)
     steps = [line for line in lines if line.startswith("probe step ") and "train loss" in line]
     assert [("(marker read)" in s, "(label read)" in s) for s in steps] == [
         (True, False),
@@ -718,10 +725,7 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
     ]
     assert all("against the marker read's first choice" in c for c in steps_copied[2:])
     assert steps_copied[2].split(" over ")[0] != steps[2].split(" over ")[0]
-    assert "on the marker read's own first choice" in gym_reading.render(
-        {"rungs": [{"size": "small", "world_config": "w", "level": "read", "command": "c",
-                    "code_version": "v", "machine": "-", "probes": {"p": {**again, "log": "x"}}}]}
-    )  # fmt: skip
+    assert "on the marker read's own first choice" in _rendered_probe(again)
     for kwargs, message in (
         ({"pool": 0, "read": "label"}, "--probe-pool 0"),
         ({"pool": 6, "read": "marker"}, "got read 'marker'"),
