@@ -55,6 +55,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from memsifter.machine import cpu_bf16_units
 from memsifter.ranker.messages import LAYOUTS, MARKED_LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -441,6 +442,13 @@ def probe(
             f"{steps}), so the label read trains after it"
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a lent GPU runs the same probe
+    if autocast == "bf16" and device == "cpu" and not cpu_bf16_units():
+        # Chosen, never inferred (as the transformers backend): kept, but said, because the
+        # emulated bf16 made a 2-core probe about five times slower than float32.
+        log(
+            "--probe-autocast bf16 on a CPU without bf16 units (no amx_bf16 or avx512_bf16 "
+            "flag): torch emulates it, slower than float32; --probe-autocast none runs float32"
+        )
     path = resolve_model(MODEL).path
     tok = AutoTokenizer.from_pretrained(path)
     tok.pad_token = tok.pad_token or tok.eos_token
@@ -1689,6 +1697,7 @@ def main(
         key += f"-read_{probe_read}" if probe_read else ""
         key += f"-warm_marker{probe_warm_marker}" if probe_warm_marker else ""
         key += "" if probe_copy_from == "useful" else f"-copy_{probe_copy_from}"
+        key += "" if probe_autocast == "bf16" else f"-autocast_{probe_autocast}"
         log_file = RUNS / name / f"probe_{key}_log.txt"
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("w", encoding="utf-8") as fh:

@@ -726,6 +726,15 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
     assert all("against the marker read's first choice" in c for c in steps_copied[2:])
     assert steps_copied[2].split(" over ")[0] != steps[2].split(" over ")[0]
     assert "on the marker read's own first choice" in _rendered_probe(again)
+    # bf16 asked for on a CPU that emulates it is kept, and said once; float32 says nothing.
+    assert not [line for line in lines + copied if "without bf16 units" in line]
+    monkeypatch.setattr(gym_reading, "cpu_bf16_units", lambda: ())
+    warned: list[str] = []
+    gym_reading.probe(
+        made["data"], tmp_path, steps=1, lr=1e-3, top_layers=1, batch=2, autocast="bf16",
+        log=warned.append,
+    )  # fmt: skip
+    assert len([w for w in warned if "without bf16 units" in w]) == 1, warned
     for kwargs, message in (
         ({"pool": 0, "read": "label"}, "--probe-pool 0"),
         ({"pool": 6, "read": "marker"}, "got read 'marker'"),
