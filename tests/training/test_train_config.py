@@ -12,6 +12,7 @@ pytest.importorskip("trl")
 from memsifter.errors import DataError  # noqa: E402
 from memsifter.ranker.parse import parse_ranking  # noqa: E402
 from memsifter.training.config import (  # noqa: E402
+    ModelSettings,
     TrainConfig,
     check_hardware,
     load_train_config,
@@ -230,3 +231,21 @@ def test_every_shipped_recipe_selects_by_a_metric_its_reward_can_move() -> None:
     )
     with pytest.raises(DataError, match=r"select_metric is reward.*gym_labels.yaml has alpha 0"):
         check_select_metric(labels, load_reward_config(ROOT / labels.reward))
+
+
+def test_bf16_autocast_on_a_cpu_without_bf16_units_is_kept_and_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    import memsifter.training.loop as loop
+
+    bf16 = TrainConfig(model=ModelSettings(autocast="bf16"))
+    monkeypatch.setattr(loop, "cpu_bf16_units", lambda: ())
+    said = loop.emulated_autocast(bf16, cuda=False)
+    assert said is not None and "model.autocast=none" in said
+    assert loop.emulated_autocast(bf16, cuda=True) is None  # a GPU computes bf16 natively
+    none = dataclasses.replace(bf16, model=ModelSettings(autocast="none"))
+    assert loop.emulated_autocast(none, cuda=False) is None
+    monkeypatch.setattr(loop, "cpu_bf16_units", lambda: ("amx_bf16",))
+    assert loop.emulated_autocast(bf16, cuda=False) is None
