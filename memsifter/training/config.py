@@ -28,7 +28,7 @@ LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
 # only, see memsifter.training.mean_scale). TRL has the first three; mean is ours, on both
 # trainers.
 SCALE_REWARDS = ("group", "batch", "none", "mean")
-SFT_TARGETS = ("coarse", "gold", "random")
+SFT_TARGETS = ("coarse", "gold", "random", "rankings")
 SELECT_METRICS = ("ndcg@1", "ndcg@5", "reward")
 VALIDATION_BACKENDS = ("transformers", "vllm")
 PL_DEPTHS = ("auto", "full")
@@ -226,7 +226,11 @@ class SFTSettings:
     coarse order or the gold sessions."""
 
     enabled: bool = False
-    target: str = "coarse"  # coarse | gold (gold first, then the coarse order) | random
+    target: str = "coarse"  # coarse | gold (gold first, then the coarse order) | random | rankings
+    # target rankings: a rankings file (memsifter.training.rldata.curriculum's format: one
+    # {"qid", "ranking": [prompt positions]} a line) of every train prompt, written by another
+    # ranker on this data build, e.g. a head's own order taught to the written form.
+    rankings: str | None = None
     # How many ids a target names (its first ones); None: every candidate. A short ranking is a
     # short completion: GRPO's advantage then falls on the ids that the top tiers score.
     target_ids: int | None = None
@@ -241,6 +245,12 @@ class SFTSettings:
             raise ValueError(f"sft.target must be one of {SFT_TARGETS}, got {self.target!r}")
         if self.target_ids is not None and self.target_ids < 1:
             raise ValueError(f"sft.target_ids must be >= 1 or null, got {self.target_ids}")
+        if (self.target == "rankings") != (self.rankings is not None):
+            raise ValueError(
+                "sft.rankings names the rankings file that sft.target: rankings teaches, and "
+                f"only that target reads it (got target {self.target!r}, rankings "
+                f"{self.rankings!r})"
+            )
 
 
 @dataclass

@@ -17,6 +17,9 @@ rows (the ones the coarse filter ranks worst) it teaches the wrong order, so pre
 ``target: random`` is a format lesson and nothing else: every candidate once, in a permutation
 seeded by the row, so no relevance and no position habit is taught (the memory gym's
 learnability benchmark uses it, so that what the proxy learns of relevance comes from the reward).
+``target: rankings`` teaches another ranker's order, read from ``sft.rankings`` (a rankings file
+of this data build, the curriculum's format): its positions first, then the rest in the coarse
+order. Every train prompt must have its ranking there; a missing one is refused, not skipped.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ def sft_rows(
     ``SFTTrainer``, in a seeded shuffle; gold targets only for prompts that show gold."""
     import random
 
+    rows = list(rows)
+    given = _given_rankings(rows, settings)
     picked = []
     for row in rows:
         if not isinstance(row["prompt"], str):
@@ -76,10 +81,16 @@ def sft_rows(
             )
         if settings.target == "gold" and not row["gold_positions"]:
             continue
+        order, target_kind = row["coarse_order"], settings.target
+        if given is not None:
+            # The given ranking's positions, then the rest in the coarse order: a full ranking.
+            ranked = given[str(row["qid"])]
+            order = [*ranked, *(p for p in row["coarse_order"] if p not in ranked)]
+            target_kind = "coarse"  # the order as given
         target = sft_target(
-            row["coarse_order"],
+            order,
             row["gold_positions"],
-            settings.target,
+            target_kind,
             think,
             key=f"{seed}:{row.get('qid', '')}",
             ids=settings.target_ids,
@@ -89,6 +100,26 @@ def sft_rows(
     if settings.max_examples is not None:
         picked = picked[: settings.max_examples]
     return picked
+
+
+def _given_rankings(rows: list[Any], settings: SFTSettings) -> dict[str, tuple[int, ...]] | None:
+    """``sft.rankings`` read against ``rows`` (``target: rankings``), else None."""
+    if settings.target != "rankings":
+        return None
+    from memsifter.errors import DataError
+    from memsifter.training.rldata.curriculum import read_rankings
+
+    path = str(settings.rankings)  # SFTSettings refuses the target without its file
+    given = read_rankings(path, {str(r["qid"]): int(r["n_candidates"]) for r in rows})
+    missing = [str(r["qid"]) for r in rows if str(r["qid"]) not in given]
+    if missing:
+        raise DataError(
+            f"sft.target rankings: {len(missing)} of {len(rows)} train prompts have no ranking "
+            f"in the file (first: {', '.join(missing[:3])}); it must rank every train prompt",
+            file=path,
+            field="sft.rankings",
+        )
+    return given
 
 
 def run_sft(

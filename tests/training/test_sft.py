@@ -90,6 +90,40 @@ def test_rows_are_shuffled_by_seed_then_cut() -> None:
     )
 
 
+def test_rankings_targets_teach_the_files_order_and_refuse_what_it_lacks(tmp_path: Path) -> None:
+    """``target: rankings``: another ranker's positions first (here a partial ranking), then the
+    rest in the coarse order; a train prompt the file does not rank is refused, not skipped."""
+    from memsifter.errors import DataError
+    from memsifter.training.rldata.curriculum import write_rankings
+
+    rows = [{**_row(i, [i % 4]), "qid": f"q{i}", "n_candidates": 4} for i in range(6)]
+    given = {f"q{i}": [(i + 2) % 4, (i + 3) % 4] for i in range(6)}
+    path = write_rankings(tmp_path / "rankings.jsonl", given.items())
+    settings = SFTSettings(target="rankings", rankings=str(path))
+    out = sft_rows(rows, settings, think=False, seed=0)
+    by_prompt = {r["prompt"]: r for r in rows}
+    assert len(out) == 6
+    for r in out:
+        src = by_prompt[r["prompt"]]
+        ids = list(parse_ranking(r["completion"], 4).ids)
+        first = given[src["qid"]]
+        assert ids[:2] == first  # the file's order, not the coarse filter's
+        assert ids[2:] == [p for p in src["coarse_order"] if p not in first]
+        assert ids[:2] != src["coarse_order"][:2]
+    # Every train prompt must be ranked: one missing is named.
+    write_rankings(path, list(given.items())[:5])
+    with pytest.raises(DataError, match="1 of 6 train prompts have no ranking.*q5"):
+        sft_rows(rows, settings, think=False)
+    # The file's positions must fit the prompt (the curriculum reader's checks).
+    write_rankings(path, [*list(given.items())[:5], ("q5", [7])])
+    with pytest.raises(DataError, match="outside the prompt"):
+        sft_rows(rows, settings, think=False)
+    # The target and its file go together.
+    for bad in ({"target": "rankings"}, {"target": "coarse", "rankings": str(path)}):
+        with pytest.raises(ValueError, match="sft.rankings names the rankings file"):
+            SFTSettings(**bad)
+
+
 def test_rows_need_the_rendered_prompt_text() -> None:
     row = {**_row(0, [0]), "prompt": [{"role": "user", "content": "hi"}]}
     with pytest.raises(ValueError, match="rendered prompt text"):
