@@ -54,6 +54,17 @@ def cpu_bf16_units(flags: frozenset[str] | None = None) -> tuple[str, ...]:
     return tuple(f for f in BF16_CPU_FLAGS if f in have)
 
 
+def emulated_bf16_text(asked: str, instead: str) -> str:
+    """What a run says when ``asked`` (a bf16 setting) meets a CPU without bf16 units: it is
+    kept (chosen, never inferred), and ``instead`` names the float32 setting. One wording for
+    every place that says it (the transformers backend, the training loop, the gym probe)."""
+    return (
+        f"{asked} on a CPU without bf16 units (no amx_bf16 or avx512_bf16 flag): torch emulates "
+        f"it and it is far slower than float32 (a head step 13x on an avx2-only CPU, "
+        f"eval/results/bench_cpu_autocast); {instead}"
+    )
+
+
 def memory_gib() -> float | None:
     """Total memory in GiB (one decimal), or None where /proc/meminfo is missing."""
     try:

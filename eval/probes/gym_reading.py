@@ -55,7 +55,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from memsifter.machine import cpu_bf16_units
+from memsifter.machine import cpu_bf16_units, emulated_bf16_text
 from memsifter.ranker.messages import LAYOUTS, MARKED_LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -443,13 +443,7 @@ def probe(
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a lent GPU runs the same probe
     if autocast == "bf16" and device == "cpu" and not cpu_bf16_units():
-        # Chosen, never inferred (as the transformers backend): kept, but said, because
-        # emulated bf16 is slow: a forward 6.4x, a trainer step 13x float32's on a 2-core AMD
-        # EPYC with avx2 only (eval/results/bench_cpu_autocast/bench_cpu_autocast.md).
-        log(
-            "--probe-autocast bf16 on a CPU without bf16 units (no amx_bf16 or avx512_bf16 "
-            "flag): torch emulates it, slower than float32; --probe-autocast none runs float32"
-        )
+        log(emulated_bf16_text("--probe-autocast bf16", "--probe-autocast none runs float32"))
     path = resolve_model(MODEL).path
     tok = AutoTokenizer.from_pretrained(path)
     tok.pad_token = tok.pad_token or tok.eos_token

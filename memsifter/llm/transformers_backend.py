@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memsifter.llm.base import Generation, SamplingParams
-from memsifter.machine import cpu_bf16_units
+from memsifter.machine import cpu_bf16_units, emulated_bf16_text
 from memsifter.models import load_causal_lm, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -44,10 +44,11 @@ class TransformersBackend:
         if str(dtype) in ("bfloat16", "bf16") and self.device == "cpu" and not cpu_bf16_units():
             # Chosen, never inferred: the config asked for it, so it is kept, but said once.
             logger.warning(
-                "dtype bfloat16 on a CPU without bf16 units (no amx_bf16 or avx512_bf16 flag): "
-                "torch emulates it and the forward pass is slower than in float32; set the "
-                "dtype to float32 on this machine (python -m eval.bench.bench_head_latency "
-                "measures both)"
+                emulated_bf16_text(
+                    "dtype bfloat16",
+                    "set the dtype to float32 on this machine (python -m "
+                    "eval.bench.bench_head_latency measures both)",
+                )
             )
         self.model = load_causal_lm(model, dtype)
         self.model.to(self.device).eval()

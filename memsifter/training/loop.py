@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from memsifter.errors import DataError
-from memsifter.machine import cpu_bf16_units
+from memsifter.machine import cpu_bf16_units, emulated_bf16_text
 from memsifter.training.config import TrainConfig, check_hardware, has_cuda
 from memsifter.training.run_report import plot_curves, write_report
 
@@ -219,15 +219,11 @@ def merged_for_eval(ckpt: Path, scratch: Path) -> Path:
 
 
 def emulated_autocast(cfg: TrainConfig, cuda: bool) -> str | None:
-    """What to say when ``model.autocast: bf16`` runs on a CPU without bf16 units. Chosen, never
-    inferred: it is kept, but said before the first step, since torch emulates bf16 there and a
-    head step ran 13x slower than in float32 (eval/results/bench_cpu_autocast)."""
+    """What to say, before the first step, when ``model.autocast: bf16`` runs on a CPU without
+    bf16 units (kept, not switched)."""
     if cfg.model.autocast != "bf16" or cuda or cpu_bf16_units():
         return None
-    return (
-        "model.autocast bf16 on a CPU without bf16 units (no amx_bf16 or avx512_bf16 flag): "
-        "torch emulates it, far slower than float32; --set model.autocast=none runs float32"
-    )
+    return emulated_bf16_text("model.autocast bf16", "--set model.autocast=none runs float32")
 
 
 def run_training(
