@@ -298,33 +298,58 @@ def data_rank(
     data: Annotated[list[str] | None, typer.Option(help="NAME=PATH or PATH overrides")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="completion budget")] = 512,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    model_recipe: Annotated[
+        Path | None,
+        typer.Option(
+            help="the recipe whose prompts the model reads, when not --recipe's (e.g. a "
+            "first-token head ranking for a written-ranking recipe): its rankings are carried "
+            "to --recipe's prompts by session id"
+        ),
+    ] = None,
 ) -> None:
     """Rank every training candidate of a recipe with a previous model, for the next round's
-    curriculum (`memsifter data rl --rankings OUT`)."""
+    curriculum (`memsifter data rl --rankings OUT`) or a cold start's targets (`sft.target:
+    rankings`)."""
     from memsifter.training.rldata.build import (
         build_rl_dataset,
         load_rl_data_config,
         parse_data_overrides,
         with_data_paths,
     )
+    from memsifter.training.rldata.curriculum import carry_rankings, read_rankings, write_rankings
     from memsifter.training.validation import ValidationEngine, rank_rows
 
-    try:
-        cfg = load_rl_data_config(recipe)
+    def pool(path: Path) -> tuple[Any, Any]:
+        cfg = load_rl_data_config(path)
         cfg = with_data_paths(cfg, parse_data_overrides(data or [], cfg))
         # The whole pool: the curriculum selects from it afterwards, with these rankings.
-        pool = dataclasses.replace(
+        whole = dataclasses.replace(
             cfg, sources=[dataclasses.replace(s, count=None) for s in cfg.sources]
         )
-        rows = build_rl_dataset(pool, console=console).dataset["train"]
+        return cfg, build_rl_dataset(whole, console=console).dataset["train"]
+
+    try:
+        cfg, rows = pool(recipe)
+        read_cfg, read_rows = pool(model_recipe) if model_recipe else (cfg, rows)
+        ranked = out if model_recipe is None else out.with_suffix(".ranked.jsonl")
         path, parse_rate = rank_rows(
             model,
-            rows,
-            out,
+            read_rows,
+            ranked,
             max_new_tokens=max_new_tokens,
             # an untrained base model has no spec of its own: the data's says how to read it
-            engine=ValidationEngine.for_spec(cfg.prompt, threads=threads),
+            engine=ValidationEngine.for_spec(read_cfg.prompt, threads=threads),
         )
+        if model_recipe is not None:
+            own = read_rankings(ranked, {str(r["qid"]): int(r["n_candidates"]) for r in read_rows})
+            carried = carry_rankings(own, read_rows, rows)
+            path = write_rankings(
+                out, ((str(r["qid"]), carried.rankings[str(r["qid"])]) for r in rows)
+            )
+            console.print(
+                f"carried to {recipe}'s prompts by session id: {carried.dropped} ranked "
+                f"session(s) not shown there, {carried.unranked} shown there but not ranked"
+            )
         console.print(f"wrote {len(rows)} rankings to {path} (parse rate {parse_rate:.2f})")
     except (MemSifterError, ValueError, FileNotFoundError) as e:
         _fail(e)

@@ -16,6 +16,7 @@ from memsifter.training.rldata.curriculum import (
     CurriculumSettings,
     Example,
     attainable,
+    carry_rankings,
     priority,
     read_rankings,
     score_examples,
@@ -249,3 +250,22 @@ def test_report_files(tmp_path: Path) -> None:
     assert sum(data["hist_before"]) == 20 and sum(data["hist_after"]) == 14
     assert sum(e["selected"] for e in data["examples"]) == 14
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rankings_are_carried_to_another_build_by_session_id() -> None:
+    """A ranking of one build's prompts, in another build's positions: the same sessions in
+    the same order whatever each prompt's order; a session the other prompt lacks is dropped
+    and counted, one it shows that was never ranked is counted; a question with no ranking is
+    refused by count and qid."""
+
+    def row(qid: str, ids: list[str]) -> dict[str, object]:
+        return {"qid": qid, "candidates": json.dumps([{"id": i, "turns": []} for i in ids])}
+
+    ranked = [row("q0", ["a", "b", "c", "d"]), row("q1", ["x", "y"])]
+    # The other build: newest first, and its smaller budget cut "a"; q1 shows one more.
+    rows = [row("q0", ["d", "c", "b"]), row("q1", ["z", "y", "x"])]
+    carried = carry_rankings({"q0": [2, 0, 3, 1], "q1": [1, 0]}, ranked, rows)
+    assert carried.rankings == {"q0": (1, 0, 2), "q1": (1, 2)}  # c, d, b and y, x
+    assert (carried.dropped, carried.unranked) == (1, 1)
+    with pytest.raises(DataError, match=r"1 question\(s\) have no ranking to carry .*'q1'"):
+        carry_rankings({"q0": [0]}, ranked, rows)

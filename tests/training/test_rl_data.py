@@ -7,6 +7,7 @@ and the CLI writes everything or fails with a named error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -523,7 +524,6 @@ def test_smollm2_recipe_is_the_cpu_prompt() -> None:
 
 
 def test_qwen3_recipe_dry_builds(fixtures_dir: Path) -> None:
-    import dataclasses
 
     cfg = load_rl_data_config(ROOT / "configs" / "data" / "qwen3_4b.yaml")
     # The mini LoCoMo file has 3 conversations, not 10.
@@ -652,13 +652,54 @@ def test_next_round_scores_the_pool_with_a_previous_model(
     assert "scored by rankings" in res.output
 
 
+HEAD = {"ranking_head": "first_token", "ask_think": False}
+
+
+def test_rank_with_another_recipes_prompts_carries_the_ranking_by_session_id(
+    tiny_qwen3: Path, fixtures_dir: Path, tmp_path: Path
+) -> None:
+    """`data rank --model-recipe`: the model reads its own recipe's prompts (a first-token
+    head's, newest first) and the rankings land in `--recipe`'s positions (a written
+    ranking's, date order), the same sessions in the same order, for every train
+    question of the pool."""
+    recipe = _recipe(tiny_qwen3, fixtures_dir)
+    recipe["sources"] = recipe["sources"][:1]
+    path = _write_recipe(tmp_path / "r.yaml", recipe)
+    head = {**recipe, "prompt": {**recipe["prompt"], "order": "newest_first", **HEAD}}
+    reads = _write_recipe(tmp_path / "m.yaml", head)
+    out = tmp_path / "rankings.jsonl"
+    res = CliRunner().invoke(
+        app,
+        ["data", "rank", "--recipe", str(path), "--model-recipe", str(reads),
+         "--model", str(tiny_qwen3), "--out", str(out), "--max-new-tokens", "8",
+         "--threads", "1"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "carried to" in res.output
+
+    def pool(p: Path) -> dict[str, list[str]]:
+        cfg = load_rl_data_config(p)
+        whole = dataclasses.replace(cfg, sources=[dataclasses.replace(cfg.sources[0], count=None)])
+        rows = build_rl_dataset(whole).dataset["train"]
+        return {r["qid"]: [s.id for s in sessions_from_column(r["candidates"])] for r in rows}
+
+    def read(f: Path, ids: dict[str, list[str]]) -> dict[str, list[str]]:
+        lines = [json.loads(line) for line in f.read_text().splitlines()]
+        return {o["qid"]: [ids[o["qid"]][p] for p in o["ranking"]] for o in lines}
+
+    dates, newest = pool(path), pool(reads)
+    assert any(dates[q] != newest[q] for q in dates)  # the positions do differ
+    carried, own = read(out, dates), read(out.with_suffix(".ranked.jsonl"), newest)
+    assert set(carried) == set(dates) and all(own.values())  # a head ranks every prompt
+    assert carried == {q: [s for s in own[q] if s in dates[q]] for q in dates}
+
+
 def test_train_shuffle_shows_the_same_candidates_in_another_order(
     built: tuple[RLDataResult, Path], tiny_qwen3: Path, fixtures_dir: Path
 ) -> None:
     """``train_shuffle_share: 1``: every train row holds the candidates the date-order build
     chose (what the budget cut stays cut), shown in a seeded random order with its gold and
     coarse order moved along and the same prompt length; validation and test are untouched."""
-    import dataclasses
 
     plain, _ = built
     cfg = dataclasses.replace(_config(_recipe(tiny_qwen3, fixtures_dir)), train_shuffle_share=1.0)

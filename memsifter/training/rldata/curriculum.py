@@ -271,6 +271,54 @@ def write_rankings(path: str | Path, rankings: Iterable[tuple[str, Sequence[int]
     return p
 
 
+@dataclass(frozen=True)
+class Carried:
+    """Rankings of one build re-expressed in another's positions (:func:`carry_rankings`)."""
+
+    rankings: dict[str, tuple[int, ...]]
+    dropped: int  # ranked sessions the other build's prompt does not show
+    unranked: int  # shown sessions the ranker never saw (a reader fills them in coarse order)
+
+
+def carry_rankings(
+    rankings: Mapping[str, Sequence[int]],
+    ranked_rows: Iterable[Mapping[str, Any]],
+    rows: Iterable[Mapping[str, Any]],
+) -> Carried:
+    """``rankings`` of ``ranked_rows``' prompts, in the positions of ``rows``' prompts: the same
+    questions rendered by another recipe (another layout, head or completion budget, so a
+    prompt may show one session more or less). Sessions are matched by id, never by position,
+    so the order is the ranker's whatever each build's order is; a ranked session the other
+    prompt lacks is dropped, and counted. A question of ``rows`` that ``rankings`` does not
+    rank is a :class:`DataError` naming how many and the first qids: the two builds were not
+    of the same questions."""
+    from memsifter.rewards.columns import sessions_from_column
+
+    def ids(row: Mapping[str, Any]) -> list[str]:
+        return [s.id for s in sessions_from_column(row["candidates"])]
+
+    shown = {str(r["qid"]): ids(r) for r in ranked_rows}
+    out: dict[str, tuple[int, ...]] = {}
+    missing: list[str] = []
+    dropped = unranked = 0
+    for row in rows:
+        qid = str(row["qid"])
+        if qid not in rankings or qid not in shown:
+            missing.append(qid)
+            continue
+        at = {sid: i for i, sid in enumerate(ids(row))}
+        ranked = [shown[qid][p] for p in rankings[qid]]
+        out[qid] = tuple(at[sid] for sid in ranked if sid in at)
+        dropped += len(ranked) - len(out[qid])
+        unranked += len(set(at) - set(shown[qid]))
+    if missing:
+        raise DataError(
+            f"{len(missing)} question(s) have no ranking to carry (first: {missing[:3]}): the "
+            "ranked build is not of the same questions",
+        )
+    return Carried(out, dropped, unranked)
+
+
 def score_examples(
     examples: Sequence[Example],
     rankings: Mapping[str, Sequence[int]] | None = None,
