@@ -677,6 +677,66 @@ def train(
     }
 
 
+def teacher_of(value: str, world_path: str) -> tuple[Path, Path]:
+    """``RUNG/RUN``: a first-token head's run trained on a rung of the same world, here in
+    ``outputs/``; its model and that rung's data."""
+    rung, _, run = value.partition("/")
+    their = ROOT / "outputs/gym_reading" / rung
+    if not (rung and run and (their / "rung.json").is_file()):
+        raise typer.BadParameter(
+            f"{value!r}: RUNG/RUN of a rung trained here", param_hint="--teacher"
+        )
+    record = json.loads((their / "rung.json").read_text())
+    if record.get("ranking_head", "first_token") != "first_token":
+        raise typer.BadParameter(
+            f"{value!r}: the teacher is a first-token head", param_hint="--teacher"
+        )
+    if record["world_config"] != world_path:
+        raise typer.BadParameter(
+            f"{value!r} was trained on {record['world_config']}, not this rung's {world_path}: "
+            "its train users are not these",
+            param_hint="--teacher",
+        )
+    runs = record.get("runs", {})
+    model = runs.get(run, {}).get("model")
+    if model is None or not Path(model).is_dir():
+        raise typer.BadParameter(
+            f"{value!r}: rung {rung} has no trained run {run!r} here (runs: {sorted(runs)})",
+            param_hint="--teacher",
+        )
+    return Path(model), their / "data"
+
+
+def teacher_rankings(model: str | Path, their_data: Path, data: Path, path: Path) -> dict[str, Any]:
+    """A trained head's rankings of this rung's train pool, written to ``path`` for a written
+    ranking's format start to copy (``sft.target: rankings``): the head reads its own rung's
+    prompts (its layout, read and labels), and each ranking is carried to this rung's prompts
+    by session id. Train users only. Returns the record: the carry's counts and how often the
+    teacher's first session is useful on these prompts (the lesson's quality, not a result)."""
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.training.rldata.curriculum import carry_rankings, write_rankings
+
+    theirs, rows = load_split(their_data, "train_pool"), load_split(data, "train_pool")
+    ranked = rank_with(model, theirs, read_spec(their_data))
+    qids = [str(r["qid"]) for r in theirs]
+    carried = carry_rankings(dict(zip(qids, ranked, strict=True)), theirs, rows)
+    write_rankings(path, ((str(r["qid"]), carried.rankings[str(r["qid"])]) for r in rows))
+    memory = [r for r in rows if r["useful_positions"]]
+    useful_first = sum(
+        bool(carried.rankings[str(r["qid"])])
+        and carried.rankings[str(r["qid"])][0] in r["useful_positions"]
+        for r in memory
+    )
+    return {
+        "rankings": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+        "n_prompts": len(rows),
+        "dropped_sessions": carried.dropped,
+        "unranked_sessions": carried.unranked,
+        "train_useful_first": round(useful_first / max(len(memory), 1), 3),
+        "n_memory_prompts": len(memory),
+    }
+
+
 def curve_of(run_dir: Path) -> list[tuple[int, float]]:
     """Validation NDCG@1 (useful session) by step, from the loop's validation file."""
     vfile = run_dir / "epoch-0" / "validation.json"
@@ -1559,6 +1619,15 @@ def main(
             "the date order"
         ),
     ] = 0.0,
+    teacher: Annotated[
+        str | None,
+        typer.Option(
+            help="train, --ranking-head generate: RUNG/RUN, a first-token head trained on a rung "
+            "of this world; its rankings of the train pool, carried by session id, are the "
+            "format start's targets (sft.target rankings) instead of BM25's order (a "
+            "RECIPE+VARIANT run)"
+        ),
+    ] = None,
 ) -> None:
     """The reading gym: one rung of the ladder (data, probe, train, eval)."""
     for value, allowed, opt in (
@@ -1610,6 +1679,15 @@ def main(
             "shuffled orders: --head-read, --stage probe and --train-shuffle are the head's",
             param_hint="--ranking-head",
         )
+    if teacher is not None:
+        plain = [r for r in recipe if r == recipe_of(r)]
+        if not generate or "train" not in stages or not recipe or plain:
+            raise typer.BadParameter(
+                "a teacher's rankings start a written ranking's runs: --ranking-head generate, "
+                f"--stage train, RECIPE+VARIANT names (got {plain or recipe or 'every recipe'}), "
+                "so the recipe's own run keeps its name",
+                param_hint="--teacher",
+            )
     names = recipe or [r for r in RECIPES if (r in GENERATE_RECIPES) == generate]
 
     from memsifter.data.gym import load_world
@@ -1728,10 +1806,22 @@ def main(
             if train_shuffle
             else data
         )
+        taught = teacher_of(teacher, world_path) if teacher else None
         for recipe in names:
+            sets, lesson = list(overrides or []), None
+            if taught is not None:
+                path = out / "teacher" / f"{recipe}.jsonl"
+                path.parent.mkdir(exist_ok=True)
+                lesson = {"run": teacher, **teacher_rankings(*taught, train_data, path)}
+                sets += ["sft.target=rankings", f"sft.rankings={path}"]
+                kept = RUNS / name / f"{recipe}_teacher_rankings.jsonl"
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, kept)
+                lesson["rankings"] = str(kept.relative_to(ROOT))
             runs[recipe] = {
-                **train(recipe, train_data, out, max_steps, sets=overrides),
+                **train(recipe, train_data, out, max_steps, sets=sets),
                 **({"train_shuffle_share": train_shuffle} if train_shuffle else {}),
+                **({"teacher": lesson} if lesson else {}),
                 **this_run,
             }
             (out / "train" / recipe / "result.json").write_text(json.dumps(runs[recipe]) + "\n")

@@ -757,3 +757,71 @@ def test_the_warm_marker_probe_trains_the_marker_read_then_the_label_read(
             paper["data"], tmp_path, steps=1, lr=1e-3, top_layers=1, batch=2, autocast="none",
             log=lines.append, pool=6, read="label", warm_marker=1,
         )  # fmt: skip
+
+
+def test_a_teachers_rankings_are_the_heads_carried_to_the_written_rankings_prompts(
+    read_world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--teacher RUNG/RUN``: the head ranks its own rung's train pool (its labels, its
+    layout), and the file the written ranking's format start reads holds the same sessions in
+    the same order at that rung's positions, for every train prompt; a teacher that is not a
+    trained head of this world is refused by name."""
+    import typer
+    import yaml
+    from typer.testing import CliRunner
+
+    import eval.probes.gym_reading as gym_reading
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.rewards.columns import sessions_from_column
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+    from memsifter.training.rldata.curriculum import read_rankings
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    pen = gym_rl_data(
+        tmp_path / "pen", world, ROOT / "configs/data/gym_read_generate.yaml", corpus=read_corpus()
+    )
+    monkeypatch.setattr(gym_reading, "ROOT", tmp_path)
+    head = read_world["data"]
+    record = gym_reading.teacher_rankings(read_world["proxy"], head, pen["data"], tmp_path / "t")
+    theirs = gym_reading.load_split(head, "train_pool")
+    rows = gym_reading.load_split(pen["data"], "train_pool")
+    ranked = gym_reading.rank_with(read_world["proxy"], theirs, read_spec(head))
+    file = read_rankings(tmp_path / "t", {str(r["qid"]): int(r["n_candidates"]) for r in rows})
+    assert set(file) == {str(r["qid"]) for r in rows} and record["n_prompts"] == len(rows)
+
+    def ids(r: dict[str, Any]) -> list[str]:
+        return [s.id for s in sessions_from_column(r["candidates"])]
+
+    theirs_by = {str(r["qid"]): (r, order) for r, order in zip(theirs, ranked, strict=True)}
+    for r in rows:
+        their_row, order = theirs_by[str(r["qid"])]
+        shown = ids(r)
+        want = [ids(their_row)[p] for p in order if ids(their_row)[p] in shown]
+        assert [shown[p] for p in file[str(r["qid"])]] == want
+    assert record["dropped_sessions"] == sum(
+        len(o) - len(file[q]) for q, (_, o) in theirs_by.items() if q in file
+    )
+
+    app = typer.Typer()
+    app.command()(gym_reading.main)
+    for args, message in (
+        (["--stage", "train", "--recipe", "generate"], "RECIPE+VARIANT names"),
+        (["--stage", "eval", "--recipe", "generate+t"], "--stage train"),
+    ):
+        done = CliRunner().invoke(
+            app, ["--size", "ci", "--ranking-head", "generate", *args, "--teacher", "r/outcome"]
+        )
+        assert done.exit_code == 2 and message in " ".join(done.output.replace("│", " ").split())
+    rung = tmp_path / "outputs/gym_reading/ci-restated-marker"
+    rung.mkdir(parents=True)
+    (rung / "rung.json").write_text(
+        json.dumps({"world_config": "configs/gym/read_ci.yaml", "runs": {"outcome": {}}})
+    )
+    for value, message in (
+        ("nothing", "RUNG/RUN of a rung trained here"),
+        ("ci-restated-marker/outcome", "has no trained run 'outcome' here"),
+    ):
+        with pytest.raises(typer.BadParameter, match=message):
+            gym_reading.teacher_of(value, "configs/gym/read_ci.yaml")
+    with pytest.raises(typer.BadParameter, match="not this rung's configs/gym/read_small.yaml"):
+        gym_reading.teacher_of("ci-restated-marker/outcome", "configs/gym/read_small.yaml")
