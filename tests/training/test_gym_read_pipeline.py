@@ -640,6 +640,9 @@ def test_a_run_with_an_sft_start_is_paired_with_that_start(
     import eval.probes.gym_reading as gym_reading
 
     monkeypatch.setattr(gym_reading, "RUNS", tmp_path / "runs")
+    # The start is ranked in the permuted order for real: by the proxy these prompts were
+    # rendered for, not SmolLM2 (100 s of a 135M model on prompts of another tokenizer).
+    monkeypatch.setattr(gym_reading, "MODEL", str(read_world["proxy"]))
     out = tmp_path / "ci-generate"
     rows = [r for r in gym_reading.load_split(read_world["data"], "test") if r["useful_positions"]]
     qids = [str(r["qid"]) for r in rows]
