@@ -1628,6 +1628,14 @@ def main(
             "RECIPE+VARIANT run)"
         ),
     ] = None,
+    teacher_start: Annotated[
+        bool,
+        typer.Option(
+            help="with --teacher: start from the teacher's weights too (its closers, which "
+            "learned what answers; finding 30), not SmolLM2's; the rung's layout must be the "
+            "teacher's"
+        ),
+    ] = False,
 ) -> None:
     """The reading gym: one rung of the ladder (data, probe, train, eval)."""
     for value, allowed, opt in (
@@ -1678,6 +1686,10 @@ def main(
             "the written ranking has no head to read a marker with, to probe or to train on "
             "shuffled orders: --head-read, --stage probe and --train-shuffle are the head's",
             param_hint="--ranking-head",
+        )
+    if teacher_start and teacher is None:
+        raise typer.BadParameter(
+            "starts from a teacher's weights: give --teacher", param_hint="--teacher-start"
         )
     if teacher is not None:
         plain = [r for r in recipe if r == recipe_of(r)]
@@ -1733,6 +1745,18 @@ def main(
         name = f"{Path(world).stem}-{layout}"
         name += "-marker" if head_read == "marker" else ""
         name += f"-{ORDER_SUFFIX[order]}" if order != "chronological" else ""
+    # A teacher is checked before anything is built.
+    taught = teacher_of(teacher, world_path) if teacher else None
+    if taught is not None and teacher_start:
+        from memsifter.ranker.checkpoint import read_spec
+
+        theirs = read_spec(taught[1]).layout
+        if theirs != layout:
+            raise typer.BadParameter(
+                f"the teacher's closers are in layout {theirs!r}, this rung's is {layout!r}: "
+                f"--layout {theirs}",
+                param_hint="--teacher-start",
+            )
     out = ROOT / "outputs/gym_reading" / name
     out.mkdir(parents=True, exist_ok=True)
     data = build_data(world_path, out, layout, head_read, order=order, head=ranking_head)
@@ -1806,14 +1830,23 @@ def main(
             if train_shuffle
             else data
         )
-        taught = teacher_of(teacher, world_path) if teacher else None
+        start = None
+        if taught is not None and teacher_start:
+            from memsifter.ranker.checkpoint import as_base
+
+            start = as_base(taught[0], out / "teacher" / "base")
         for recipe in names:
             sets, lesson = list(overrides or []), None
             if taught is not None:
                 path = out / "teacher" / f"{recipe}.jsonl"
                 path.parent.mkdir(exist_ok=True)
-                lesson = {"run": teacher, **teacher_rankings(*taught, train_data, path)}
+                lesson = {
+                    "run": teacher,
+                    "start": "its weights" if start is not None else MODEL,
+                    **teacher_rankings(*taught, train_data, path),
+                }
                 sets += ["sft.target=rankings", f"sft.rankings={path}"]
+                sets += [f"model.name={start}"] if start is not None else []
                 kept = RUNS / name / f"{recipe}_teacher_rankings.jsonl"
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, kept)

@@ -78,6 +78,34 @@ def read_spec(folder: str | Path) -> PromptSpec:
     return PromptSpec.from_dict(data, str(path))
 
 
+BASE_OF_FILE = "base_of.json"
+
+
+def as_base(checkpoint: str | Path, out: str | Path) -> Path:
+    """``checkpoint``'s weights as an untrained base for a new ranker, in ``out``: its files
+    without its prompt spec, so a run that starts there is shown its own data's prompt (a
+    written ranking on a first-token head's weights, say), and ``base_of.json`` naming the
+    checkpoint and the spec it was trained with. Starting a new form from trained weights is
+    the caller's choice, made here by name; a checkpoint's spec is never dropped elsewhere."""
+    import shutil
+
+    src, dst = Path(checkpoint), Path(out)
+    if not (src / "config.json").is_file():
+        raise DataError("not a model folder (no config.json)", file=str(src))
+    if (src / "adapter_config.json").is_file():
+        raise DataError("an adapter: merge or average it into a model folder first", file=str(src))
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in (SPEC_FILE, BASE_OF_FILE):
+            shutil.copy2(f, dst / f.name)
+    record = {
+        "checkpoint": str(src.resolve()),
+        "spec": read_spec(src).to_dict() if has_spec(src) else None,
+    }
+    (dst / BASE_OF_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return dst
+
+
 def spec_file(name_or_path: str | Path) -> Path | None:
     """The ``prompt_spec.json`` a model carries (a trained checkpoint, an adapter, the shipped
     proxy), or None (hub ids and the untrained built-ins carry none). A built-in proxy missing

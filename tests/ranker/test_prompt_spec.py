@@ -136,3 +136,34 @@ def test_builder_is_configured_by_every_field(tiny_qwen3: Path) -> None:
     assert PromptSpec(window_tokens=3000, completion_tokens=64).builder(tok).order == (
         "chronological"
     )
+
+
+def test_a_checkpoint_as_a_base_is_shown_the_new_rankers_prompt(
+    tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """``as_base``: a first-token head's checkpoint refuses a written ranking's prompt; its
+    weights as a base take it, and ``base_of.json`` keeps where they came from and the spec
+    they were trained with. An adapter or a folder that is no model is refused by name."""
+    import shutil
+
+    from memsifter.ranker.checkpoint import BASE_OF_FILE, PromptSpecError, as_base, resolve_spec
+
+    head = tmp_path / "head"
+    shutil.copytree(tiny_qwen3, head)
+    trained = PromptSpec(model=str(tiny_qwen3), ranking_head="first_token", ask_think=False)
+    save_spec(trained, head)
+    pen = {"ranking_head": "generate", "ask_think": False}
+    with pytest.raises(PromptSpecError, match="ranking_head: 'generate'"):
+        resolve_spec(head, pen)
+    base = as_base(head, tmp_path / "base")
+    assert not has_spec(base) and resolve_spec(base, pen).ranking_head == "generate"
+    record = json.loads((base / BASE_OF_FILE).read_text())
+    assert record == {"checkpoint": str(head.resolve()), "spec": trained.to_dict()}
+    assert sorted(p.name for p in base.iterdir()) == sorted(
+        [BASE_OF_FILE, *(p.name for p in head.iterdir() if p.name != SPEC_FILE)]
+    )
+    (head / "adapter_config.json").write_text("{}")
+    with pytest.raises(DataError, match="an adapter"):
+        as_base(head, tmp_path / "again")
+    with pytest.raises(DataError, match="no config.json"):
+        as_base(tmp_path / "base" / "nothing", tmp_path / "again")

@@ -769,6 +769,8 @@ def test_a_teachers_rankings_are_the_heads_carried_to_the_written_rankings_promp
     layout), and the file the written ranking's format start reads holds the same sessions in
     the same order at that rung's positions, for every train prompt; a teacher that is not a
     trained head of this world is refused by name."""
+    import shutil
+
     import typer
     import yaml
     from typer.testing import CliRunner
@@ -828,3 +830,29 @@ def test_a_teachers_rankings_are_the_heads_carried_to_the_written_rankings_promp
             gym_reading.teacher_of(value, "configs/gym/read_ci.yaml")
     with pytest.raises(typer.BadParameter, match="not this rung's configs/gym/read_small.yaml"):
         gym_reading.teacher_of("ci-restated-marker/outcome", "configs/gym/read_small.yaml")
+    # --teacher-start: the teacher's weights, whose closers must be in this rung's layout.
+    shutil.copytree(head, rung / "data")
+    record = {"model": str(read_world["proxy"])}
+    (rung / "rung.json").write_text(
+        json.dumps({"world_config": "configs/gym/read_ci.yaml", "runs": {"outcome": record}})
+    )
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")  # the rung's name reads a recipe
+    theirs = read_spec(head).layout
+    other = next(x for x in ("paper", "marked", "restated") if x != theirs)
+    base = ["--size", "ci", "--ranking-head", "generate", "--stage", "train", "--layout", other]
+    for args, message in (
+        (["--recipe", "generate+t", "--teacher-start"], "give --teacher"),
+        (
+            [
+                "--recipe",
+                "generate+t",
+                "--teacher",
+                "ci-restated-marker/outcome",
+                "--teacher-start",
+            ],
+            f"the teacher's closers are in layout {theirs!r}, this rung's is {other!r}",
+        ),
+    ):
+        done = CliRunner().invoke(app, [*base, *args])
+        assert done.exit_code == 2, done.output
+        assert message in " ".join(done.output.replace("│", " ").split()), done.output
