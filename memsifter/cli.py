@@ -343,9 +343,7 @@ def data_rank(
         if model_recipe is not None:
             own = read_rankings(ranked, {str(r["qid"]): int(r["n_candidates"]) for r in read_rows})
             carried = carry_rankings(own, read_rows, rows)
-            path = write_rankings(
-                out, ((str(r["qid"]), carried.rankings[str(r["qid"])]) for r in rows)
-            )
+            path = write_rankings(out, carried.rankings.items())  # in the rows' order
             console.print(
                 f"carried to {recipe}'s prompts by session id: {carried.dropped} ranked "
                 f"session(s) not shown there, {carried.unranked} shown there but not ranked"

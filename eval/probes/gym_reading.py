@@ -720,7 +720,7 @@ def teacher_rankings(model: str | Path, their_data: Path, data: Path, path: Path
     ranked = rank_with(model, theirs, read_spec(their_data))
     qids = [str(r["qid"]) for r in theirs]
     carried = carry_rankings(dict(zip(qids, ranked, strict=True)), theirs, rows)
-    write_rankings(path, ((str(r["qid"]), carried.rankings[str(r["qid"])]) for r in rows))
+    write_rankings(path, carried.rankings.items())  # in the rows' order
     memory = [r for r in rows if r["useful_positions"]]
     useful_first = sum(
         bool(carried.rankings[str(r["qid"])])
