@@ -856,3 +856,57 @@ def test_a_teachers_rankings_are_the_heads_carried_to_the_written_rankings_promp
         done = CliRunner().invoke(app, [*base, *args])
         assert done.exit_code == 2, done.output
         assert message in " ".join(done.output.replace("│", " ").split()), done.output
+
+
+def test_a_teacher_start_trains_the_written_ranking_from_the_teachers_weights(
+    tmp_path: Path,
+) -> None:
+    """``--teacher-start``: the run's ``model.name`` is the teacher's weights as a base, set after
+    the gym's own model, so the format SFT (and GRPO after it) grows from the teacher. With LoRA
+    on the top layer only, the layers below come out of the SFT as the teacher's, not the
+    untrained proxy's."""
+    import shutil
+
+    import torch
+    import yaml
+    from safetensors.torch import load_file, save_file
+
+    import eval.probes.gym_reading as gym_reading
+    from memsifter.ranker.checkpoint import as_base
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+    from memsifter.training.rldata.curriculum import write_rankings
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    pen = gym_rl_data(
+        tmp_path / "pen", world, ROOT / "configs/data/gym_read_generate.yaml", corpus=read_corpus()
+    )
+    teacher = tmp_path / "teacher"
+    shutil.copytree(pen["proxy"], teacher)
+    weights = load_file(teacher / "model.safetensors")
+    torch.manual_seed(1)
+    moved = {k: v + 0.05 * torch.randn_like(v) for k, v in weights.items()}
+    save_file(moved, teacher / "model.safetensors", metadata={"format": "pt"})
+    base = as_base(teacher, tmp_path / "base")
+    rows = gym_reading.load_split(pen["data"], "train_pool")
+    lesson = write_rankings(
+        tmp_path / "rankings.jsonl",
+        ((str(r["qid"]), list(range(int(r["n_candidates"])))[::-1]) for r in rows),
+    )
+    sets = [
+        "sft.target=rankings",
+        f"sft.rankings={lesson}",
+        f"model.name={base}",
+        "model.lora.top_layers=1",
+        "threads=1",
+        "grpo.per_device_train_batch_size=4",
+        "epochs.validation_max_questions=2",
+        "epochs.save_steps=1",
+    ]
+    record = gym_reading.train("generate+t", pen["data"], tmp_path / "out", 1, sets=sets)
+    assert f"model.name={base}" in record["overrides"]
+    sft = load_file(tmp_path / "out/train/generate+t/sft/final/model.safetensors")
+    low = [k for k in sft if ".layers.0." in k]
+    assert low and all(torch.equal(sft[k], moved[k]) for k in low)
+    assert not all(torch.equal(sft[k], weights[k]) for k in low)
+    top = [k for k in sft if ".layers.1." in k and "proj" in k]
+    assert any(not torch.equal(sft[k], moved[k]) for k in top)  # the SFT trained the top
