@@ -243,14 +243,18 @@ def build_data(
     train_shuffle: float = 0.0,
     order: str = "chronological",
     head: str = "first_token",
+    labels: str | None = None,
 ) -> Path:
     """The rung's RL data, its candidates in ``order``; with ``train_shuffle``, a copy beside it
     whose train prompts show that share of their candidates in a random order (validation and
-    test are the rung's). ``head: generate`` renders the paper's form (a written ranking)."""
+    test are the rung's). ``head: generate`` renders the paper's form (a written ranking).
+    ``labels``: another labelling than the recipe's, in a copy beside the rung's data (a probe's
+    prompts: the head's closers under a written ranking's digits, say)."""
     from memsifter.models import resolve_model
     from memsifter.training.rldata.build import load_rl_data_config, prepare_rl_data
 
     data = out / ("data" if not train_shuffle else f"data-train_shuffle{train_shuffle:g}")
+    data = data if labels is None else data.with_name(f"{data.name}-labels_{labels}")
     if not (data / "prompt_spec.json").is_file():
         cfg = load_rl_data_config(
             ROOT / (GENERATE_DATA_RECIPE if head == "generate" else DATA_RECIPE)
@@ -258,7 +262,12 @@ def build_data(
         cfg = dataclasses.replace(
             cfg,
             prompt=dataclasses.replace(
-                cfg.prompt, model=MODEL, layout=layout, head_read=read, order=order
+                cfg.prompt,
+                model=MODEL,
+                layout=layout,
+                head_read=read,
+                order=order,
+                labels=labels or cfg.prompt.labels,
             ),
             sources=[dataclasses.replace(s, path=str(ROOT / world)) for s in cfg.sources],
             train_shuffle_share=train_shuffle,

@@ -910,3 +910,35 @@ def test_a_teacher_start_trains_the_written_ranking_from_the_teachers_weights(
     assert not all(torch.equal(sft[k], weights[k]) for k in low)
     top = [k for k in sft if ".layers.1." in k and "proj" in k]
     assert any(not torch.equal(sft[k], moved[k]) for k in top)  # the SFT trained the top
+
+
+def test_a_probes_labelling_is_a_copy_of_the_rungs_data_with_the_same_questions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build_data(labels=...)``: the copy probe's prompts are the rung's questions under another
+    labelling, beside the rung's data (which keeps its own); the probe's counts read rankings
+    as written, a ranking that did not parse counted as ``none``."""
+    import eval.probes.gym_reading as gym_reading
+    from eval.probes.gym_copy_probe import first_ids, useful_first
+    from memsifter.ranker.checkpoint import read_spec
+    from memsifter.testing.gym import build_gym_proxy, read_corpus
+
+    monkeypatch.setattr(
+        gym_reading, "MODEL", str(build_gym_proxy(tmp_path / "p", corpus=read_corpus()))
+    )
+    world = "configs/gym/read_ci.yaml"
+    data = gym_reading.build_data(world, tmp_path, "restated", "marker")
+    digits = gym_reading.build_data(world, tmp_path, "restated", "marker", labels="digits")
+    assert digits == tmp_path / "data-labels_digits"
+    assert (read_spec(data).labels, read_spec(digits).labels) == ("letters", "digits")
+    rows, shown = (gym_reading.load_split(d, "validation") for d in (data, digits))
+    assert [r["qid"] for r in rows] == [r["qid"] for r in shown]
+    for row, other in zip(rows, shown, strict=True):
+        assert "[End of Session A]" in row["prompt"] and "[End of Session 0]" not in row["prompt"]
+        assert (
+            "[End of Session 0]" in other["prompt"] and "[End of Session A]" not in other["prompt"]
+        )
+
+    useful = [{"useful_positions": [2]}, {"useful_positions": [0, 1]}, {"useful_positions": [3]}]
+    assert useful_first(useful, [[2, 0], [1], []]) == pytest.approx(0.667)
+    assert first_ids([[2, 0], [1], [], [2]]) == {"1": 1, "2": 2, "none": 1}
