@@ -41,13 +41,6 @@ def first_ids(rankings: list[list[int]]) -> dict[str, int]:
     return dict(sorted(count.items()))
 
 
-def useful_first(rows: list[dict[str, Any]], rankings: list[list[int]]) -> float:
-    hits = [
-        bool(r) and r[0] in row["useful_positions"] for row, r in zip(rows, rankings, strict=True)
-    ]
-    return round(sum(hits) / len(hits), 3)
-
-
 def memory_rows(data: Path) -> list[dict[str, Any]]:
     return [r for r in gym.load_split(data, "validation") if r["useful_positions"]]
 
@@ -88,7 +81,7 @@ def main(
         if [r["qid"] for r in shown] != [r["qid"] for r in rows]:
             raise RuntimeError(f"the {labels} prompts hold other questions than the rung's")
         ranked = gym.rank_with(ranker, shown, read_spec(data))
-        closers[labels] = {"ndcg@1_useful": useful_first(shown, ranked)}
+        closers[labels] = {"ndcg@1_useful": gym.useful_first(shown, ranked)}
     pen_data = pen_dir / "data"
     pen_rows = memory_rows(pen_data)
     written = gym.rank_with(start, pen_rows, read_spec(pen_data))
@@ -101,7 +94,7 @@ def main(
         "teacher": teacher,
         "closers_marker_read": closers,
         "pen_sft_start": {
-            "ndcg@1_useful": useful_first(pen_rows, written),
+            "ndcg@1_useful": gym.useful_first(pen_rows, written),
             "first_ids": first_ids(written),
             "n": len(pen_rows),
         },

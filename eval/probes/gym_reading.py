@@ -49,6 +49,7 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -716,6 +717,15 @@ def teacher_of(value: str, world_path: str) -> tuple[Path, Path]:
     return Path(model), their / "data"
 
 
+def useful_first(rows: list[dict[str, Any]], rankings: Sequence[Sequence[int]]) -> float:
+    """The share of ``rows`` whose ranking puts a useful session first (NDCG@1 of the useful
+    session, binary relevance), 3 decimals; an empty ranking counts as a miss."""
+    hits = [
+        bool(r) and r[0] in row["useful_positions"] for row, r in zip(rows, rankings, strict=True)
+    ]
+    return round(sum(hits) / max(len(hits), 1), 3)
+
+
 def teacher_rankings(model: str | Path, their_data: Path, data: Path, path: Path) -> dict[str, Any]:
     """A trained head's rankings of this rung's train pool, written to ``path`` for a written
     ranking's format start to copy (``sft.target: rankings``): the head reads its own rung's
@@ -731,17 +741,14 @@ def teacher_rankings(model: str | Path, their_data: Path, data: Path, path: Path
     carried = carry_rankings(dict(zip(qids, ranked, strict=True)), theirs, rows)
     write_rankings(path, carried.rankings.items())  # in the rows' order
     memory = [r for r in rows if r["useful_positions"]]
-    useful_first = sum(
-        bool(carried.rankings[str(r["qid"])])
-        and carried.rankings[str(r["qid"])][0] in r["useful_positions"]
-        for r in memory
-    )
     return {
         "rankings": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
         "n_prompts": len(rows),
         "dropped_sessions": carried.dropped,
         "unranked_sessions": carried.unranked,
-        "train_useful_first": round(useful_first / max(len(memory), 1), 3),
+        "train_useful_first": useful_first(
+            memory, [carried.rankings[str(r["qid"])] for r in memory]
+        ),
         "n_memory_prompts": len(memory),
     }
 

@@ -919,7 +919,7 @@ def test_a_probes_labelling_is_a_copy_of_the_rungs_data_with_the_same_questions(
     labelling, beside the rung's data (which keeps its own); the probe's counts read rankings
     as written, a ranking that did not parse counted as ``none``."""
     import eval.probes.gym_reading as gym_reading
-    from eval.probes.gym_copy_probe import first_ids, useful_first
+    from eval.probes.gym_copy_probe import first_ids
     from memsifter.ranker.checkpoint import read_spec
     from memsifter.testing.gym import build_gym_proxy, read_corpus
 
@@ -940,5 +940,5 @@ def test_a_probes_labelling_is_a_copy_of_the_rungs_data_with_the_same_questions(
         )
 
     useful = [{"useful_positions": [2]}, {"useful_positions": [0, 1]}, {"useful_positions": [3]}]
-    assert useful_first(useful, [[2, 0], [1], []]) == pytest.approx(0.667)
+    assert gym_reading.useful_first(useful, [[2, 0], [1], []]) == pytest.approx(0.667)
     assert first_ids([[2, 0], [1], [], [2]]) == {"1": 1, "2": 2, "none": 1}
