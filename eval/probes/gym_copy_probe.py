@@ -12,8 +12,14 @@ test users are not read), this measures the two halves of that copy:
    prompts labelled by digits, the written ranking's ids. The relevance the head learned sits
    at each session's closer; a closer that reads another label may not keep it;
 2. **the copy**: the pen's SFT start (its written first id, greedy) on its own prompts: how
-   often its first session is useful, and how its first ids spread, beside the spread of the
-   lesson it was given (the teacher's first ids on the train pool).
+   often its first session is useful, how often it is the teacher's first session, and how its
+   first ids spread, beside the spread of the lesson it was given (the teacher's first ids on
+   the train pool);
+3. **what the SFT did to the closers**: the pen's SFT weights read as the head (the marker read
+   on the digits prompts), beside the teacher's on the same prompts;
+
+each beside the coarse filter (BM25's first session on the same candidates), with paired
+cluster-bootstrap CIs that resample the validation users.
 
 Writes ``eval/results/gym_reading/copy_probe.json`` (one entry per pen, with the code version,
 the command and the machine). Ranks with the checkpoints in ``outputs/``: run it in the session
@@ -45,11 +51,56 @@ def memory_rows(data: Path) -> list[dict[str, Any]]:
     return [r for r in gym.load_split(data, "validation") if r["useful_positions"]]
 
 
+def world_ids(rows: list[dict[str, Any]]) -> list[str]:
+    """The world's question ids (a row's qid is ``<split>/<world id>``)."""
+    return [str(r["qid"]).split("/", 1)[1] for r in rows]
+
+
+# Each pair is a paired difference on the same questions, its CI resampling users.
+PAIRS = (
+    ("pen_sft_start", "bm25"),  # does the written first id beat the coarse filter?
+    ("teacher_letters", "bm25"),  # the lesson's source, on its own prompts
+    ("pen_sft_start", "teacher_digits"),  # the copy's gap, under the pen's labels
+    ("pen_closers", "teacher_digits"),  # what the format SFT did to the closers
+)
+
+
+def compare(hits: dict[str, list[float]], users: list[str]) -> dict[str, Any]:
+    """Paired user-cluster bootstraps of :data:`PAIRS` (those whose two rankers were read)."""
+    import numpy as np
+
+    from memsifter.evaluation.bootstrap import paired_bootstrap
+
+    out = {}
+    for a, b in PAIRS:
+        if a in hits and b in hits:
+            (d,) = paired_bootstrap(
+                {"ndcg@1_useful": np.asarray(hits[a])},
+                {"ndcg@1_useful": np.asarray(hits[b])},
+                clusters=users,
+            ).values()
+            out[f"{a}-{b}"] = {
+                "mean": round(d["mean"], 3),
+                "ci95": [round(x, 3) for x in d["ci95"]],
+                "n": d["n"],
+                "n_users": d["n_clusters"],
+            }
+    return out
+
+
+def same_first(a: list[list[int]], b: list[list[int]]) -> float:
+    """The share of questions on which two rankings of the same candidates put the same
+    position first (a ranking that did not parse matches nothing)."""
+    same = [bool(x) and bool(y) and x[0] == y[0] for x, y in zip(a, b, strict=True)]
+    return round(sum(same) / max(len(same), 1), 3)
+
+
 def main(
     size: Annotated[str, typer.Option(help="the rung's world size (configs/gym/read_<size>.yaml)")],
     teacher: Annotated[str, typer.Option(help="RUNG/RUN: the first-token head that taught")],
     pen: Annotated[str, typer.Option(help="RUNG/RUN: the written ranking's run it taught")],
 ) -> None:
+    from memsifter.evaluation.config import N_BOOTSTRAP
     from memsifter.machine import machine_facts, machine_line
     from memsifter.ranker.checkpoint import as_base, read_spec
     from memsifter.training.rldata.curriculum import read_rankings
@@ -65,39 +116,62 @@ def main(
             f"{pen!r}: no format-SFT start and teacher's lesson here ({start}, {lesson})",
             param_hint="--pen",
         )
+    pen_data = pen_dir / "data"
+    rows, pen_rows = memory_rows(their_data), memory_rows(pen_data)
+    same = [(r["useful_positions"], r["n_candidates"]) for r in rows]
+    if world_ids(pen_rows) != world_ids(rows) or same != [
+        (r["useful_positions"], r["n_candidates"]) for r in pen_rows
+    ]:
+        raise typer.BadParameter(
+            f"{pen!r}: its validation prompts hold other questions or candidates than the "
+            "teacher's rung",
+            param_hint="--pen",
+        )
     spec = read_spec(their_data)
-    # The head's closers under the pen's labels: the teacher's weights as a base (its spec
-    # names letters, and a checkpoint is never served under another labelling).
+    # The head's closers under the pen's labels: trained weights as a base (a checkpoint is
+    # never served under another labelling); the teacher's spec names letters.
     digits = gym.build_data(
         world, their_data.parent, spec.layout, spec.head_read, order=spec.order, labels="digits"
     )
-    base = as_base(model, their_data.parent / "copy_probe" / "base")
-    rows = memory_rows(their_data)
+    probe_dir = their_data.parent / "copy_probe"
     facts = gym.question_facts(size)
-    users = {facts[str(r["qid"]).split("/", 1)[1]]["user"] for r in rows}
-    closers = {}
-    for labels, data, ranker in (("letters", their_data, model), ("digits", digits, base)):
+    users = [str(facts[q]["user"]) for q in world_ids(rows)]
+    ranked: dict[str, list[list[int]]] = {}
+    for name, data, ranker in (
+        ("teacher_letters", their_data, model),
+        ("teacher_digits", digits, as_base(model, probe_dir / "base")),
+        ("pen_closers", digits, as_base(start, probe_dir / "pen_base")),
+    ):
         shown = memory_rows(data)
-        if [r["qid"] for r in shown] != [r["qid"] for r in rows]:
-            raise RuntimeError(f"the {labels} prompts hold other questions than the rung's")
-        ranked = gym.rank_with(ranker, shown, read_spec(data))
-        closers[labels] = {"ndcg@1_useful": gym.useful_first(shown, ranked)}
-    pen_data = pen_dir / "data"
-    pen_rows = memory_rows(pen_data)
-    written = gym.rank_with(start, pen_rows, read_spec(pen_data))
+        if world_ids(shown) != world_ids(rows):
+            raise RuntimeError(f"the {name} prompts hold other questions than the rung's")
+        ranked[name] = gym.rank_with(ranker, shown, read_spec(data))
+    ranked["pen_sft_start"] = gym.rank_with(start, pen_rows, read_spec(pen_data))
+    ranked["bm25"] = [list(r["coarse_order"]) for r in pen_rows]
+    hits = {name: gym.useful_hits(pen_rows, r) for name, r in ranked.items()}
     train = gym.load_split(pen_data, "train_pool")
     taught = read_rankings(lesson, {str(r["qid"]): int(r["n_candidates"]) for r in train})
+    score = {name: {"ndcg@1_useful": gym.useful_first(pen_rows, r)} for name, r in ranked.items()}
     record = {
         "split": "validation",
         "n_questions": len(rows),
-        "n_users": len(users),
+        "n_users": len(set(users)),
         "teacher": teacher,
-        "closers_marker_read": closers,
+        "rankers": score,
+        "closers_marker_read": {  # the first records' names
+            "letters": score["teacher_letters"],
+            "digits": score["teacher_digits"],
+        },
         "pen_sft_start": {
-            "ndcg@1_useful": gym.useful_first(pen_rows, written),
-            "first_ids": first_ids(written),
+            **score["pen_sft_start"],
+            "first_ids": first_ids(ranked["pen_sft_start"]),
+            "same_first_as_teacher_digits": same_first(
+                ranked["pen_sft_start"], ranked["teacher_digits"]
+            ),
             "n": len(pen_rows),
         },
+        "cluster_ci95": compare(hits, users),
+        "bootstrap": f"paired, clustered by validation user, {N_BOOTSTRAP:,} resamples",
         "lesson_first_ids": first_ids([list(r) for r in taught.values()]),
         "lesson_n": len(taught),
         "position_prior": {  # where the useful session sits on these validation questions

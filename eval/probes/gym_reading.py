@@ -667,6 +667,7 @@ def train(
     max_steps: int | None,
     log: Any = print,
     sets: list[str] | None = None,
+    until: str | None = None,
 ) -> dict[str, Any]:
     from memsifter.training.config import load_train_config
     from memsifter.training.loop import run_training
@@ -678,9 +679,10 @@ def train(
     over += sets or []
     cfg = load_train_config(ROOT / RECIPES[recipe_of(name)], over)
     t0 = time.perf_counter()
-    result = run_training(cfg, log=log)
+    result = run_training(cfg, log=log, until=until)
     return {
         "model": str(result["model"]),
+        **({"stage": result["stage"]} if "stage" in result else {}),
         "config": RECIPES[recipe_of(name)],
         "overrides": over[3:],
         "seconds": round(time.perf_counter() - t0),
@@ -717,12 +719,18 @@ def teacher_of(value: str, world_path: str) -> tuple[Path, Path]:
     return Path(model), their / "data"
 
 
-def useful_first(rows: list[dict[str, Any]], rankings: Sequence[Sequence[int]]) -> float:
-    """The share of ``rows`` whose ranking puts a useful session first (NDCG@1 of the useful
-    session, binary relevance), 3 decimals; an empty ranking counts as a miss."""
-    hits = [
-        bool(r) and r[0] in row["useful_positions"] for row, r in zip(rows, rankings, strict=True)
+def useful_hits(rows: list[dict[str, Any]], rankings: Sequence[Sequence[int]]) -> list[float]:
+    """Per row, 1.0 where its ranking puts a useful session first (NDCG@1 of the useful
+    session, binary relevance), else 0.0; an empty ranking counts as a miss."""
+    return [
+        float(bool(r) and r[0] in row["useful_positions"])
+        for row, r in zip(rows, rankings, strict=True)
     ]
+
+
+def useful_first(rows: list[dict[str, Any]], rankings: Sequence[Sequence[int]]) -> float:
+    """The share of ``rows`` whose ranking puts a useful session first, 3 decimals."""
+    hits = useful_hits(rows, rankings)
     return round(sum(hits) / max(len(hits), 1), 3)
 
 
@@ -1652,6 +1660,13 @@ def main(
             "teacher's"
         ),
     ] = False,
+    until_sft: Annotated[
+        bool,
+        typer.Option(
+            help="train: stop each run after its format SFT (the start that gym_copy_probe "
+            "reads), with no GRPO step and no validation"
+        ),
+    ] = False,
 ) -> None:
     """The reading gym: one rung of the ladder (data, probe, train, eval)."""
     for value, allowed, opt in (
@@ -1702,6 +1717,10 @@ def main(
             "the written ranking has no head to read a marker with, to probe or to train on "
             "shuffled orders: --head-read, --stage probe and --train-shuffle are the head's",
             param_hint="--ranking-head",
+        )
+    if until_sft and "train" not in stages:
+        raise typer.BadParameter(
+            "stops a training run: give --stage train", param_hint="--until-sft"
         )
     if teacher_start and teacher is None:
         raise typer.BadParameter(
@@ -1868,7 +1887,14 @@ def main(
                 shutil.copyfile(path, kept)
                 lesson["rankings"] = str(kept.relative_to(ROOT))
             runs[recipe] = {
-                **train(recipe, train_data, out, max_steps, sets=sets),
+                **train(
+                    recipe,
+                    train_data,
+                    out,
+                    max_steps,
+                    sets=sets,
+                    until="sft" if until_sft else None,
+                ),
                 **({"train_shuffle_share": train_shuffle} if train_shuffle else {}),
                 **({"teacher": lesson} if lesson else {}),
                 **this_run,

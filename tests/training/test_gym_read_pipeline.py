@@ -345,6 +345,7 @@ def test_a_layout_pair_reads_the_other_rungs_committed_rankings_of_the_same_ques
         (["--ranking-head", "generate", "--recipe", "outcome"], "first-token head's recipe"),
         (["--recipe", "generate"], "it needs --ranking-head generate"),
         (["--ranking-head", "listwise"], "choose from ['first_token', 'generate']"),
+        (["--until-sft"], "stops a training run: give --stage train"),
     ],
 )
 def test_against_layout_is_refused_where_it_pairs_nothing(args: list[str], message: str) -> None:
@@ -864,7 +865,7 @@ def test_a_teacher_start_trains_the_written_ranking_from_the_teachers_weights(
     """``--teacher-start``: the run's ``model.name`` is the teacher's weights as a base, set after
     the gym's own model, so the format SFT (and GRPO after it) grows from the teacher. With LoRA
     on the top layer only, the layers below come out of the SFT as the teacher's, not the
-    untrained proxy's."""
+    untrained proxy's. ``--until-sft`` stops the run there."""
     import shutil
 
     import torch
@@ -902,8 +903,13 @@ def test_a_teacher_start_trains_the_written_ranking_from_the_teachers_weights(
         "epochs.validation_max_questions=2",
         "epochs.save_steps=1",
     ]
-    record = gym_reading.train("generate+t", pen["data"], tmp_path / "out", 1, sets=sets)
+    record = gym_reading.train(
+        "generate+t", pen["data"], tmp_path / "out", 1, sets=sets, until="sft"
+    )
     assert f"model.name={base}" in record["overrides"]
+    # --until-sft: the format start is the run's model, and no GRPO step was taken
+    assert record["stage"] == "sft" and record["model"].endswith("generate+t/sft/final")
+    assert not (tmp_path / "out/train/generate+t/epoch-0").exists()
     sft = load_file(tmp_path / "out/train/generate+t/sft/final/model.safetensors")
     low = [k for k in sft if ".layers.0." in k]
     assert low and all(torch.equal(sft[k], moved[k]) for k in low)
@@ -942,3 +948,33 @@ def test_a_probes_labelling_is_a_copy_of_the_rungs_data_with_the_same_questions(
     useful = [{"useful_positions": [2]}, {"useful_positions": [0, 1]}, {"useful_positions": [3]}]
     assert gym_reading.useful_first(useful, [[2, 0], [1], []]) == pytest.approx(0.667)
     assert first_ids([[2, 0], [1], [], [2]]) == {"1": 1, "2": 2, "none": 1}
+
+
+def test_the_copy_probe_pairs_its_rankers_on_the_same_questions_by_user() -> None:
+    """Every pair is a paired difference whose bootstrap draws users, not questions; a pair
+    whose rankers were not both read is left out; the copy rate is counted on first
+    positions, a ranking that did not parse matching nothing."""
+    from eval.probes.gym_copy_probe import compare, same_first
+
+    hits = {
+        "pen_sft_start": [1.0, 1.0, 0.0, 1.0],
+        "bm25": [0.0, 1.0, 0.0, 0.0],
+        "teacher_digits": [0.0, 0.0, 1.0, 0.0],
+    }
+    out = compare(hits, ["u1", "u1", "u2", "u3"])
+    assert set(out) == {"pen_sft_start-bm25", "pen_sft_start-teacher_digits"}
+    assert out["pen_sft_start-bm25"]["mean"] == pytest.approx(0.5)
+    assert (out["pen_sft_start-bm25"]["n"], out["pen_sft_start-bm25"]["n_users"]) == (4, 3)
+    lo, hi = out["pen_sft_start-teacher_digits"]["ci95"]
+    assert lo < 0.25 < hi
+    # One user holds all six wins: drawn by user the CI reaches 0, drawn by question it would not.
+    import numpy as np
+
+    from memsifter.evaluation.bootstrap import paired_bootstrap
+
+    pen, bm25, users = [1.0] * 6 + [0.0] * 6, [0.0] * 12, ["u1"] * 6 + [f"v{i}" for i in range(6)]
+    drawn = compare({"pen_sft_start": pen, "bm25": bm25}, users)["pen_sft_start-bm25"]
+    assert drawn["ci95"][0] == 0.0 and drawn["n_users"] == 7
+    by_question = paired_bootstrap({"m": np.array(pen)}, {"m": np.array(bm25)})["m"]
+    assert by_question["ci95"][0] > 0.0
+    assert same_first([[2, 0], [1], [], [3]], [[2, 1], [0], [1], []]) == pytest.approx(0.25)
