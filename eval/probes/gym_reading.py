@@ -678,6 +678,11 @@ def train(
         over.append(f"epochs.max_steps={max_steps}")
     over += sets or []
     cfg = load_train_config(ROOT / RECIPES[recipe_of(name)], over)
+    if until == "sft" and not cfg.sft.enabled:
+        raise typer.BadParameter(
+            f"{name}: its recipe has no format SFT to stop after (sft.enabled is false)",
+            param_hint="--until-sft",
+        )
     t0 = time.perf_counter()
     result = run_training(cfg, log=log, until=until)
     return {

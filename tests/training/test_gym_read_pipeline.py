@@ -918,6 +918,20 @@ def test_a_teacher_start_trains_the_written_ranking_from_the_teachers_weights(
     assert any(not torch.equal(sft[k], moved[k]) for k in top)  # the SFT trained the top
 
 
+def test_until_sft_is_refused_for_a_recipe_with_no_format_sft(
+    read_world: dict[str, Path], tmp_path: Path
+) -> None:
+    """The head's outcome recipe starts GRPO with no format SFT: there is nothing to stop
+    after, and the CLI says so by name before a model loads."""
+    import typer
+
+    import eval.probes.gym_reading as gym_reading
+
+    with pytest.raises(typer.BadParameter, match="outcome: its recipe has no format SFT"):
+        gym_reading.train("outcome", read_world["data"], tmp_path, 1, until="sft")
+    assert not (tmp_path / "train/outcome").exists()
+
+
 def test_a_probes_labelling_is_a_copy_of_the_rungs_data_with_the_same_questions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
