@@ -56,6 +56,17 @@ def world_ids(rows: list[dict[str, Any]]) -> list[str]:
     return [str(r["qid"]).split("/", 1)[1] for r in rows]
 
 
+def shown_as(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """Each question with its candidate sessions in their order: two rungs' rows that agree
+    here put the same session at every position, so their rankings pair position by position."""
+    from memsifter.rewards.columns import sessions_from_column
+
+    return [
+        (q, [s.id for s in sessions_from_column(r["candidates"])])
+        for q, r in zip(world_ids(rows), rows, strict=True)
+    ]
+
+
 # Each pair is a paired difference on the same questions, its CI resampling users.
 PAIRS = (
     ("pen_sft_start", "bm25"),  # does the written first id beat the coarse filter?
@@ -118,10 +129,7 @@ def main(
         )
     pen_data = pen_dir / "data"
     rows, pen_rows = memory_rows(their_data), memory_rows(pen_data)
-    same = [(r["useful_positions"], r["n_candidates"]) for r in rows]
-    if world_ids(pen_rows) != world_ids(rows) or same != [
-        (r["useful_positions"], r["n_candidates"]) for r in pen_rows
-    ]:
+    if shown_as(pen_rows) != shown_as(rows):
         raise typer.BadParameter(
             f"{pen!r}: its validation prompts hold other questions or candidates than the "
             "teacher's rung",
@@ -143,8 +151,10 @@ def main(
         ("pen_closers", digits, as_base(start, probe_dir / "pen_base")),
     ):
         shown = memory_rows(data)
-        if world_ids(shown) != world_ids(rows):
-            raise RuntimeError(f"the {name} prompts hold other questions than the rung's")
+        if shown_as(shown) != shown_as(rows):
+            raise RuntimeError(
+                f"the {name} prompts hold other questions or candidates than the rung's"
+            )
         ranked[name] = gym.rank_with(ranker, shown, read_spec(data))
     ranked["pen_sft_start"] = gym.rank_with(start, pen_rows, read_spec(pen_data))
     ranked["bm25"] = [list(r["coarse_order"]) for r in pen_rows]

@@ -939,7 +939,7 @@ def test_a_probes_labelling_is_a_copy_of_the_rungs_data_with_the_same_questions(
     labelling, beside the rung's data (which keeps its own); the probe's counts read rankings
     as written, a ranking that did not parse counted as ``none``."""
     import eval.probes.gym_reading as gym_reading
-    from eval.probes.gym_copy_probe import first_ids
+    from eval.probes.gym_copy_probe import first_ids, shown_as
     from memsifter.ranker.checkpoint import read_spec
     from memsifter.testing.gym import build_gym_proxy, read_corpus
 
@@ -953,6 +953,7 @@ def test_a_probes_labelling_is_a_copy_of_the_rungs_data_with_the_same_questions(
     assert (read_spec(data).labels, read_spec(digits).labels) == ("letters", "digits")
     rows, shown = (gym_reading.load_split(d, "validation") for d in (data, digits))
     assert [r["qid"] for r in rows] == [r["qid"] for r in shown]
+    assert shown_as(rows) == shown_as(shown) != shown_as(shown[::-1])  # the probe's pairing
     for row, other in zip(rows, shown, strict=True):
         assert "[End of Session A]" in row["prompt"] and "[End of Session 0]" not in row["prompt"]
         assert (
