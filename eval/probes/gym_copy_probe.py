@@ -17,6 +17,9 @@ test users are not read), this measures the two halves of that copy:
    the train pool);
 3. **what the SFT did to the closers**: the pen's SFT weights read as the head (the marker read
    on the digits prompts), beside the teacher's on the same prompts;
+4. **its own closers on its own prompt**: the pen's marker read at the closers of the very
+   prompt it writes on (``closer_rankings``), and how often its written first session is
+   theirs: the copy a lesson read there (``--teacher-reads pen``) teaches;
 
 each beside the coarse filter (BM25's first session on the same candidates), with paired
 cluster-bootstrap CIs that resample the validation users.
@@ -73,6 +76,7 @@ PAIRS = (
     ("teacher_letters", "bm25"),  # the lesson's source, on its own prompts
     ("pen_sft_start", "teacher_digits"),  # the copy's gap, under the pen's labels
     ("pen_closers", "teacher_digits"),  # what the format SFT did to the closers
+    ("pen_sft_start", "pen_own_closers"),  # the copy's gap, on the very prompt it writes on
 )
 
 
@@ -157,6 +161,7 @@ def main(
             )
         ranked[name] = gym.rank_with(ranker, shown, read_spec(data))
     ranked["pen_sft_start"] = gym.rank_with(start, pen_rows, read_spec(pen_data))
+    ranked["pen_own_closers"] = gym.closer_rankings(start, pen_rows, read_spec(pen_data))
     ranked["bm25"] = [list(r["coarse_order"]) for r in pen_rows]
     hits = {name: gym.useful_hits(pen_rows, r) for name, r in ranked.items()}
     train = gym.load_split(pen_data, "train_pool")
@@ -177,6 +182,9 @@ def main(
             "first_ids": first_ids(ranked["pen_sft_start"]),
             "same_first_as_teacher_digits": same_first(
                 ranked["pen_sft_start"], ranked["teacher_digits"]
+            ),
+            "same_first_as_own_closers": same_first(
+                ranked["pen_sft_start"], ranked["pen_own_closers"]
             ),
             "n": len(pen_rows),
         },

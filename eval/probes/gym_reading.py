@@ -739,31 +739,79 @@ def useful_first(rows: list[dict[str, Any]], rankings: Sequence[Sequence[int]]) 
     return round(sum(hits) / max(len(hits), 1), 3)
 
 
-def teacher_rankings(model: str | Path, their_data: Path, data: Path, path: Path) -> dict[str, Any]:
+TEACHER_READS = ("own", "pen")
+
+
+def teacher_rankings(
+    model: str | Path, their_data: Path, data: Path, path: Path, reads: str = "own"
+) -> dict[str, Any]:
     """A trained head's rankings of this rung's train pool, written to ``path`` for a written
-    ranking's format start to copy (``sft.target: rankings``): the head reads its own rung's
-    prompts (its layout, read and labels), and each ranking is carried to this rung's prompts
-    by session id. Train users only. Returns the record: the carry's counts and how often the
-    teacher's first session is useful on these prompts (the lesson's quality, not a result)."""
+    ranking's format start to copy (``sft.target: rankings``). Train users only.
+
+    ``reads: own``: the head reads its own rung's prompts (its layout, read and labels), and
+    each ranking is carried to this rung's prompts by session id. ``reads: pen``: the head's
+    marker read on this rung's own prompts, under this rung's labels (:func:`closer_rankings`):
+    with the teacher's weights as the pen's start, the lesson is then what the pen's own
+    closers say on the very prompt it is taught on, the one thing its first id can copy.
+
+    Returns the record: the carry's counts and how often the teacher's first session is useful
+    on these prompts (the lesson's quality, not a result)."""
     from memsifter.ranker.checkpoint import read_spec
     from memsifter.training.rldata.curriculum import carry_rankings, write_rankings
 
-    theirs, rows = load_split(their_data, "train_pool"), load_split(data, "train_pool")
-    ranked = rank_with(model, theirs, read_spec(their_data))
-    qids = [str(r["qid"]) for r in theirs]
-    carried = carry_rankings(dict(zip(qids, ranked, strict=True)), theirs, rows)
-    write_rankings(path, carried.rankings.items())  # in the rows' order
+    rows = load_split(data, "train_pool")
+    if reads == "pen":
+        ranked = closer_rankings(model, rows, read_spec(data))
+        lesson = {str(r["qid"]): order for r, order in zip(rows, ranked, strict=True)}
+        dropped = unranked = 0
+    else:
+        theirs = load_split(their_data, "train_pool")
+        ranked = rank_with(model, theirs, read_spec(their_data))
+        qids = [str(r["qid"]) for r in theirs]
+        carried = carry_rankings(dict(zip(qids, ranked, strict=True)), theirs, rows)
+        lesson, dropped, unranked = carried.rankings, carried.dropped, carried.unranked
+    write_rankings(path, ((str(r["qid"]), lesson[str(r["qid"])]) for r in rows))
     memory = [r for r in rows if r["useful_positions"]]
     return {
         "rankings": str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path),
+        "reads": reads,
         "n_prompts": len(rows),
-        "dropped_sessions": carried.dropped,
-        "unranked_sessions": carried.unranked,
-        "train_useful_first": useful_first(
-            memory, [carried.rankings[str(r["qid"])] for r in memory]
-        ),
+        "dropped_sessions": dropped,
+        "unranked_sessions": unranked,
+        "train_useful_first": useful_first(memory, [lesson[str(r["qid"])] for r in memory]),
         "n_memory_prompts": len(memory),
     }
+
+
+def closer_rankings(
+    model: str | Path, rows: list[dict[str, Any]], spec: Any, batch_size: int = 4
+) -> list[list[int]]:
+    """A model's marker read on a written ranking's prompts, best first: the marker token's
+    logit at each candidate's closer (``spec.labels``), read in one forward pass a prompt.
+    The prompt is extended by ``<ranking>``, the written form's own opening, where its first id
+    is written; a causal model's closers do not see it, so it changes no score. Needs the
+    closers of a marked layout (refused by name otherwise)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memsifter.ranker.first_token import rank_prompts
+
+    if spec.layout not in MARKED_LAYOUTS:
+        raise ValueError(f"layout {spec.layout!r} has no closing markers to read")
+    tok = AutoTokenizer.from_pretrained(str(model))
+    tok.pad_token = tok.pad_token or tok.eos_token
+    net = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    net.to(device)
+    return rank_prompts(
+        net,
+        tok,
+        [str(r["prompt"]) + "<ranking>" for r in rows],
+        [int(r["n_candidates"]) for r in rows],
+        batch_size,
+        labels=spec.labels,
+        read="marker",
+    )
 
 
 def curve_of(run_dir: Path) -> list[tuple[int, float]]:
@@ -1665,6 +1713,14 @@ def main(
             "teacher's"
         ),
     ] = False,
+    teacher_reads: Annotated[
+        str,
+        typer.Option(
+            help="with --teacher: own (the teacher ranks its own rung's prompts, carried by "
+            "session id) or pen (the teacher's marker read at the closers of this rung's own "
+            "prompts, under its labels: what the pen's closers say at a --teacher-start)"
+        ),
+    ] = "own",
     until_sft: Annotated[
         bool,
         typer.Option(
@@ -1727,6 +1783,14 @@ def main(
         raise typer.BadParameter(
             "stops a training run: give --stage train", param_hint="--until-sft"
         )
+    if teacher_reads not in TEACHER_READS:
+        raise typer.BadParameter(
+            f"{teacher_reads!r}: one of {', '.join(TEACHER_READS)}", param_hint="--teacher-reads"
+        )
+    if teacher_reads != "own" and teacher is None:
+        raise typer.BadParameter(
+            "says how a teacher ranks the lesson: give --teacher", param_hint="--teacher-reads"
+        )
     if teacher_start and teacher is None:
         raise typer.BadParameter(
             "starts from a teacher's weights: give --teacher", param_hint="--teacher-start"
@@ -1787,6 +1851,16 @@ def main(
         name += f"-{ORDER_SUFFIX[order]}" if order != "chronological" else ""
     # A teacher is checked before anything is built.
     taught = teacher_of(teacher, world_path) if teacher else None
+    if taught is not None and teacher_reads == "pen":
+        from memsifter.ranker.checkpoint import read_spec
+
+        if read_spec(taught[1]).head_read != "marker" or layout not in MARKED_LAYOUTS:
+            raise typer.BadParameter(
+                f"reads the teacher's closers on this rung's prompts: a marker-read teacher "
+                f"(this one reads {read_spec(taught[1]).head_read!r}) and a layout with closers "
+                f"(this rung's is {layout!r})",
+                param_hint="--teacher-reads",
+            )
     if taught is not None and teacher_start:
         from memsifter.ranker.checkpoint import read_spec
 
@@ -1883,7 +1957,7 @@ def main(
                 lesson = {
                     "run": teacher,
                     "start": "its weights" if start is not None else MODEL,
-                    **teacher_rankings(*taught, train_data, path),
+                    **teacher_rankings(*taught, train_data, path, teacher_reads),
                 }
                 sets += ["sft.target=rankings", f"sft.rankings={path}"]
                 sets += [f"model.name={start}"] if start is not None else []

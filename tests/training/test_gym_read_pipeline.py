@@ -857,6 +857,78 @@ def test_a_teachers_rankings_are_the_heads_carried_to_the_written_rankings_promp
         done = CliRunner().invoke(app, [*base, *args])
         assert done.exit_code == 2, done.output
         assert message in " ".join(done.output.replace("│", " ").split()), done.output
+    # --teacher-reads pen: the teacher's marker read, on a rung with closers.
+    base = ["--size", "ci", "--ranking-head", "generate", "--stage", "train"]
+    for args, message in (
+        (["--recipe", "generate+t", "--teacher-reads", "pen"], "give --teacher"),
+        (["--teacher", "ci-restated-marker/outcome", "--teacher-reads", "them"], "one of own, pen"),
+        (
+            ["--recipe", "generate+t", "--teacher", "ci-restated-marker/outcome"]
+            + ["--teacher-reads", "pen", "--layout", "restated"],
+            f"a marker-read teacher (this one reads {read_spec(head).head_read!r})",
+        ),
+    ):
+        done = CliRunner().invoke(app, [*base, *args])
+        assert done.exit_code == 2, done.output
+        assert message in " ".join(done.output.replace("│", " ").split()), done.output
+
+
+def test_a_lesson_read_at_the_pens_own_closers_is_the_teachers_marker_order_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--teacher-reads pen``: the lesson is the teacher's marker read at the closers of the
+    written ranking's own prompts, under its digits, best first. Each ranking in the file
+    sorts the marker token's logits at those closers, taken here by one plain forward over the
+    prompt as rendered (the ``<ranking>`` the read appends changes nothing before it), for
+    every train prompt."""
+    from types import SimpleNamespace
+
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import eval.probes.gym_reading as gym_reading
+    from memsifter.ranker.first_token import marker_positions, marker_token_id
+    from memsifter.testing.gym import gym_rl_data, read_corpus
+    from memsifter.training.rldata.curriculum import read_rankings
+
+    world = yaml.safe_load((ROOT / "configs/gym/read_ci.yaml").read_text())
+    # The read token must be one token of the tiny proxy's tokenizer (as in _marker_data).
+    corpus = (*read_corpus(), *["[End of Session A]\n yes, yes"] * 200)
+    pen = gym_rl_data(
+        tmp_path / "pen",
+        world,
+        ROOT / "configs/data/gym_read_generate.yaml",
+        corpus=corpus,
+        prompt={"layout": "restated"},
+    )
+    monkeypatch.setattr(gym_reading, "ROOT", tmp_path)
+    record = gym_reading.teacher_rankings(
+        pen["proxy"], tmp_path / "unread", pen["data"], tmp_path / "t", reads="pen"
+    )
+    rows = gym_reading.load_split(pen["data"], "train_pool")
+    file = read_rankings(tmp_path / "t", {str(r["qid"]): int(r["n_candidates"]) for r in rows})
+    assert set(file) == {str(r["qid"]) for r in rows}
+    assert (record["reads"], record["n_prompts"], record["dropped_sessions"]) == (
+        "pen",
+        len(rows),
+        0,
+    )
+    tok = AutoTokenizer.from_pretrained(pen["proxy"])
+    model = AutoModelForCausalLM.from_pretrained(pen["proxy"], dtype=torch.float32).eval()
+    read_id = marker_token_id(tok)
+    for r in rows[:8]:
+        n = int(r["n_candidates"])
+        ids = tok(r["prompt"], add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :, read_id]
+        at = logits[marker_positions(tok, r["prompt"], n, "digits")].tolist()
+        order = list(file[str(r["qid"])])
+        assert sorted(order) == list(range(n))
+        assert all(at[a] >= at[b] - 1e-4 for a, b in zip(order, order[1:], strict=False))
+        assert at[order[0]] > min(at)  # a real order, not a tie everywhere
+    with pytest.raises(ValueError, match="layout 'paper' has no closing markers"):
+        gym_reading.closer_rankings(pen["proxy"], rows, SimpleNamespace(layout="paper"))
 
 
 def test_a_teacher_start_trains_the_written_ranking_from_the_teachers_weights(
