@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import shutil
 import sys
 import time
@@ -863,6 +864,19 @@ def copy_logs(name: str, run_dir: Path, size: str) -> list[str]:
         shutil.copyfile(vfile, path)
         written.append(str(path.relative_to(ROOT)))
     return written
+
+
+# What a training run commits under its rung (``copy_logs``, the lesson, a tagged run record).
+RECORD_FILES = ("_log.jsonl", "_sft_log.jsonl", "_validation.json", "_teacher_rankings.jsonl",
+                "_run.json")  # fmt: skip
+
+
+def committed_records(rung: str, run: str) -> list[str]:
+    """The records of ``run`` kept under ``rung`` in the results folder, as committed paths: a
+    retrain under that name would replace them."""
+    folder = RUNS / rung
+    found = [folder / f"{run}{suffix}" for suffix in RECORD_FILES]
+    return [str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p) for p in found if p.is_file()]
 
 
 # -- 4. evaluation on test users -----------------------------------------------------------
@@ -1721,6 +1735,15 @@ def main(
             "prompts, under its labels: what the pen's closers say at a --teacher-start)"
         ),
     ] = "own",
+    records_as: Annotated[
+        str | None,
+        typer.Option(
+            help="train: a retrain of a run with committed records (its logs, validation, "
+            "lesson) writes its own beside them as RECIPE_TAG_* and a RECIPE_TAG_run.json, and "
+            "leaves the results table's entry for the run as committed; without it such a "
+            "retrain is refused"
+        ),
+    ] = None,
     until_sft: Annotated[
         bool,
         typer.Option(
@@ -1849,6 +1872,27 @@ def main(
         name = f"{Path(world).stem}-{layout}"
         name += "-marker" if head_read == "marker" else ""
         name += f"-{ORDER_SUFFIX[order]}" if order != "chronological" else ""
+    if records_as is not None and (
+        "train" not in stages
+        or "eval" in stages
+        or not re.fullmatch(r"[A-Za-z0-9][\w.-]*", records_as)
+    ):
+        raise typer.BadParameter(
+            f"{records_as!r}: a tag (letters, digits, '_', '.', '-') for a training run's "
+            "records, with --stage train and without --stage eval (an eval row is the "
+            "committed run's)",
+            param_hint="--records-as",
+        )
+    if "train" in stages:
+        # Committed records describe the run that made them: a retrain writes its own beside
+        # them, never over them.
+        tagged = [f"{r}_{records_as}" if records_as else r for r in names]
+        if taken := [f for r in tagged for f in committed_records(name, r)]:
+            raise typer.BadParameter(
+                f"{', '.join(taken)}: committed records of this run, which a retrain would "
+                "replace; --records-as TAG (a new tag) writes its own beside them",
+                param_hint="--records-as",
+            )
     # A teacher is checked before anything is built.
     taught = teacher_of(teacher, world_path) if teacher else None
     if taught is not None and teacher_reads == "pen":
@@ -1951,6 +1995,7 @@ def main(
             start = as_base(taught[0], out / "teacher" / "base")
         for recipe in names:
             sets, lesson = list(overrides or []), None
+            kept_as = f"{recipe}_{records_as}" if records_as else recipe
             if taught is not None:
                 path = out / "teacher" / f"{recipe}.jsonl"
                 path.parent.mkdir(exist_ok=True)
@@ -1961,7 +2006,7 @@ def main(
                 }
                 sets += ["sft.target=rankings", f"sft.rankings={path}"]
                 sets += [f"model.name={start}"] if start is not None else []
-                kept = RUNS / name / f"{recipe}_teacher_rankings.jsonl"
+                kept = RUNS / name / f"{kept_as}_teacher_rankings.jsonl"
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, kept)
                 lesson["rankings"] = str(kept.relative_to(ROOT))
@@ -1979,7 +2024,10 @@ def main(
                 **this_run,
             }
             (out / "train" / recipe / "result.json").write_text(json.dumps(runs[recipe]) + "\n")
-            runs[recipe]["logs"] = copy_logs(recipe, out / "train" / recipe, name)
+            runs[recipe]["logs"] = copy_logs(kept_as, out / "train" / recipe, name)
+            if records_as:
+                record = RUNS / name / f"{kept_as}_run.json"
+                record.write_text(json.dumps(runs[recipe], indent=1) + "\n")
             with rung_lock(out):
                 fresh = json.loads(rung_file.read_text()) if rung_file.is_file() else rung
                 fresh.setdefault("runs", {})[recipe] = runs[recipe]
@@ -2006,6 +2054,12 @@ def main(
     with rung_lock(out):
         if rung_file.is_file():  # with the records of runs trained beside this one
             rung = json.loads(rung_file.read_text())
+        if records_as:  # the table keeps the committed runs; the tagged ones have run.json
+            kept_runs = (committed(rung) or {}).get("runs", {})
+            for r in names:
+                rung.setdefault("runs", {}).pop(r, None)
+                if r in kept_runs:
+                    rung["runs"][r] = kept_runs[r]
         if rung.get("split") or rung.get("probes"):
             print(render(merge(rung)))
 

@@ -990,6 +990,49 @@ def test_a_teacher_start_trains_the_written_ranking_from_the_teachers_weights(
     assert any(not torch.equal(sft[k], moved[k]) for k in top)  # the SFT trained the top
 
 
+def test_a_retrain_never_writes_over_a_runs_committed_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training run whose name has committed records (logs, validation, lesson) would
+    replace them: it is refused, naming the files, before anything is built; ``--records-as
+    TAG`` writes the retrain's beside them, and a tag already taken is refused too."""
+    import typer
+    from typer.testing import CliRunner
+
+    import eval.probes.gym_reading as gym_reading
+
+    monkeypatch.setattr(gym_reading, "ROOT", tmp_path)
+    monkeypatch.setattr(gym_reading, "RUNS", tmp_path / "runs")
+
+    def built(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("built")
+
+    monkeypatch.setattr(gym_reading, "build_data", built)
+    kept = tmp_path / "runs" / "ci-restated-marker"
+    kept.mkdir(parents=True)
+    (kept / "outcome_kl_log.jsonl").write_text("{}\n")
+    (kept / "outcome_kl_fp32_run.json").write_text("{}\n")
+    (kept / "outcome_kl_fp32b_log.jsonl.bak").write_text("{}\n")  # not a record's name
+    assert gym_reading.committed_records("ci-restated-marker", "outcome_kl") == [
+        "runs/ci-restated-marker/outcome_kl_log.jsonl"
+    ]
+    app = typer.Typer()
+    app.command()(gym_reading.main)
+    base = ["--size", "ci", "--layout", "restated", "--head-read", "marker", "--stage", "train"]
+    for args, message in (
+        ([], "runs/ci-restated-marker/outcome_kl_log.jsonl: committed records of this run"),
+        (["--records-as", "fp32"], "runs/ci-restated-marker/outcome_kl_fp32_run.json"),
+        (["--records-as", "../x"], "'../x': a tag"),
+        (["--records-as", "b", "--stage", "eval"], "without --stage eval"),
+    ):
+        done = CliRunner().invoke(app, [*base, "--recipe", "outcome_kl", *args])
+        assert done.exit_code == 2, done.output
+        assert message in " ".join(done.output.replace("│", " ").split()), done.output
+    # Another run of the rung has nothing committed: it goes on to build its data.
+    done = CliRunner().invoke(app, [*base, "--recipe", "outcome", "--records-as", "b"])
+    assert isinstance(done.exception, RuntimeError) and str(done.exception) == "built"
+
+
 def test_until_sft_is_refused_for_a_recipe_with_no_format_sft(
     read_world: dict[str, Path], tmp_path: Path
 ) -> None:
