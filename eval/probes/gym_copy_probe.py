@@ -161,7 +161,8 @@ def main(
             )
         ranked[name] = gym.rank_with(ranker, shown, read_spec(data))
     ranked["pen_sft_start"] = gym.rank_with(start, pen_rows, read_spec(pen_data))
-    ranked["pen_own_closers"] = gym.closer_rankings(start, pen_rows, read_spec(pen_data))
+    if read_spec(pen_data).layout in gym.MARKED_LAYOUTS:  # a pen shown no closers has none to read
+        ranked["pen_own_closers"] = gym.closer_rankings(start, pen_rows, read_spec(pen_data))
     ranked["bm25"] = [list(r["coarse_order"]) for r in pen_rows]
     hits = {name: gym.useful_hits(pen_rows, r) for name, r in ranked.items()}
     train = gym.load_split(pen_data, "train_pool")
@@ -183,8 +184,14 @@ def main(
             "same_first_as_teacher_digits": same_first(
                 ranked["pen_sft_start"], ranked["teacher_digits"]
             ),
-            "same_first_as_own_closers": same_first(
-                ranked["pen_sft_start"], ranked["pen_own_closers"]
+            **(
+                {
+                    "same_first_as_own_closers": same_first(
+                        ranked["pen_sft_start"], ranked["pen_own_closers"]
+                    )
+                }
+                if "pen_own_closers" in ranked
+                else {}
             ),
             "n": len(pen_rows),
         },
